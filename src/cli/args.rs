@@ -1,0 +1,94 @@
+//! Arguments shared by several subcommands.
+
+use crate::packet::digest::Digest;
+use crate::packet::format::Limits;
+
+use super::error::CliError;
+
+/// The three limits, by flag or environment variable.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// Most content bytes in a packet (suffixes KiB, MiB, GiB, TiB; ceiling 1 TiB).
+    #[arg(long, env = "SESSIONFS_MAX_BYTES", value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
+    pub max_bytes: u64,
+    /// Most entries in a packet (ceiling 4000000).
+    #[arg(long, env = "SESSIONFS_MAX_ENTRIES", value_name = "N", default_value_t = Limits::DEFAULT.max_entries)]
+    pub max_entries: u64,
+    /// Most bytes in one path or symlink target (ceiling 16384).
+    #[arg(long, env = "SESSIONFS_MAX_PATH_BYTES", value_name = "N", default_value_t = Limits::DEFAULT.max_path_bytes)]
+    pub max_path_bytes: u64,
+}
+
+impl LimitArgs {
+    /// The limits, checked against the ceilings.
+    pub fn limits(&self) -> Result<Limits, CliError> {
+        let c = Limits::CEILING;
+        let check = |name: &str, v: u64, ceiling: u64| {
+            if v == 0 || v > ceiling {
+                Err(CliError::usage(format!(
+                    "{name} {v} is out of range: it must be between 1 and the ceiling {ceiling}"
+                )))
+            } else {
+                Ok(v)
+            }
+        };
+        Ok(Limits {
+            max_bytes: check("--max-bytes", self.max_bytes, c.max_bytes)?,
+            max_entries: check("--max-entries", self.max_entries, c.max_entries)?,
+            max_path_bytes: check("--max-path-bytes", self.max_path_bytes, c.max_path_bytes)?,
+        })
+    }
+}
+
+/// Parses a byte count: digits with an optional binary suffix
+/// (K, KiB, M, MiB, G, GiB, T, TiB; all powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size: expected digits with an optional KiB/MiB/GiB/TiB suffix"))?;
+    let shift = match suffix.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" | "k" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        other => return Err(format!("unknown size suffix `{other}` (use KiB, MiB, GiB or TiB)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// Parses `sha256:<hex>`.
+pub fn parse_digest(s: &str) -> Result<Digest, String> {
+    s.parse()
+}
+
+/// The mode new files get from the process umask (0666 & !umask).
+pub fn file_mode_from_umask() -> u32 {
+    use nix::sys::stat::{Mode, umask};
+    // umask can only be read by setting it; set it straight back.
+    let old = umask(Mode::from_bits_truncate(0o022));
+    umask(old);
+    0o666 & !old.bits() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("3MiB"), Ok(3 << 20));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
+        assert!(parse_size("1.5GiB").is_err());
+        assert!(parse_size("GiB").is_err());
+        assert!(parse_size("1PB").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
+}

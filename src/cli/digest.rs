@@ -1,0 +1,45 @@
+//! `sessionfs digest`: print a packet's digest.
+
+use std::fs::File;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::Output;
+use super::args::LimitArgs;
+use super::error::CliError;
+use crate::packet::Error;
+use crate::packet::reader::read_raw_manifest;
+
+/// Print the packet digest: `sha256:` of the exact bytes of its manifest.
+///
+/// Reads only the first member. The digest names the whole packet, since
+/// every other byte is implied by the manifest; `verify` checks that it does.
+///
+/// Example: sessionfs digest session.packet
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The packet file.
+    packet: PathBuf,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+#[derive(Serialize)]
+struct Result {
+    packet: String,
+    digest: String,
+}
+
+pub fn run(a: Args) -> std::result::Result<Output, CliError> {
+    let limits = a.limits.limits()?;
+    let file = File::open(&a.packet).map_err(|e| Error::io(format!("cannot open {}", a.packet.display()), e))?;
+    let raw = read_raw_manifest(&file, &limits)?;
+    Ok(Output::new(
+        "sessionfs.digest-result/1",
+        Result {
+            packet: a.packet.display().to_string(),
+            digest: raw.digest.to_string(),
+        },
+    ))
+}

@@ -1,0 +1,116 @@
+//! The one error type the CLI prints, and the exit codes.
+
+use serde::Serialize;
+
+use crate::packet::error::ErrorClass;
+
+/// Documented exit codes (see `docs/CLI.md`). Stable: scripts rely on them.
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// An internal error (a bug): please report it.
+    pub const INTERNAL: u8 = 1;
+    /// Bad usage: unknown flag, missing argument, bad value.
+    pub const USAGE: u8 = 2;
+    /// The packet is invalid, tampered with, or not the digest asked for.
+    pub const INVALID: u8 = 3;
+    /// The packet's schema version is not supported by this build.
+    pub const UNSUPPORTED: u8 = 4;
+    /// A configured limit was exceeded.
+    pub const LIMIT: u8 = 5;
+    /// The operating system refused an operation.
+    pub const IO: u8 = 6;
+    /// The input or destination was refused (names, collisions,
+    /// credentials, external symlinks, a non-empty target).
+    pub const REFUSED: u8 = 7;
+}
+
+/// An error as printed: `sessionfs.error/1` on stdout, a line on stderr.
+#[derive(Debug, Serialize)]
+pub struct CliError {
+    /// Stable kind (`content_mismatch`, `limit_exceeded`, ...).
+    pub kind: String,
+    /// What went wrong, with the offending path or value.
+    pub message: String,
+    /// The path concerned, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// What to do about it.
+    pub hint: &'static str,
+    /// The process exit code.
+    pub exit_code: u8,
+}
+
+impl CliError {
+    /// Builds an error of `class`.
+    pub fn new(class: Option<ErrorClass>, kind: &str, message: String, path: Option<String>) -> CliError {
+        let (exit_code, hint) = match class {
+            None => (exit::USAGE, "run `sessionfs <command> --help` for usage and examples"),
+            Some(ErrorClass::Invalid) => (
+                exit::INVALID,
+                "the packet is damaged, was modified after it was written, or is not the one asked for; do not use it, fetch or re-create it",
+            ),
+            Some(ErrorClass::Unsupported) => (
+                exit::UNSUPPORTED,
+                "this packet was written by a newer sessionfs; upgrade to read it (`sessionfs inspect` still shows its metadata)",
+            ),
+            Some(ErrorClass::Limit) => (
+                exit::LIMIT,
+                "raise the limit with the flag or environment variable named in the message, or shrink the input",
+            ),
+            Some(ErrorClass::Io) => (
+                exit::IO,
+                "check that the path exists, is accessible, and the disk has room; nothing was changed",
+            ),
+            Some(ErrorClass::Refused) => (
+                exit::REFUSED,
+                "the input or destination holds something sessionfs will not take; the message says what and how to proceed",
+            ),
+        };
+        CliError {
+            kind: kind.to_owned(),
+            message,
+            path,
+            hint,
+            exit_code,
+        }
+    }
+
+    /// A usage error.
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError::new(None, "usage", message.into(), None)
+    }
+}
+
+impl From<crate::packet::Error> for CliError {
+    fn from(e: crate::packet::Error) -> CliError {
+        CliError::new(Some(e.class()), e.kind(), chain(&e), e.entry_path().map(str::to_owned))
+    }
+}
+
+impl From<crate::source::Error> for CliError {
+    fn from(e: crate::source::Error) -> CliError {
+        CliError::new(e.class(), e.kind(), chain(&e), e.path().map(str::to_owned))
+    }
+}
+
+impl From<crate::restore::Error> for CliError {
+    fn from(e: crate::restore::Error) -> CliError {
+        CliError::new(Some(e.class()), e.kind(), chain(&e), e.path().map(str::to_owned))
+    }
+}
+
+/// The error and its sources, once each, joined by `: `.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}

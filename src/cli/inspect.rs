@@ -1,0 +1,105 @@
+//! `sessionfs inspect`: a packet's metadata, from its manifest alone.
+
+use std::fs::File;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::Output;
+use super::args::LimitArgs;
+use super::error::CliError;
+use crate::packet::format::SCHEMA;
+use crate::packet::layout::Layout;
+use crate::packet::manifest::{EntryKind, Manifest};
+use crate::packet::path::Part;
+use crate::packet::reader::read_raw_manifest;
+use crate::packet::{Error, format::HarnessKind};
+
+/// Show a packet's metadata: schema, digest, counts, harness kind, parts.
+///
+/// Reads the manifest and nothing else. Works on packets of future schema
+/// versions too, reporting them as unsupported (exit 0): use it to find out
+/// what a packet is before deciding what to do with it.
+///
+/// Example: sessionfs inspect session.packet
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The packet file.
+    packet: PathBuf,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+#[derive(Serialize)]
+struct Result {
+    packet: String,
+    packet_schema: String,
+    supported: bool,
+    digest: String,
+    manifest_bytes: u64,
+    packet_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    harness: Option<HarnessKind>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parts: Option<Vec<Part>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    entries: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dirs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symlinks: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_bytes: Option<u64>,
+    /// Whether the file length matches the layout the manifest implies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    length_matches: Option<bool>,
+}
+
+pub fn run(a: Args) -> std::result::Result<Output, CliError> {
+    let limits = a.limits.limits()?;
+    let file = File::open(&a.packet).map_err(|e| Error::io(format!("cannot open {}", a.packet.display()), e))?;
+    let raw = read_raw_manifest(&file, &limits)?;
+    let mut out = Result {
+        packet: a.packet.display().to_string(),
+        packet_schema: SCHEMA.into(),
+        supported: true,
+        digest: raw.digest.to_string(),
+        manifest_bytes: raw.bytes.len() as u64,
+        packet_bytes: raw.file_len,
+        harness: None,
+        parts: None,
+        entries: None,
+        files: None,
+        dirs: None,
+        symlinks: None,
+        content_bytes: None,
+        length_matches: None,
+    };
+    let manifest = match Manifest::parse(&raw.bytes, &limits) {
+        Ok(m) => m,
+        Err(Error::UnsupportedSchema { found, .. }) => {
+            out.packet_schema = found;
+            out.supported = false;
+            return Ok(Output::new("sessionfs.inspect-result/1", out));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let count = |f: fn(&EntryKind) -> bool| manifest.entries.iter().filter(|e| f(&e.kind)).count() as u64;
+    let layout = Layout::compute(&manifest, raw.bytes.len() as u64);
+    out.harness = manifest.harness;
+    out.parts = Some(
+        [Part::Harness, Part::Workspace]
+            .into_iter()
+            .filter(|p| manifest.has_part(*p))
+            .collect(),
+    );
+    out.entries = Some(manifest.entries.len() as u64);
+    out.files = Some(count(|k| matches!(k, EntryKind::File(_))));
+    out.dirs = Some(count(|k| matches!(k, EntryKind::Dir)));
+    out.symlinks = Some(count(|k| matches!(k, EntryKind::Symlink(_))));
+    out.content_bytes = Some(manifest.content_bytes());
+    out.length_matches = Some(layout.total_len() == raw.file_len);
+    Ok(Output::new("sessionfs.inspect-result/1", out))
+}

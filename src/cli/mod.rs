@@ -1,0 +1,163 @@
+//! The command line: argument parsing, one file per subcommand, one JSON
+//! object on stdout, logs and progress on stderr, documented exit codes.
+
+mod args;
+mod digest;
+pub mod error;
+mod inspect;
+mod pack;
+mod progress;
+mod unpack;
+mod verify;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use serde_json::{Map, Value};
+
+use error::{CliError, exit};
+
+const AFTER_HELP: &str = "\
+Every command prints exactly one JSON object on stdout (`schema` names its \
+version) and logs to stderr. Exit codes: 0 ok, 1 internal error, 2 usage, \
+3 invalid or tampered packet, 4 unsupported packet version, 5 limit \
+exceeded, 6 I/O error, 7 refused input.
+
+Examples:
+  sessionfs pack --workspace ./repo -o session.packet
+  sessionfs verify session.packet --digest sha256:…
+  sessionfs unpack session.packet --into ./restored";
+
+/// sessionfs: deterministic, verified session packets for AI coding agents.
+#[derive(Parser, Debug)]
+#[command(name = "sessionfs", version, about, after_help = AFTER_HELP, propagate_version = true)]
+pub struct Cli {
+    /// More logging on stderr (-v info, -vv debug). SESSIONFS_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    Pack(pack::Args),
+    Verify(verify::Args),
+    Inspect(inspect::Args),
+    Digest(digest::Args),
+    Unpack(unpack::Args),
+}
+
+/// What a subcommand returns: the result object's schema name and fields.
+pub struct Output {
+    schema: &'static str,
+    fields: Map<String, Value>,
+}
+
+impl Output {
+    /// A result of `schema` (e.g. `sessionfs.pack-result/1`) from a
+    /// serializable struct whose fields become the object's fields.
+    pub fn new(schema: &'static str, body: impl serde::Serialize) -> Output {
+        let fields = match serde_json::to_value(body) {
+            Ok(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        Output { schema, fields }
+    }
+
+    fn into_value(self) -> Value {
+        let mut m = Map::new();
+        m.insert("schema".into(), Value::String(self.schema.into()));
+        m.extend(self.fields);
+        Value::Object(m)
+    }
+}
+
+/// Runs the CLI and returns the exit code.
+pub fn main() -> ExitCode {
+    let matches = match Cli::command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => return clap_error(e),
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => return clap_error(e),
+    };
+    init_logging(cli.verbose);
+    let result = match cli.command {
+        Command::Pack(a) => pack::run(a),
+        Command::Verify(a) => verify::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Digest(a) => digest::run(a),
+        Command::Unpack(a) => unpack::run(a),
+    };
+    match result {
+        Ok(out) => {
+            print_json(&out.into_value());
+            ExitCode::from(exit::OK)
+        }
+        Err(e) => report(e),
+    }
+}
+
+/// Prints an error: the JSON object on stdout, one line on stderr.
+pub fn report(e: CliError) -> ExitCode {
+    tracing::error!("{}", e.message);
+    let code = e.exit_code;
+    let mut v = serde_json::to_value(&e).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        let mut ordered = Map::new();
+        ordered.insert("schema".into(), Value::String("sessionfs.error/1".into()));
+        ordered.extend(std::mem::take(m));
+        *m = ordered;
+    }
+    print_json(&v);
+    ExitCode::from(code)
+}
+
+fn clap_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // Help and version are for people: plain text, exit 0 (2 when
+            // the help replaced a missing subcommand).
+            let _ = e.print();
+            let code = if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            ExitCode::from(code)
+        }
+        _ => {
+            let rendered = e.render().to_string();
+            let _ = writeln!(std::io::stderr(), "{}", rendered.trim_end());
+            let first = rendered.lines().next().unwrap_or("bad usage");
+            let message = first.trim_start_matches("error: ").to_owned();
+            report(CliError::usage(message))
+        }
+    }
+}
+
+fn print_json(v: &Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer(&mut out, v);
+    let _ = writeln!(out);
+    let _ = out.flush();
+}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = EnvFilter::try_from_env("SESSIONFS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
+}

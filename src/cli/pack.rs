@@ -1,0 +1,114 @@
+//! `sessionfs pack`: a workspace (and a harness home) into a packet.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::Output;
+use super::args::{LimitArgs, file_mode_from_umask};
+use super::error::CliError;
+use super::progress::Progress;
+use crate::packet::format::HarnessKind;
+use crate::source::pack::{PackOptions, PackOutcome, pack};
+
+/// Pack a workspace, and optionally an agent harness's home, into one
+/// deterministic packet.
+///
+/// Never follows symlinks; rebases absolute symlinks that point into their
+/// part; drops sockets, FIFOs and devices; leaves credentials out by default
+/// (see docs/CLI.md for the list). Everything left out is reported in the
+/// result. The output is written to a temporary file and renamed into place.
+///
+/// Examples:
+///   sessionfs pack --workspace ./repo -o session.packet
+///   sessionfs pack --workspace ./repo --harness ~/.codex --harness-kind codex -o s.packet
+///   sessionfs pack --workspace ./repo --exclude 'target' --exclude '*.log' -o s.packet
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The workspace directory (becomes `workspace/`).
+    #[arg(long, value_name = "DIR")]
+    workspace: PathBuf,
+    /// The harness's home directory (becomes `harness/`).
+    #[arg(long, value_name = "DIR")]
+    harness: Option<PathBuf>,
+    /// What kind of harness `--harness` is; selects its credential exclusions.
+    #[arg(long, value_name = "KIND", requires = "harness", value_enum)]
+    harness_kind: Option<KindArg>,
+    /// Where to write the packet.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Record every mtime as 0 (content-only addressing: the digest then
+    /// depends on content and modes alone).
+    #[arg(long)]
+    zero_mtimes: bool,
+    /// Refuse symlinks whose targets leave their part, instead of counting them.
+    #[arg(long)]
+    reject_external_symlinks: bool,
+    /// Leave out entries matching GLOB (repeatable). A pattern with `/`
+    /// matches the packet path (`workspace/target`), one without matches
+    /// names at any depth (`*.log`).
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Keep entries matching GLOB that a default rule would leave out
+    /// (repeatable). Does not override --exclude.
+    #[arg(long, value_name = "GLOB")]
+    keep: Vec<String>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum KindArg {
+    Codex,
+    Claude,
+    Opencode,
+    Generic,
+}
+
+impl From<KindArg> for HarnessKind {
+    fn from(k: KindArg) -> HarnessKind {
+        match k {
+            KindArg::Codex => HarnessKind::Codex,
+            KindArg::Claude => HarnessKind::Claude,
+            KindArg::Opencode => HarnessKind::Opencode,
+            KindArg::Generic => HarnessKind::Generic,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Result {
+    output: String,
+    #[serde(flatten)]
+    outcome: PackOutcome,
+    seconds: f64,
+}
+
+pub fn run(a: Args) -> std::result::Result<Output, CliError> {
+    let started = std::time::Instant::now();
+    let limits = a.limits.limits()?;
+    let kind = a.harness_kind.map_or(HarnessKind::Generic, HarnessKind::from);
+    let opts = PackOptions {
+        workspace: a.workspace,
+        harness: a.harness.map(|h| (h, kind)),
+        output: a.output.clone(),
+        zero_mtimes: a.zero_mtimes,
+        reject_external_symlinks: a.reject_external_symlinks,
+        exclude: a.exclude,
+        keep: a.keep,
+        limits,
+        mode: file_mode_from_umask(),
+    };
+    let progress = Progress::bytes("packing", 0);
+    let outcome = pack(&opts, &|n| progress.add(n))?;
+    drop(progress);
+    tracing::info!(digest = %outcome.digest, entries = outcome.entries, "packed");
+    Ok(Output::new(
+        "sessionfs.pack-result/1",
+        Result {
+            output: a.output.display().to_string(),
+            outcome,
+            seconds: started.elapsed().as_secs_f64(),
+        },
+    ))
+}

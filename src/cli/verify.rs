@@ -1,0 +1,66 @@
+//! `sessionfs verify`: check every byte of a packet.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::Output;
+use super::args::{LimitArgs, parse_digest};
+use super::error::CliError;
+use super::progress::Progress;
+use crate::packet::digest::{Digest, Sha256};
+use crate::packet::reader::Packet;
+use crate::packet::verify::verify;
+
+/// Check a packet completely: manifest, every header's canonical encoding,
+/// every file and chunk hash, order, padding, end marker, no trailing bytes,
+/// limits. Exits 0 only for a valid packet (and the given digest).
+///
+/// Example: sessionfs verify session.packet --digest sha256:3f2a…
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The packet file.
+    packet: PathBuf,
+    /// Also require this digest (`sha256:` and 64 hex digits).
+    #[arg(long, value_parser = parse_digest)]
+    digest: Option<Digest>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+#[derive(Serialize)]
+struct Result {
+    packet: String,
+    valid: bool,
+    digest: Digest,
+    file_sha256: Sha256,
+    entries: u64,
+    files: u64,
+    content_bytes: u64,
+    packet_bytes: u64,
+    seconds: f64,
+}
+
+pub fn run(a: Args) -> std::result::Result<Output, CliError> {
+    let started = std::time::Instant::now();
+    let limits = a.limits.limits()?;
+    let packet = Packet::open(&a.packet, &limits)?;
+    packet.check_digest(a.digest.as_ref())?;
+    let progress = Progress::bytes("verifying", packet.manifest.content_bytes() + packet.len());
+    let report = verify(&packet, &|n| progress.add(n))?;
+    drop(progress);
+    Ok(Output::new(
+        "sessionfs.verify-result/1",
+        Result {
+            packet: a.packet.display().to_string(),
+            valid: true,
+            digest: packet.digest,
+            file_sha256: report.file_sha256,
+            entries: report.entries,
+            files: report.files,
+            content_bytes: report.content_bytes,
+            packet_bytes: packet.len(),
+            seconds: started.elapsed().as_secs_f64(),
+        },
+    ))
+}

@@ -1,0 +1,14 @@
+//! sessionfs: deterministic, content-addressed session packets for AI coding
+//! agents, served through FUSE with a copy-on-write upper directory.
+//!
+//! Layers depend one way: `packet` <- (`source`, `restore`) <- `cli`.
+//! See `docs/ARCHITECTURE.md`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod packet;
+pub mod restore;
+pub mod source;
+pub mod sys;

@@ -1,0 +1,217 @@
+//! SHA-256 values: content hashes, chunk hashes and the packet digest.
+
+use std::fmt;
+
+use sha2::Digest as _;
+
+use super::format::CHUNK_SIZE;
+
+/// A SHA-256 value. Shown as 64 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Sha256(pub [u8; 32]);
+
+impl Sha256 {
+    /// Hash of `bytes`.
+    pub fn of(bytes: &[u8]) -> Sha256 {
+        Sha256(sha2::Sha256::digest(bytes).into())
+    }
+
+    /// Lowercase hex, as written in manifests.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Writes the lowercase hex into `out` (64 bytes), without allocating.
+    pub fn write_hex(&self, out: &mut Vec<u8>) {
+        let mut buf = [0u8; 64];
+        // Cannot fail: the buffer is exactly twice the input.
+        if hex::encode_to_slice(self.0, &mut buf).is_ok() {
+            out.extend_from_slice(&buf);
+        }
+    }
+
+    /// Parses exactly 64 lowercase hex digits (the canonical spelling).
+    pub fn from_canonical_hex(s: &[u8]) -> Option<Sha256> {
+        if s.len() != 64 || !s.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(Sha256(out))
+    }
+}
+
+impl fmt::Debug for Sha256 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Display for Sha256 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// A packet digest: `sha256:<hex>` of the exact bytes of `packet.json`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Digest(pub Sha256);
+
+/// The prefix of every digest string.
+pub const DIGEST_PREFIX: &str = "sha256:";
+
+impl Digest {
+    /// Digest of manifest bytes.
+    pub fn of_manifest(bytes: &[u8]) -> Digest {
+        Digest(Sha256::of(bytes))
+    }
+
+    /// Parses `sha256:` followed by 64 hex digits. Hex case is accepted either
+    /// way on input (users paste digests); output is always lowercase.
+    pub fn parse(s: &str) -> Option<Digest> {
+        let hex = s.strip_prefix(DIGEST_PREFIX)?;
+        let lower = hex.to_ascii_lowercase();
+        Sha256::from_canonical_hex(lower.as_bytes()).map(Digest)
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{DIGEST_PREFIX}{}", self.0)
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::str::FromStr for Digest {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Digest::parse(s).ok_or_else(|| {
+            format!("`{s}` is not a packet digest: expected `sha256:` and 64 hex digits")
+        })
+    }
+}
+
+impl serde::Serialize for Digest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl serde::Serialize for Sha256 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Hashes a file's content as it streams by: the whole-file hash, and the
+/// per-chunk hashes a manifest carries for files over one chunk.
+pub struct ContentHasher {
+    whole: sha2::Sha256,
+    chunk: sha2::Sha256,
+    /// Bytes fed into `chunk` so far.
+    chunk_fill: u64,
+    /// Whether the file is large enough to carry chunk hashes.
+    chunked: bool,
+    chunks: Vec<Sha256>,
+    total: u64,
+}
+
+impl ContentHasher {
+    /// A hasher for a file of `size` bytes (the size decides whether chunk
+    /// hashes are kept; the hasher does not check it).
+    pub fn new(size: u64) -> ContentHasher {
+        let chunked = size > CHUNK_SIZE;
+        ContentHasher {
+            whole: sha2::Sha256::new(),
+            chunk: sha2::Sha256::new(),
+            chunk_fill: 0,
+            chunked,
+            chunks: Vec::new(),
+            total: 0,
+        }
+    }
+
+    /// Feeds the next bytes of the file.
+    pub fn update(&mut self, mut data: &[u8]) {
+        self.total += data.len() as u64;
+        self.whole.update(data);
+        if !self.chunked {
+            return;
+        }
+        while !data.is_empty() {
+            let room = (CHUNK_SIZE - self.chunk_fill) as usize;
+            let take = room.min(data.len());
+            let (head, tail) = data.split_at(take);
+            self.chunk.update(head);
+            self.chunk_fill += take as u64;
+            data = tail;
+            if self.chunk_fill == CHUNK_SIZE {
+                self.chunks.push(Sha256(self.chunk.finalize_reset().into()));
+                self.chunk_fill = 0;
+            }
+        }
+    }
+
+    /// Bytes fed so far.
+    pub fn len(&self) -> u64 {
+        self.total
+    }
+
+    /// Whether nothing was fed.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// The whole-file hash and the chunk hashes (empty for small files).
+    pub fn finish(mut self) -> (Sha256, Vec<Sha256>) {
+        if self.chunked && self.chunk_fill > 0 {
+            self.chunks.push(Sha256(self.chunk.finalize_reset().into()));
+        }
+        (Sha256(self.whole.finalize().into()), self.chunks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_round_trip_and_rejects() {
+        let d = Digest::of_manifest(b"{}");
+        let s = d.to_string();
+        assert!(s.starts_with("sha256:"));
+        assert_eq!(Digest::parse(&s), Some(d));
+        assert_eq!(Digest::parse(&s.to_uppercase().replace("SHA256:", "sha256:")), Some(d));
+        for bad in ["", "sha256:", "sha256:00", "md5:00", &s[7..], &format!("{s}0")] {
+            assert_eq!(Digest::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn chunked_hasher_matches_direct_hashes() {
+        let size = CHUNK_SIZE * 2 + 17;
+        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        // Feed in odd-sized pieces to cross chunk boundaries mid-piece.
+        let mut h = ContentHasher::new(size);
+        for piece in data.chunks(1_000_003) {
+            h.update(piece);
+        }
+        let (whole, chunks) = h.finish();
+        assert_eq!(whole, Sha256::of(&data));
+        let expect: Vec<Sha256> = data.chunks(CHUNK_SIZE as usize).map(Sha256::of).collect();
+        assert_eq!(chunks, expect);
+    }
+
+    #[test]
+    fn small_files_have_no_chunks() {
+        let mut h = ContentHasher::new(CHUNK_SIZE);
+        h.update(&vec![1u8; CHUNK_SIZE as usize]);
+        let (_, chunks) = h.finish();
+        assert!(chunks.is_empty());
+    }
+}

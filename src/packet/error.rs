@@ -1,0 +1,516 @@
+//! Errors of the packet layer: one variant per way a packet can be refused.
+//!
+//! Every variant names what it refuses (an entry path, a byte offset, a digest)
+//! and has a stable [`Error::kind`] string that the CLI prints in
+//! `sessionfs.error/1` objects and that tests match on.
+
+use std::io;
+
+/// What the CLI turns into an exit code. Higher layers classify their own
+/// errors into the same classes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The packet is malformed, tampered with, or not the one asked for.
+    Invalid,
+    /// The packet is of a schema version this build does not support.
+    Unsupported,
+    /// A configured limit was exceeded.
+    Limit,
+    /// The operating system refused an operation (missing file, permission,
+    /// disk full).
+    Io,
+    /// The input holds something a packet must not hold (pack and seal):
+    /// a name that is not UTF-8, a path collision, an external symlink under
+    /// `--reject-external-symlinks`, a credential store.
+    Refused,
+}
+
+/// A packet-layer error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O operation on the packet file failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The file is not a tar archive shaped like a packet at all.
+    #[error("not a session packet: {reason}")]
+    NotAPacket {
+        /// Why not.
+        reason: String,
+    },
+
+    /// The first member is not `packet.json`.
+    #[error("the first member is `{found}`, not the manifest `packet.json`")]
+    ManifestMissing {
+        /// The name found instead.
+        found: String,
+    },
+
+    /// The manifest is not well-formed JSON.
+    #[error("packet.json byte {offset}: {reason}")]
+    ManifestSyntax {
+        /// Byte offset inside packet.json.
+        offset: usize,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// The manifest is JSON but not in the one canonical encoding.
+    #[error("packet.json byte {offset}: not canonical: {reason}")]
+    ManifestNotCanonical {
+        /// Byte offset inside packet.json.
+        offset: usize,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// An object has a key the schema does not define.
+    #[error("packet.json byte {offset}: unknown field `{field}`")]
+    ManifestUnknownField {
+        /// Byte offset inside packet.json.
+        offset: usize,
+        /// The key.
+        field: String,
+    },
+
+    /// A field is `null` (optional fields are left out instead).
+    #[error("packet.json byte {offset}: field `{field}` is null; optional fields must be left out")]
+    ManifestNullField {
+        /// Byte offset inside packet.json.
+        offset: usize,
+        /// The key.
+        field: String,
+    },
+
+    /// A required field is absent.
+    #[error("packet.json byte {offset}: missing field `{field}`")]
+    ManifestMissingField {
+        /// Byte offset inside packet.json.
+        offset: usize,
+        /// The key.
+        field: String,
+    },
+
+    /// A field has a value of the wrong type or out of range.
+    #[error("packet.json byte {offset}: field `{field}`: {reason}")]
+    ManifestBadValue {
+        /// Byte offset inside packet.json.
+        offset: usize,
+        /// The key.
+        field: String,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// The manifest's schema is not `sessionfs.packet/1`.
+    #[error(
+        "packet schema `{found}` is not supported: this sessionfs reads `{supported}`; \
+         upgrade sessionfs to use this packet"
+    )]
+    UnsupportedSchema {
+        /// The schema string found.
+        found: String,
+        /// The schema this build supports.
+        supported: &'static str,
+    },
+
+    /// An entry path breaks the path rules.
+    #[error("{path}: invalid path: {reason}")]
+    InvalidPath {
+        /// The path (lossy if it was not UTF-8).
+        path: String,
+        /// Which rule.
+        reason: String,
+    },
+
+    /// Entries are not in ascending raw-byte order.
+    #[error("{path}: entries are not sorted by path bytes (it follows `{previous}`)")]
+    NotSorted {
+        /// The entry out of order.
+        path: String,
+        /// The entry before it.
+        previous: String,
+    },
+
+    /// Two entries have the same path.
+    #[error("{path}: duplicate entry")]
+    DuplicatePath {
+        /// The path.
+        path: String,
+    },
+
+    /// Two paths differ only by letter case or Unicode normalization, so they
+    /// would collide on a case-insensitive or normalizing filesystem (APFS).
+    #[error(
+        "{path}: collides with `{other}` on case-insensitive or normalizing filesystems \
+         (macOS APFS); rename one of them"
+    )]
+    PathCollision {
+        /// The later path.
+        path: String,
+        /// The earlier path it collides with.
+        other: String,
+    },
+
+    /// An entry's parent is missing, or is a file or a symlink.
+    #[error("{path}: {reason}")]
+    BadParent {
+        /// The entry.
+        path: String,
+        /// Why its parent is unacceptable.
+        reason: String,
+    },
+
+    /// A symlink target is empty, too long, or contains NUL.
+    #[error("{path}: invalid symlink target: {reason}")]
+    InvalidTarget {
+        /// The symlink.
+        path: String,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// In strict-symlink mode: a symlink resolves outside the packet root.
+    #[error("{path}: symlink target `{target}` escapes the packet root")]
+    SymlinkEscapes {
+        /// The symlink.
+        path: String,
+        /// Its target.
+        target: String,
+    },
+
+    /// The manifest names a harness kind without a harness part, or the reverse.
+    #[error("{reason}")]
+    HarnessMismatch {
+        /// What disagrees.
+        reason: String,
+    },
+
+    /// A limit was exceeded.
+    #[error("{what} {value} exceeds the limit of {limit}{path_note}; raise it with {flag} or {env} (ceiling {ceiling})",
+        path_note = path.as_ref().map(|p| format!(" at {p}")).unwrap_or_default())]
+    LimitExceeded {
+        /// What was counted.
+        what: &'static str,
+        /// The value found (or reached).
+        value: u64,
+        /// The limit in force.
+        limit: u64,
+        /// The hard ceiling.
+        ceiling: u64,
+        /// The flag that raises it.
+        flag: &'static str,
+        /// The environment variable that raises it.
+        env: &'static str,
+        /// The entry where it was exceeded, when there is one.
+        path: Option<String>,
+    },
+
+    /// A format limit that no flag can raise (file size, mtime, name length).
+    #[error("{path}: {reason}")]
+    FormatLimit {
+        /// The entry.
+        path: String,
+        /// Which bound.
+        reason: String,
+    },
+
+    /// A tar header's checksum does not match its bytes.
+    #[error("header at byte {offset} (expected `{member}`): bad checksum")]
+    BadChecksum {
+        /// Offset of the header in the packet.
+        offset: u64,
+        /// The member the manifest puts there.
+        member: String,
+    },
+
+    /// A member type other than directory, file, symlink (or our PAX header).
+    #[error("header at byte {offset} (expected `{member}`): member type {typeflag} is not allowed in a packet")]
+    UnsupportedMember {
+        /// Offset of the header.
+        offset: u64,
+        /// The member the manifest puts there.
+        member: String,
+        /// Human name of the type found (`hard link`, `FIFO`, ...).
+        typeflag: String,
+    },
+
+    /// The member at this position is not the one the manifest puts there.
+    #[error("header at byte {offset}: found member `{found}` where the manifest puts `{member}`")]
+    MemberMismatch {
+        /// Offset of the header.
+        offset: u64,
+        /// The member the manifest puts there.
+        member: String,
+        /// The name found.
+        found: String,
+    },
+
+    /// A header field is not the canonical encoding.
+    #[error("header at byte {offset} (`{member}`): field `{field}` is not the canonical encoding")]
+    NonCanonicalHeader {
+        /// Offset of the header.
+        offset: u64,
+        /// The member.
+        member: String,
+        /// The tar field that differs.
+        field: &'static str,
+    },
+
+    /// The header's size disagrees with the manifest.
+    #[error("{member}: header says {header_size} bytes, manifest says {manifest_size}")]
+    SizeMismatch {
+        /// The member.
+        member: String,
+        /// Size in the manifest.
+        manifest_size: u64,
+        /// Size in the header (0 if unreadable).
+        header_size: u64,
+    },
+
+    /// File content does not hash to the manifest's value.
+    #[error("{path}: content at bytes {start}..{end} of the file does not match the manifest hash; the packet was modified or corrupted")]
+    ContentMismatch {
+        /// The file.
+        path: String,
+        /// First byte of the mismatching range, within the file.
+        start: u64,
+        /// End of the range.
+        end: u64,
+    },
+
+    /// Bytes after a member's data, before the next block, are not zero.
+    #[error("{member}: padding after its data is not zero")]
+    BadPadding {
+        /// The member.
+        member: String,
+    },
+
+    /// The end-of-archive marker is missing or not zero.
+    #[error("the end-of-archive marker at byte {offset} is not two zero blocks")]
+    BadEndMarker {
+        /// Where the marker starts.
+        offset: u64,
+    },
+
+    /// The file is shorter than its manifest says.
+    #[error("truncated: the manifest describes {expected} bytes but the file has {actual}")]
+    Truncated {
+        /// Length the layout implies.
+        expected: u64,
+        /// Length of the file.
+        actual: u64,
+    },
+
+    /// The file is longer than its manifest says.
+    #[error("{extra} bytes after the end of the archive (the manifest describes {expected} bytes)", extra = actual - expected)]
+    TrailingBytes {
+        /// Length the layout implies.
+        expected: u64,
+        /// Length of the file.
+        actual: u64,
+    },
+
+    /// The packet's digest is not the one asked for.
+    #[error("digest mismatch: expected {expected}, the packet's manifest is {found}")]
+    DigestMismatch {
+        /// The digest asked for.
+        expected: String,
+        /// The digest found.
+        found: String,
+    },
+}
+
+/// Result alias of the packet layer.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The stable machine-readable kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Io { .. } => "io",
+            Error::NotAPacket { .. } => "not_a_packet",
+            Error::ManifestMissing { .. } => "manifest_missing",
+            Error::ManifestSyntax { .. } => "manifest_syntax",
+            Error::ManifestNotCanonical { .. } => "manifest_not_canonical",
+            Error::ManifestUnknownField { .. } => "manifest_unknown_field",
+            Error::ManifestNullField { .. } => "manifest_null_field",
+            Error::ManifestMissingField { .. } => "manifest_missing_field",
+            Error::ManifestBadValue { .. } => "manifest_bad_value",
+            Error::UnsupportedSchema { .. } => "unsupported_schema",
+            Error::InvalidPath { .. } => "invalid_path",
+            Error::NotSorted { .. } => "not_sorted",
+            Error::DuplicatePath { .. } => "duplicate_path",
+            Error::PathCollision { .. } => "path_collision",
+            Error::BadParent { .. } => "bad_parent",
+            Error::InvalidTarget { .. } => "invalid_symlink_target",
+            Error::SymlinkEscapes { .. } => "symlink_escapes",
+            Error::HarnessMismatch { .. } => "harness_mismatch",
+            Error::LimitExceeded { .. } => "limit_exceeded",
+            Error::FormatLimit { .. } => "format_limit",
+            Error::BadChecksum { .. } => "bad_header_checksum",
+            Error::UnsupportedMember { .. } => "unsupported_member_type",
+            Error::MemberMismatch { .. } => "member_mismatch",
+            Error::NonCanonicalHeader { .. } => "non_canonical_header",
+            Error::SizeMismatch { .. } => "size_mismatch",
+            Error::ContentMismatch { .. } => "content_mismatch",
+            Error::BadPadding { .. } => "bad_padding",
+            Error::BadEndMarker { .. } => "bad_end_marker",
+            Error::Truncated { .. } => "truncated",
+            Error::TrailingBytes { .. } => "trailing_bytes",
+            Error::DigestMismatch { .. } => "digest_mismatch",
+        }
+    }
+
+    /// The class that decides the exit code.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Io { .. } => ErrorClass::Io,
+            Error::UnsupportedSchema { .. } => ErrorClass::Unsupported,
+            Error::LimitExceeded { .. } => ErrorClass::Limit,
+            Error::NotAPacket { .. }
+            | Error::ManifestMissing { .. }
+            | Error::ManifestSyntax { .. }
+            | Error::ManifestNotCanonical { .. }
+            | Error::ManifestUnknownField { .. }
+            | Error::ManifestNullField { .. }
+            | Error::ManifestMissingField { .. }
+            | Error::ManifestBadValue { .. }
+            | Error::InvalidPath { .. }
+            | Error::NotSorted { .. }
+            | Error::DuplicatePath { .. }
+            | Error::PathCollision { .. }
+            | Error::BadParent { .. }
+            | Error::InvalidTarget { .. }
+            | Error::SymlinkEscapes { .. }
+            | Error::HarnessMismatch { .. }
+            | Error::FormatLimit { .. }
+            | Error::BadChecksum { .. }
+            | Error::UnsupportedMember { .. }
+            | Error::MemberMismatch { .. }
+            | Error::NonCanonicalHeader { .. }
+            | Error::SizeMismatch { .. }
+            | Error::ContentMismatch { .. }
+            | Error::BadPadding { .. }
+            | Error::BadEndMarker { .. }
+            | Error::Truncated { .. }
+            | Error::TrailingBytes { .. }
+            | Error::DigestMismatch { .. } => ErrorClass::Invalid,
+        }
+    }
+
+    /// The entry path the error is about, when there is one.
+    pub fn entry_path(&self) -> Option<&str> {
+        match self {
+            Error::InvalidPath { path, .. }
+            | Error::NotSorted { path, .. }
+            | Error::DuplicatePath { path }
+            | Error::PathCollision { path, .. }
+            | Error::BadParent { path, .. }
+            | Error::InvalidTarget { path, .. }
+            | Error::SymlinkEscapes { path, .. }
+            | Error::FormatLimit { path, .. }
+            | Error::ContentMismatch { path, .. } => Some(path),
+            Error::LimitExceeded { path, .. } => path.as_deref(),
+            Error::BadChecksum { member, .. }
+            | Error::UnsupportedMember { member, .. }
+            | Error::MemberMismatch { member, .. }
+            | Error::NonCanonicalHeader { member, .. }
+            | Error::SizeMismatch { member, .. }
+            | Error::BadPadding { member } => Some(member),
+            Error::Io { .. }
+            | Error::NotAPacket { .. }
+            | Error::ManifestMissing { .. }
+            | Error::ManifestSyntax { .. }
+            | Error::ManifestNotCanonical { .. }
+            | Error::ManifestUnknownField { .. }
+            | Error::ManifestNullField { .. }
+            | Error::ManifestMissingField { .. }
+            | Error::ManifestBadValue { .. }
+            | Error::UnsupportedSchema { .. }
+            | Error::HarnessMismatch { .. }
+            | Error::BadEndMarker { .. }
+            | Error::Truncated { .. }
+            | Error::TrailingBytes { .. }
+            | Error::DigestMismatch { .. } => None,
+        }
+    }
+}
+
+/// Which limit, for [`Error::LimitExceeded`].
+#[derive(Clone, Copy, Debug)]
+pub enum LimitKind {
+    /// Total content bytes.
+    Bytes,
+    /// Number of entries.
+    Entries,
+    /// Bytes of one path or target.
+    PathBytes,
+    /// Bytes of the manifest (derived from the others).
+    ManifestBytes,
+}
+
+impl LimitKind {
+    /// Builds the error for `value` over `limit`.
+    pub fn exceeded(
+        self,
+        value: u64,
+        limits: &super::format::Limits,
+        path: Option<&str>,
+    ) -> Error {
+        use super::format::Limits;
+        let (what, limit, ceiling, flag, env) = match self {
+            LimitKind::Bytes => (
+                "content bytes",
+                limits.max_bytes,
+                Limits::CEILING.max_bytes,
+                "--max-bytes",
+                "SESSIONFS_MAX_BYTES",
+            ),
+            LimitKind::Entries => (
+                "entry count",
+                limits.max_entries,
+                Limits::CEILING.max_entries,
+                "--max-entries",
+                "SESSIONFS_MAX_ENTRIES",
+            ),
+            LimitKind::PathBytes => (
+                "path bytes",
+                limits.max_path_bytes,
+                Limits::CEILING.max_path_bytes,
+                "--max-path-bytes",
+                "SESSIONFS_MAX_PATH_BYTES",
+            ),
+            LimitKind::ManifestBytes => (
+                "manifest bytes",
+                limits.max_manifest_bytes(),
+                Limits::CEILING.max_manifest_bytes(),
+                "--max-entries (the manifest bound derives from it)",
+                "SESSIONFS_MAX_ENTRIES",
+            ),
+        };
+        Error::LimitExceeded {
+            what,
+            value,
+            limit,
+            ceiling,
+            flag,
+            env,
+            path: path.map(str::to_owned),
+        }
+    }
+}

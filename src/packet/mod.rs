@@ -1,0 +1,15 @@
+//! The session packet format, `sessionfs.packet/1`: manifest, canonical
+//! layout, strict reader, writer and digests. No FUSE, no raw syscalls.
+
+pub mod digest;
+pub mod error;
+pub mod format;
+pub mod layout;
+pub mod manifest;
+pub mod path;
+pub mod reader;
+pub mod resolve;
+pub mod verify;
+pub mod writer;
+
+pub use error::{Error, Result};

@@ -1,0 +1,185 @@
+//! The path rules of a packet: what an entry path may be, and which paths
+//! collide on case-insensitive or normalizing filesystems.
+
+use std::borrow::Cow;
+
+use unicode_normalization::UnicodeNormalization;
+
+use super::error::{Error, LimitKind, Result};
+use super::format::{Limits, MAX_COMPONENT_BYTES, PART_HARNESS, PART_WORKSPACE};
+
+/// The part an entry belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Part {
+    /// `harness/`: the agent harness's state.
+    Harness,
+    /// `workspace/`: the project tree.
+    Workspace,
+}
+
+impl Part {
+    /// The top-level directory name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Part::Harness => PART_HARNESS,
+            Part::Workspace => PART_WORKSPACE,
+        }
+    }
+
+    /// Parses a part name.
+    pub fn parse(s: &str) -> Option<Part> {
+        match s {
+            PART_HARNESS => Some(Part::Harness),
+            PART_WORKSPACE => Some(Part::Workspace),
+            _ => None,
+        }
+    }
+
+    /// The part a valid entry path belongs to.
+    pub fn of(path: &str) -> Option<Part> {
+        Part::parse(path.split('/').next().unwrap_or(path))
+    }
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The parent of a path (`None` for a top-level name).
+pub fn parent(path: &str) -> Option<&str> {
+    path.rfind('/').map(|i| &path[..i])
+}
+
+/// The last component of a path.
+pub fn file_name(path: &str) -> &str {
+    path.rfind('/').map_or(path, |i| &path[i + 1..])
+}
+
+/// Whether `c` is a control character (C0, DEL or C1): never allowed in a path.
+pub fn is_control(c: char) -> bool {
+    c.is_control()
+}
+
+/// Checks one entry path against the path rules; `limits` bounds its length.
+pub fn check_path(path: &str, limits: &Limits) -> Result<()> {
+    let invalid = |reason: String| Error::InvalidPath {
+        path: path.to_owned(),
+        reason,
+    };
+    if path.is_empty() {
+        return Err(invalid("empty path".into()));
+    }
+    if path.len() as u64 > limits.max_path_bytes {
+        return Err(LimitKind::PathBytes.exceeded(path.len() as u64, limits, Some(path)));
+    }
+    if path.starts_with('/') {
+        return Err(invalid("absolute path".into()));
+    }
+    if let Some(c) = path.chars().find(|&c| c == '\\' || is_control(c)) {
+        return Err(invalid(if c == '\\' {
+            "backslash in path".into()
+        } else {
+            format!("control character U+{:04X} in path", c as u32)
+        }));
+    }
+    for component in path.split('/') {
+        match component {
+            "" => return Err(invalid("empty component (`//` or a trailing `/`)".into())),
+            "." => return Err(invalid("`.` component".into())),
+            ".." => return Err(invalid("`..` component".into())),
+            c if c.len() > MAX_COMPONENT_BYTES => {
+                return Err(invalid(format!(
+                    "component of {} bytes; at most {MAX_COMPONENT_BYTES} are allowed",
+                    c.len()
+                )));
+            }
+            _ => {}
+        }
+    }
+    if Part::of(path).is_none() {
+        return Err(invalid(
+            "outside the two parts: paths start with `workspace` or `harness`".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The key under which two paths collide on a case-insensitive, normalizing
+/// filesystem: canonical decomposition, then lowercase, then decomposition
+/// again (lowercasing can compose). ASCII paths take a fast path.
+pub fn collision_key(path: &str) -> Cow<'_, str> {
+    if path.is_ascii() {
+        if path.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(path.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(path)
+        }
+    } else {
+        let lowered = path.nfd().collect::<String>().to_lowercase();
+        Cow::Owned(lowered.nfd().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_rules_table() {
+        let limits = Limits::DEFAULT;
+        let long = format!("workspace/{}", "a".repeat(256));
+        let ok = [
+            "workspace",
+            "harness",
+            "workspace/a b/c",
+            "workspace/é",
+            "workspace/.hidden",
+            "workspace/..x",
+            "workspace/quote\"d",
+        ];
+        for p in ok {
+            assert!(check_path(p, &limits).is_ok(), "{p} should be valid");
+        }
+        let bad: &[(&str, &str)] = &[
+            ("", "empty path"),
+            ("/workspace", "absolute"),
+            ("workspace//a", "empty component"),
+            ("workspace/", "empty component"),
+            ("workspace/./a", "`.`"),
+            ("workspace/../x", "`..`"),
+            ("workspace/a\\b", "backslash"),
+            ("workspace/a\nb", "control character U+000A"),
+            ("workspace/a\u{7f}", "U+007F"),
+            ("workspace/a\u{85}", "U+0085"),
+            ("other/a", "outside the two parts"),
+            ("workspaces/a", "outside the two parts"),
+            (&long, "component of 256 bytes"),
+        ];
+        for (p, why) in bad {
+            let err = check_path(p, &limits).expect_err(p).to_string();
+            assert!(err.contains(why), "{p:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn path_limit_is_a_limit_error() {
+        let limits = Limits {
+            max_path_bytes: 12,
+            ..Limits::DEFAULT
+        };
+        let err = check_path("workspace/abc", &limits).unwrap_err();
+        assert_eq!(err.kind(), "limit_exceeded");
+    }
+
+    #[test]
+    fn collisions_by_case_and_normalization() {
+        assert_eq!(collision_key("workspace/README"), collision_key("workspace/readme"));
+        // U+00E9 (precomposed) and e + U+0301 (decomposed).
+        assert_eq!(collision_key("workspace/caf\u{e9}"), collision_key("workspace/cafe\u{301}"));
+        assert_eq!(collision_key("workspace/CAF\u{c9}"), collision_key("workspace/cafe\u{301}"));
+        assert_ne!(collision_key("workspace/a"), collision_key("workspace/b"));
+    }
+}

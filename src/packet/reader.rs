@@ -1,0 +1,404 @@
+//! The strict reader: opens a packet, checks its manifest member in time
+//! proportional to the manifest, and checks members' bytes on demand.
+//!
+//! Opening reads only the first header and `packet.json`. Everything else
+//! about the file is implied by the manifest (see [`super::layout`]), so the
+//! full check ([`Packet::check_batch`]) compares each member's bytes with the
+//! bytes the manifest implies instead of trusting any header field.
+
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::digest::{ContentHasher, Digest, Sha256};
+use super::error::{Error, LimitKind, Result};
+use super::format::{BLOCK, CHUNK_SIZE, END_BLOCKS, Limits, MANIFEST_NAME, pad_to_block};
+use super::layout::{self, Layout, MANIFEST_DATA_OFFSET};
+use super::manifest::{Entry, EntryKind, Manifest};
+
+/// The manifest member of a packet, read but not parsed.
+pub struct RawManifest {
+    /// The exact bytes of `packet.json`.
+    pub bytes: Vec<u8>,
+    /// `sha256:` of those bytes.
+    pub digest: Digest,
+    /// Length of the packet file.
+    pub file_len: u64,
+}
+
+/// Reads the first member of `file`, which must be the canonical header of
+/// `packet.json`, and returns the manifest bytes. Allocates only after the
+/// size field is checked against the file length and the manifest bound.
+pub fn read_raw_manifest(file: &File, limits: &Limits) -> Result<RawManifest> {
+    let file_len = file
+        .metadata()
+        .map_err(|e| Error::io("cannot stat the packet", e))?
+        .len();
+    let mut first = [0u8; BLOCK as usize];
+    if file_len < BLOCK {
+        return Err(Error::NotAPacket {
+            reason: format!("the file is {file_len} bytes, shorter than one tar block"),
+        });
+    }
+    read_exact_at(file, &mut first, 0, file_len)?;
+    let header = tar::Header::from_byte_slice(&first);
+    if first.iter().all(|&b| b == 0) || header.as_ustar().is_none() {
+        return Err(Error::NotAPacket {
+            reason: "the first block is not a ustar header".into(),
+        });
+    }
+    let name = header.path_bytes();
+    if &*name != MANIFEST_NAME.as_bytes() {
+        return Err(Error::ManifestMissing {
+            found: String::from_utf8_lossy(&name).into_owned(),
+        });
+    }
+    let size = header.entry_size().map_err(|_| Error::NonCanonicalHeader {
+        offset: 0,
+        member: MANIFEST_NAME.into(),
+        field: "size",
+    })?;
+    if size > limits.max_manifest_bytes() {
+        return Err(LimitKind::ManifestBytes.exceeded(size, limits, None));
+    }
+    let padded = pad_to_block(size);
+    let needed = MANIFEST_DATA_OFFSET + padded + END_BLOCKS * BLOCK;
+    if needed > file_len {
+        return Err(Error::Truncated {
+            expected: needed,
+            actual: file_len,
+        });
+    }
+    let expected = layout::manifest_header(size);
+    if first != expected {
+        return Err(layout::diagnose(&first, &expected, 0, MANIFEST_NAME));
+    }
+    // Bounded above by the manifest limit and the file length.
+    let mut bytes = vec![0u8; padded as usize];
+    read_exact_at(file, &mut bytes, MANIFEST_DATA_OFFSET, file_len)?;
+    if bytes[size as usize..].iter().any(|&b| b != 0) {
+        return Err(Error::BadPadding {
+            member: MANIFEST_NAME.into(),
+        });
+    }
+    bytes.truncate(size as usize);
+    let digest = Digest::of_manifest(&bytes);
+    Ok(RawManifest {
+        bytes,
+        digest,
+        file_len,
+    })
+}
+
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64, file_len: u64) -> Result<()> {
+    file.read_exact_at(buf, offset).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            Error::Truncated {
+                expected: offset + buf.len() as u64,
+                actual: file_len,
+            }
+        } else {
+            Error::io(format!("cannot read the packet at byte {offset}"), e)
+        }
+    })
+}
+
+/// An open packet whose manifest passed the strict checks and whose length
+/// matches the layout. Content is checked by [`Packet::check_batch`] (all of
+/// it, by `verify` and `unpack`) or lazily by a mount.
+pub struct Packet {
+    file: File,
+    path: PathBuf,
+    /// The parsed manifest.
+    pub manifest: Manifest,
+    /// Its digest.
+    pub digest: Digest,
+    /// Offsets of every member.
+    pub layout: Layout,
+}
+
+/// One piece of what [`Packet::check_batch`] reports to its sink.
+pub enum Event<'a> {
+    /// The next bytes of entry `.0`'s content, not yet known to be valid.
+    Data(usize, &'a [u8]),
+    /// Entry `.0` is complete and verified (header, content, padding).
+    Verified(usize),
+}
+
+/// Members are checked in batches of about this many bytes: large enough to
+/// amortize syscalls over many small files, small enough to spread work over
+/// both cores and bound the buffer each thread holds.
+pub const BATCH_BYTES: u64 = 1 << 20;
+
+impl Packet {
+    /// Opens `path` and checks its manifest member and length.
+    pub fn open(path: &Path, limits: &Limits) -> Result<Packet> {
+        let file = File::open(path).map_err(|e| Error::io("cannot open the packet", e))?;
+        Packet::from_file(file, path, limits)
+    }
+
+    /// Like [`Packet::open`], for a file already open.
+    pub fn from_file(file: File, path: &Path, limits: &Limits) -> Result<Packet> {
+        let raw = read_raw_manifest(&file, limits)?;
+        let manifest = Manifest::parse(&raw.bytes, limits)?;
+        let layout = Layout::compute(&manifest, raw.bytes.len() as u64);
+        let expected = layout.total_len();
+        if raw.file_len < expected {
+            return Err(Error::Truncated {
+                expected,
+                actual: raw.file_len,
+            });
+        }
+        if raw.file_len > expected {
+            return Err(Error::TrailingBytes {
+                expected,
+                actual: raw.file_len,
+            });
+        }
+        Ok(Packet {
+            file,
+            path: path.to_owned(),
+            manifest,
+            digest: raw.digest,
+            layout,
+        })
+    }
+
+    /// Fails unless the packet's digest is `expected`.
+    pub fn check_digest(&self, expected: Option<&Digest>) -> Result<()> {
+        match expected {
+            Some(d) if *d != self.digest => Err(Error::DigestMismatch {
+                expected: d.to_string(),
+                found: self.digest.to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The packet file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Length of the packet file.
+    pub fn len(&self) -> u64 {
+        self.layout.total_len()
+    }
+
+    /// Whether the packet has no entries (never true of a valid packet).
+    pub fn is_empty(&self) -> bool {
+        self.manifest.entries.is_empty()
+    }
+
+    /// Contiguous batches of entries for parallel checking.
+    pub fn batches(&self) -> Vec<Range<usize>> {
+        self.layout.batches(BATCH_BYTES)
+    }
+
+    /// Checks the members in `range` byte for byte: each header against its
+    /// canonical encoding, content against the manifest's hashes, padding
+    /// zero. Content goes to `sink` as it is read; `Verified(i)` follows once
+    /// entry `i` is known good. Stops at the first problem.
+    pub fn check_batch(
+        &self,
+        range: Range<usize>,
+        buf: &mut Vec<u8>,
+        sink: &mut dyn FnMut(Event<'_>) -> Result<()>,
+    ) -> Result<()> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        let mut r = RangeReader {
+            packet: self,
+            pos: self.layout.member_start(range.start),
+            end: self.layout.member_end(range.end - 1),
+            buf,
+            filled: 0..0,
+        };
+        let mut expected = Vec::with_capacity(BLOCK as usize);
+        let mut actual = Vec::with_capacity(BLOCK as usize);
+        for i in range {
+            let e = &self.manifest.entries[i];
+            let start = self.layout.member_start(i);
+            expected.clear();
+            layout::write_entry_headers(e, &mut expected);
+            actual.clear();
+            r.take_into(expected.len() as u64, &mut actual)?;
+            if actual != expected {
+                return Err(diagnose_blocks(&actual, &expected, start, &e.path));
+            }
+            if let EntryKind::File(f) = &e.kind {
+                let mut hasher = ContentHasher::new(f.size);
+                let mut left = f.size;
+                while left > 0 {
+                    let piece = r.take(left)?;
+                    hasher.update(piece);
+                    left -= piece.len() as u64;
+                    sink(Event::Data(i, piece))?;
+                }
+                let mut pad = pad_to_block(f.size) - f.size;
+                while pad > 0 {
+                    let piece = r.take(pad)?;
+                    if piece.iter().any(|&b| b != 0) {
+                        return Err(Error::BadPadding {
+                            member: e.path.to_string(),
+                        });
+                    }
+                    pad -= piece.len() as u64;
+                }
+                let (whole, chunks) = hasher.finish();
+                if whole != f.sha256 || *chunks != *f.chunks {
+                    return Err(content_mismatch(e, &chunks));
+                }
+            }
+            sink(Event::Verified(i))?;
+        }
+        Ok(())
+    }
+
+    /// Checks the end-of-archive marker.
+    pub fn check_end(&self) -> Result<()> {
+        let offset = self.layout.end_offset();
+        let mut end = [0u8; (END_BLOCKS * BLOCK) as usize];
+        read_exact_at(&self.file, &mut end, offset, self.len())?;
+        if end.iter().any(|&b| b != 0) {
+            return Err(Error::BadEndMarker { offset });
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes of entry `i`'s content at `offset` within the
+    /// file, without checking them (callers verify chunks themselves).
+    pub fn read_content_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let e = &self.manifest.entries[i];
+        let base = self.layout.data_offset(i, e);
+        self.file.read_exact_at(buf, base + offset)
+    }
+
+    /// Hashes the whole file (for `file_sha256`), reading it in order.
+    pub fn file_sha256(&self, progress: &dyn Fn(u64)) -> Result<Sha256> {
+        hash_file(&self.file, self.len(), progress)
+    }
+}
+
+/// SHA-256 of the first `len` bytes of `file`, read in order.
+pub fn hash_file(file: &File, len: u64, progress: &dyn Fn(u64)) -> Result<Sha256> {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; BATCH_BYTES as usize];
+    let mut pos = 0;
+    while pos < len {
+        let n = (len - pos).min(BATCH_BYTES) as usize;
+        read_exact_at(file, &mut buf[..n], pos, len)?;
+        hasher.update(&buf[..n]);
+        pos += n as u64;
+        progress(n as u64);
+    }
+    Ok(Sha256(hasher.finalize().into()))
+}
+
+/// Names the first chunk whose hash differs, or the whole file.
+fn content_mismatch(e: &Entry, chunks: &[Sha256]) -> Error {
+    let size = e.size();
+    let (start, end) = e
+        .file()
+        .and_then(|f| {
+            f.chunks
+                .iter()
+                .zip(chunks)
+                .position(|(a, b)| a != b)
+                .map(|k| {
+                    let s = k as u64 * CHUNK_SIZE;
+                    (s, (s + CHUNK_SIZE).min(size))
+                })
+        })
+        .unwrap_or((0, size));
+    Error::ContentMismatch {
+        path: e.path.to_string(),
+        start,
+        end,
+    }
+}
+
+/// Diagnoses a header run (PAX header, records, ustar header) that differs
+/// from the canonical bytes, block by block.
+fn diagnose_blocks(actual: &[u8], expected: &[u8], start: u64, member: &str) -> Error {
+    let b = BLOCK as usize;
+    let mut k = 0;
+    while k + b <= expected.len() {
+        let (a, e) = (&actual[k..k + b], &expected[k..k + b]);
+        if a != e {
+            let is_pax_records = expected.len() > b && k != 0 && k + b != expected.len();
+            if is_pax_records {
+                return Error::NonCanonicalHeader {
+                    offset: start + k as u64,
+                    member: member.into(),
+                    field: "pax records",
+                };
+            }
+            return layout::diagnose(a, e, start + k as u64, member);
+        }
+        k += b;
+    }
+    layout::diagnose(actual, expected, start, member)
+}
+
+/// Sequential reader over a byte range of the packet, in windows of at
+/// most [`BATCH_BYTES`].
+struct RangeReader<'p, 'b> {
+    packet: &'p Packet,
+    /// File offset of the next byte not yet in the buffer.
+    pos: u64,
+    /// End of the range.
+    end: u64,
+    buf: &'b mut Vec<u8>,
+    /// Unconsumed part of `buf`.
+    filled: Range<usize>,
+}
+
+impl RangeReader<'_, '_> {
+    /// Up to `max` next bytes (at least one).
+    fn take(&mut self, max: u64) -> Result<&[u8]> {
+        if self.filled.is_empty() {
+            let n = (self.end - self.pos).min(BATCH_BYTES) as usize;
+            if n == 0 {
+                return Err(Error::Truncated {
+                    expected: self.end + 1,
+                    actual: self.end,
+                });
+            }
+            if self.buf.len() < n {
+                self.buf.resize(n, 0);
+            }
+            read_exact_at(
+                &self.packet.file,
+                &mut self.buf[..n],
+                self.pos,
+                self.packet.len(),
+            )?;
+            self.pos += n as u64;
+            self.filled = 0..n;
+        }
+        let n = (self.filled.len() as u64).min(max) as usize;
+        let s = self.filled.start;
+        self.filled.start += n;
+        Ok(&self.buf[s..s + n])
+    }
+
+    /// Exactly `n` next bytes, appended to `out`.
+    fn take_into(&mut self, mut n: u64, out: &mut Vec<u8>) -> Result<()> {
+        while n > 0 {
+            let piece = self.take(n)?;
+            n -= piece.len() as u64;
+            out.extend_from_slice(piece);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,336 @@
+//! `unpack`: restores a packet's tree for placements without FUSE.
+//!
+//! Nothing appears at the target until every byte has verified: the tree is
+//! built in a private staging directory (mode 0700) beside the target, each
+//! file created `O_EXCL` with mode 0600 and given its final mode and mtime
+//! only once its content verified, symlinks created last, and the staging
+//! directory renamed onto the target at the end. Every path is opened
+//! beneath the staging directory with symlink traversal refused.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::{Mode, fchmod, futimens, mkdirat};
+use nix::sys::time::TimeSpec;
+use nix::unistd::symlinkat;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::packet::digest::Digest;
+use crate::packet::error::ErrorClass;
+use crate::packet::format::{MODE_DIR, MODE_EXEC, MODE_FILE};
+use crate::packet::manifest::EntryKind;
+use crate::packet::path::Part;
+use crate::packet::reader::{Event, Packet};
+use crate::packet::{self, resolve};
+use crate::sys;
+
+/// An unpack error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The packet was refused.
+    #[error(transparent)]
+    Packet(#[from] packet::Error),
+    /// The target cannot be used.
+    #[error("{path}: {reason}")]
+    Target {
+        /// The target directory.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The operating system refused an operation.
+    #[error("{path}: {op}: {source}")]
+    Io {
+        /// Where.
+        path: String,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Stable kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Packet(e) => e.kind(),
+            Error::Target { .. } => "target_unusable",
+            Error::Io { .. } => "io",
+        }
+    }
+
+    /// Exit-code class.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Packet(e) => e.class(),
+            Error::Target { .. } => ErrorClass::Refused,
+            Error::Io { .. } => ErrorClass::Io,
+        }
+    }
+
+    /// The path concerned.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            Error::Packet(e) => e.entry_path(),
+            Error::Target { path, .. } | Error::Io { path, .. } => Some(path),
+        }
+    }
+}
+
+fn io_err<'a>(path: &'a str, op: &'static str) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |source| Error::Io {
+        path: path.to_owned(),
+        op,
+        source,
+    }
+}
+
+/// What to restore.
+pub struct UnpackOptions {
+    /// Target directory (absent or empty).
+    pub into: PathBuf,
+    /// Restore only this part, as the target's root.
+    pub part: Option<Part>,
+    /// Refuse symlinks that resolve outside the restored tree.
+    pub strict_symlinks: bool,
+    /// Expected digest.
+    pub digest: Option<Digest>,
+}
+
+/// What was restored.
+#[derive(Debug, Serialize)]
+pub struct UnpackOutcome {
+    /// Packet digest.
+    pub digest: Digest,
+    /// Entries restored.
+    pub entries: u64,
+    /// Files restored.
+    pub files: u64,
+    /// Bytes of content written.
+    pub content_bytes: u64,
+    /// Where.
+    pub into: String,
+}
+
+/// Restores `packet` per `opts`. On error the target is as it was.
+pub fn unpack(packet: &Packet, opts: &UnpackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<UnpackOutcome, Error> {
+    packet.check_digest(opts.digest.as_ref())?;
+    let root_name = opts.part.map_or("", Part::as_str);
+    if let Some(part) = opts.part {
+        if !packet.manifest.has_part(part) {
+            return Err(Error::Target {
+                path: opts.into.display().to_string(),
+                reason: format!("the packet has no {part} part to unpack"),
+            });
+        }
+    }
+    if opts.strict_symlinks {
+        resolve::check_no_escapes(&packet.manifest, root_name)?;
+    }
+    check_target(&opts.into)?;
+    let shown = opts.into.display().to_string();
+    let parent = match opts.into.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = opts.into.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // Private (0700) until renamed into place; removed on any error.
+    let staging = tempfile::Builder::new()
+        .prefix(&format!(".{name}.sessionfs-unpack."))
+        .tempdir_in(parent)
+        .map_err(io_err(&shown, "cannot create a staging directory beside the target"))?;
+    let stage_fd: OwnedFd = nix::fcntl::open(
+        staging.path(),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err(&shown, "cannot open the staging directory")(e.into()))?;
+
+    let writer = Restorer {
+        packet,
+        stage: stage_fd.as_fd(),
+        root_name,
+    };
+    let outcome = writer.restore(progress)?;
+    std::fs::rename(staging.path(), &opts.into).map_err(|e| Error::Target {
+        path: shown.clone(),
+        reason: format!("cannot move the restored tree into place: {e}"),
+    })?;
+    // The directory now lives at the target: keep TempDir from removing it.
+    let _ = staging.keep();
+    Ok(UnpackOutcome {
+        into: shown,
+        ..outcome
+    })
+}
+
+/// The target must be absent, or an empty directory (not a symlink).
+fn check_target(into: &Path) -> Result<(), Error> {
+    let shown = into.display().to_string();
+    let refuse = |reason: &str| Error::Target {
+        path: shown.clone(),
+        reason: reason.into(),
+    };
+    match std::fs::symlink_metadata(into) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(&shown, "cannot stat the target")(e)),
+        Ok(m) if m.file_type().is_symlink() => Err(refuse("the target is a symlink; name a real directory")),
+        Ok(m) if !m.is_dir() => Err(refuse("the target exists and is not a directory")),
+        Ok(_) => {
+            let mut it = std::fs::read_dir(into).map_err(io_err(&shown, "cannot read the target"))?;
+            if it.next().is_some() {
+                Err(refuse("the target directory is not empty; unpack into an empty or new directory"))
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
+struct Restorer<'a> {
+    packet: &'a Packet,
+    stage: std::os::fd::BorrowedFd<'a>,
+    /// `""`, or the part restored as the root.
+    root_name: &'a str,
+}
+
+impl Restorer<'_> {
+    /// Where entry `path` goes, relative to the staging directory; `None`
+    /// when it is not restored; `Some("")` for the root itself.
+    fn rel<'p>(&self, path: &'p str) -> Option<&'p str> {
+        if self.root_name.is_empty() {
+            return Some(path);
+        }
+        let rest = path.strip_prefix(self.root_name)?;
+        if rest.is_empty() {
+            Some("")
+        } else {
+            rest.strip_prefix('/')
+        }
+    }
+
+    fn restore(&self, progress: &(dyn Fn(u64) + Sync)) -> Result<UnpackOutcome, Error> {
+        let m = &self.packet.manifest;
+        let private = Mode::from_bits_truncate(0o700);
+        for e in &m.entries {
+            if let (EntryKind::Dir, Some(rel)) = (&e.kind, self.rel(&e.path)) {
+                if !rel.is_empty() {
+                    mkdirat(self.stage, rel, private).map_err(|err| io_err(&e.path, "cannot create directory")(err.into()))?;
+                }
+            }
+        }
+        let batches = self.packet.batches();
+        batches
+            .into_par_iter()
+            .try_for_each_init(Vec::new, |buf, range| self.restore_batch(range, buf, progress))?;
+        self.packet.check_end()?;
+        let (mut entries, mut files, mut bytes) = (0, 0, 0);
+        for e in &m.entries {
+            let Some(rel) = self.rel(&e.path) else { continue };
+            entries += 1;
+            match &e.kind {
+                EntryKind::Symlink(target) => {
+                    symlinkat(&**target, self.stage, rel)
+                        .map_err(|err| io_err(&e.path, "cannot create symlink")(err.into()))?;
+                }
+                EntryKind::File(f) => {
+                    files += 1;
+                    bytes += f.size;
+                }
+                EntryKind::Dir => {}
+            }
+        }
+        // Directories get their final mode last, deepest first order does
+        // not matter for chmod; the staging root becomes the target root.
+        for e in m.entries.iter().filter(|e| e.is_dir()) {
+            if let Some(rel) = self.rel(&e.path) {
+                let fd = self.open(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY, &e.path)?;
+                fchmod(&fd, Mode::from_bits_truncate(MODE_DIR))
+                    .map_err(|err| io_err(&e.path, "cannot set directory mode")(err.into()))?;
+            }
+        }
+        if self.root_name.is_empty() {
+            fchmod(self.stage, Mode::from_bits_truncate(MODE_DIR))
+                .map_err(|err| io_err("", "cannot set directory mode")(err.into()))?;
+        }
+        Ok(UnpackOutcome {
+            digest: self.packet.digest,
+            entries,
+            files,
+            content_bytes: bytes,
+            into: String::new(),
+        })
+    }
+
+    fn open(&self, rel: &str, flags: OFlag, shown: &str) -> Result<OwnedFd, Error> {
+        sys::open_beneath(self.stage, Path::new(rel), flags, Mode::from_bits_truncate(0o600))
+            .map_err(io_err(shown, "cannot open"))
+    }
+
+    fn restore_batch(&self, range: std::ops::Range<usize>, buf: &mut Vec<u8>, progress: &(dyn Fn(u64) + Sync)) -> Result<(), Error> {
+        let entries = &self.packet.manifest.entries;
+        let mut current: Option<(usize, File)> = None;
+        let mut failure: Option<Error> = None;
+        let create = |i: usize| -> Result<File, Error> {
+            let e = &entries[i];
+            let rel = self.rel(&e.path).unwrap_or_default();
+            let fd = self.open(rel, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL, &e.path)?;
+            Ok(File::from(fd))
+        };
+        let mut sink = |ev: Event<'_>| -> packet::Result<()> {
+            let result = (|| -> Result<(), Error> {
+                match ev {
+                    Event::Data(i, bytes) => {
+                        if self.rel(&entries[i].path).is_none() {
+                            return Ok(());
+                        }
+                        if current.as_ref().map(|c| c.0) != Some(i) {
+                            current = Some((i, create(i)?));
+                        }
+                        if let Some((_, f)) = current.as_mut() {
+                            f.write_all(bytes).map_err(io_err(&entries[i].path, "cannot write"))?;
+                        }
+                        progress(bytes.len() as u64);
+                    }
+                    Event::Verified(i) => {
+                        let e = &entries[i];
+                        let (EntryKind::File(meta), Some(_)) = (&e.kind, self.rel(&e.path)) else {
+                            return Ok(());
+                        };
+                        let file = match current.take() {
+                            Some((j, f)) if j == i => f,
+                            _ => create(i)?, // empty file: no data events
+                        };
+                        let t = TimeSpec::new(
+                            (meta.mtime_ns / 1_000_000_000) as _,
+                            (meta.mtime_ns % 1_000_000_000) as _,
+                        );
+                        futimens(&file, &t, &t).map_err(|err| io_err(&e.path, "cannot set mtime")(err.into()))?;
+                        let mode = if meta.executable { MODE_EXEC } else { MODE_FILE };
+                        fchmod(&file, Mode::from_bits_truncate(mode))
+                            .map_err(|err| io_err(&e.path, "cannot set mode")(err.into()))?;
+                    }
+                }
+                Ok(())
+            })();
+            result.map_err(|e| {
+                // Keep the rich error; hand the packet layer a marker.
+                let marker = packet::Error::io("restore", std::io::Error::other(e.to_string()));
+                failure = Some(e);
+                marker
+            })
+        };
+        let checked = self.packet.check_batch(range, buf, &mut sink);
+        match (checked, failure) {
+            (_, Some(e)) => Err(e),
+            (Err(e), None) => Err(e.into()),
+            (Ok(()), None) => Ok(()),
+        }
+    }
+}

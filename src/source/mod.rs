@@ -1,0 +1,10 @@
+//! Reading real directory trees into packets: the walk, the exclusion
+//! policy, symlink rebasing, and `pack`.
+
+pub mod error;
+pub mod pack;
+pub mod policy;
+pub mod symlink;
+pub mod walk;
+
+pub use error::Error;

@@ -1,0 +1,336 @@
+//! What `pack` (and `seal`) leave out: credentials by default, whatever the
+//! user excludes, minus what the user keeps with intent.
+//!
+//! Precedence, highest first: `--exclude` (always excludes), `--keep` (lifts
+//! a default), the defaults. A pattern with a `/` matches the packet path
+//! (`workspace/build/**`); one without matches the file name at any depth.
+
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use serde::Serialize;
+
+use crate::packet::format::HarnessKind;
+use crate::packet::path::Part;
+
+/// Directories excluded by name in both parts.
+pub const CREDENTIAL_DIRS: &[&str] = &[".ssh", ".aws", ".gnupg"];
+/// Files excluded by name in both parts.
+pub const CREDENTIAL_FILES: &[&str] = &[
+    ".netrc",
+    "_netrc",
+    ".npmrc",
+    ".pypirc",
+    ".git-credentials",
+    ".pgpass",
+    "id_rsa",
+    "id_dsa",
+    "id_ecdsa",
+    "id_ed25519",
+];
+/// Extensions of key and certificate stores, excluded in both parts.
+pub const CREDENTIAL_EXTENSIONS: &[&str] = &["pem", "key", "p12", "pfx"];
+/// `.env.*` files with these suffixes are templates and are kept.
+pub const ENV_TEMPLATE_SUFFIXES: &[&str] = &[".example", ".sample", ".template", ".dist", ".defaults"];
+/// SQLite side files: they follow their database's fate.
+pub const SQLITE_SIDE_SUFFIXES: &[&str] = &["-wal", "-shm", "-journal"];
+
+/// Harness-specific credential names (matched by name anywhere in the
+/// harness part): `(files, directories)`.
+pub fn harness_credentials(kind: HarnessKind) -> (&'static [&'static str], &'static [&'static str]) {
+    match kind {
+        HarnessKind::Codex => (&["auth.json", ".credentials.json"], &["secrets"]),
+        HarnessKind::Claude => (&[".credentials.json"], &[]),
+        HarnessKind::Opencode => (&["auth.json", "mcp-auth.json"], &[]),
+        HarnessKind::Generic => (&[], &[]),
+    }
+}
+
+/// OpenCode keeps provider credentials inside this database: packing it is
+/// refused unless the user excludes it (or keeps it with intent).
+pub const OPENCODE_DB: &str = "opencode.db";
+
+/// Why an entry is left out, as reported in results.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "rule", rename_all = "snake_case")]
+pub enum Reason {
+    /// A default credential rule.
+    Credential {
+        /// Which rule, e.g. `.ssh directory` or `*.pem`.
+        what: String,
+    },
+    /// A `--exclude` pattern.
+    Excluded {
+        /// The pattern.
+        pattern: String,
+    },
+    /// A SQLite side file whose database is excluded.
+    SqliteSideFile {
+        /// The database it belongs to.
+        database: String,
+    },
+    /// The packet being written, found inside the tree.
+    OutputFile,
+}
+
+/// The decision for one name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Goes into the packet.
+    Include,
+    /// Left out, for this reason.
+    Exclude(Reason),
+    /// Packing must stop: the file holds credentials and no rule decides.
+    Refuse(String),
+}
+
+/// A compiled exclusion policy.
+pub struct Policy {
+    harness: Option<HarnessKind>,
+    exclude: Patterns,
+    keep: Patterns,
+}
+
+/// User patterns, split by what they match against.
+struct Patterns {
+    sources: Vec<String>,
+    by_name: GlobSet,
+    name_index: Vec<usize>,
+    by_path: GlobSet,
+    path_index: Vec<usize>,
+}
+
+impl Patterns {
+    fn new(patterns: &[String]) -> Result<Patterns, String> {
+        let mut by_name = GlobSetBuilder::new();
+        let mut by_path = GlobSetBuilder::new();
+        let (mut name_index, mut path_index) = (Vec::new(), Vec::new());
+        for (i, p) in patterns.iter().enumerate() {
+            let glob = compile(p)?;
+            if p.contains('/') {
+                by_path.add(glob);
+                path_index.push(i);
+            } else {
+                by_name.add(glob);
+                name_index.push(i);
+            }
+        }
+        let build = |b: GlobSetBuilder| b.build().map_err(|e| e.to_string());
+        Ok(Patterns {
+            sources: patterns.to_vec(),
+            by_name: build(by_name)?,
+            name_index,
+            by_path: build(by_path)?,
+            path_index,
+        })
+    }
+
+    /// The first pattern matching, if any.
+    fn find(&self, path: &str, name: &str) -> Option<&str> {
+        let hit = self
+            .by_path
+            .matches(path)
+            .first()
+            .map(|&k| self.path_index[k])
+            .or_else(|| self.by_name.matches(name).first().map(|&k| self.name_index[k]));
+        hit.map(|i| self.sources[i].as_str())
+    }
+}
+
+fn compile(pattern: &str) -> Result<Glob, String> {
+    GlobBuilder::new(pattern.trim_end_matches('/'))
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map_err(|e| format!("bad pattern `{pattern}`: {e}"))
+}
+
+impl Policy {
+    /// Compiles a policy. Errors name the bad pattern.
+    pub fn new(harness: Option<HarnessKind>, exclude: &[String], keep: &[String]) -> Result<Policy, String> {
+        Ok(Policy {
+            harness,
+            exclude: Patterns::new(exclude)?,
+            keep: Patterns::new(keep)?,
+        })
+    }
+
+    /// Judges the entry at packet path `path` (file name `name`).
+    pub fn judge(&self, part: Part, path: &str, name: &str, is_dir: bool) -> Verdict {
+        if let Some(p) = self.exclude.find(path, name) {
+            return Verdict::Exclude(Reason::Excluded { pattern: p.into() });
+        }
+        let default = self.default_rule(part, name, is_dir);
+        match default {
+            Some(_) if self.keep.find(path, name).is_some() => Verdict::Include,
+            Some(DefaultRule::Exclude(what)) => Verdict::Exclude(Reason::Credential { what }),
+            Some(DefaultRule::Refuse(why)) => Verdict::Refuse(why),
+            None => Verdict::Include,
+        }
+    }
+
+    fn default_rule(&self, part: Part, name: &str, is_dir: bool) -> Option<DefaultRule> {
+        let exclude = |what: String| Some(DefaultRule::Exclude(what));
+        if is_dir {
+            if CREDENTIAL_DIRS.contains(&name) {
+                return exclude(format!("{name} directory"));
+            }
+            if part == Part::Harness {
+                if let Some(kind) = self.harness {
+                    if harness_credentials(kind).1.contains(&name) {
+                        return exclude(format!("{kind} {name}/ directory"));
+                    }
+                }
+            }
+            return None;
+        }
+        if CREDENTIAL_FILES.contains(&name) {
+            return exclude(name.to_string());
+        }
+        if let Some((_, ext)) = name.rsplit_once('.') {
+            if CREDENTIAL_EXTENSIONS.contains(&ext) && name.len() > ext.len() + 1 {
+                return exclude(format!("*.{ext}"));
+            }
+        }
+        if name == ".env"
+            || (name.starts_with(".env.") && !ENV_TEMPLATE_SUFFIXES.iter().any(|s| name.ends_with(s)))
+        {
+            return exclude(".env file".into());
+        }
+        if part == Part::Harness {
+            if let Some(kind) = self.harness {
+                if harness_credentials(kind).0.contains(&name) {
+                    return exclude(format!("{kind} {name}"));
+                }
+                if kind == HarnessKind::Opencode && name == OPENCODE_DB {
+                    return Some(DefaultRule::Refuse(format!(
+                        "{OPENCODE_DB} holds OpenCode's provider credentials; pass --exclude {OPENCODE_DB} \
+                         to leave it out, or --keep {OPENCODE_DB} to pack it knowingly"
+                    )));
+                }
+            }
+        }
+        None
+    }
+}
+
+enum DefaultRule {
+    Exclude(String),
+    Refuse(String),
+}
+
+/// If `name` is a SQLite side file (`X-wal`, `X-shm`, `X-journal`), the
+/// database name `X`.
+pub fn sqlite_database_of(name: &str) -> Option<&str> {
+    SQLITE_SIDE_SUFFIXES
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .filter(|base| !base.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn judge(p: &Policy, path: &str, is_dir: bool) -> Verdict {
+        let part = Part::of(path).unwrap();
+        let name = crate::packet::path::file_name(path);
+        p.judge(part, path, name, is_dir)
+    }
+
+    #[test]
+    fn default_exclusions_table() {
+        let p = Policy::new(Some(HarnessKind::Codex), &[], &[]).unwrap();
+        let excluded = [
+            ("workspace/.ssh", true),
+            ("workspace/a/.aws", true),
+            ("workspace/.gnupg", true),
+            ("workspace/.netrc", false),
+            ("workspace/_netrc", false),
+            ("workspace/.npmrc", false),
+            ("workspace/.pypirc", false),
+            ("workspace/.git-credentials", false),
+            ("workspace/.pgpass", false),
+            ("workspace/id_rsa", false),
+            ("workspace/id_dsa", false),
+            ("workspace/id_ecdsa", false),
+            ("workspace/k/id_ed25519", false),
+            ("workspace/cert.pem", false),
+            ("workspace/server.key", false),
+            ("workspace/a.p12", false),
+            ("workspace/a.pfx", false),
+            ("workspace/.env", false),
+            ("workspace/.env.local", false),
+            ("workspace/.env.production", false),
+            ("harness/auth.json", false),
+            ("harness/.credentials.json", false),
+            ("harness/secrets", true),
+        ];
+        for (path, is_dir) in excluded {
+            assert!(matches!(judge(&p, path, is_dir), Verdict::Exclude(_)), "{path} should be excluded");
+        }
+        let kept = [
+            ("workspace/.env.example", false),
+            ("workspace/.env.sample", false),
+            ("workspace/.env.template", false),
+            ("workspace/.env.dist", false),
+            ("workspace/.env.defaults", false),
+            ("workspace/id_rsa.pub", false),
+            ("workspace/.pem", false),
+            ("workspace/key", false),
+            ("workspace/auth.json", false),
+            ("workspace/secrets", true),
+            ("workspace/.ssh", false),
+            ("harness/history.jsonl", false),
+        ];
+        for (path, is_dir) in kept {
+            assert_eq!(judge(&p, path, is_dir), Verdict::Include, "{path} should be kept");
+        }
+    }
+
+    #[test]
+    fn harness_kinds_differ() {
+        let claude = Policy::new(Some(HarnessKind::Claude), &[], &[]).unwrap();
+        assert!(matches!(judge(&claude, "harness/.credentials.json", false), Verdict::Exclude(_)));
+        assert_eq!(judge(&claude, "harness/auth.json", false), Verdict::Include);
+        let oc = Policy::new(Some(HarnessKind::Opencode), &[], &[]).unwrap();
+        assert!(matches!(judge(&oc, "harness/mcp-auth.json", false), Verdict::Exclude(_)));
+        assert!(matches!(judge(&oc, "harness/opencode.db", false), Verdict::Refuse(_)));
+        let oc_ex = Policy::new(Some(HarnessKind::Opencode), &["opencode.db".into()], &[]).unwrap();
+        assert!(matches!(judge(&oc_ex, "harness/opencode.db", false), Verdict::Exclude(_)));
+        let oc_keep = Policy::new(Some(HarnessKind::Opencode), &[], &["opencode.db".into()]).unwrap();
+        assert_eq!(judge(&oc_keep, "harness/opencode.db", false), Verdict::Include);
+    }
+
+    #[test]
+    fn user_patterns_and_precedence() {
+        let p = Policy::new(
+            None,
+            &["*.log".into(), "workspace/build".into(), "workspace/cert.pem".into()],
+            &["*.pem".into(), "workspace/.env".into()],
+        )
+        .unwrap();
+        assert!(matches!(judge(&p, "workspace/a/b.log", false), Verdict::Exclude(Reason::Excluded { .. })));
+        assert!(matches!(judge(&p, "workspace/build", true), Verdict::Exclude(_)));
+        assert_eq!(judge(&p, "workspace/x/build", true), Verdict::Include, "path patterns anchor at the root");
+        // --keep lifts a default...
+        assert_eq!(judge(&p, "workspace/other.pem", false), Verdict::Include);
+        assert_eq!(judge(&p, "workspace/.env", false), Verdict::Include);
+        assert!(matches!(judge(&p, "workspace/sub/.env", false), Verdict::Exclude(_)));
+        // ...but never an explicit --exclude.
+        assert!(matches!(judge(&p, "workspace/cert.pem", false), Verdict::Exclude(Reason::Excluded { .. })));
+    }
+
+    #[test]
+    fn sqlite_side_files() {
+        assert_eq!(sqlite_database_of("app.db-wal"), Some("app.db"));
+        assert_eq!(sqlite_database_of("app.db-shm"), Some("app.db"));
+        assert_eq!(sqlite_database_of("app.db-journal"), Some("app.db"));
+        assert_eq!(sqlite_database_of("-wal"), None);
+        assert_eq!(sqlite_database_of("app.db"), None);
+    }
+
+    #[test]
+    fn bad_patterns_are_reported() {
+        let err = Policy::new(None, &["a[".into()], &[]).err().unwrap();
+        assert!(err.contains("a["), "{err}");
+    }
+}

@@ -1,0 +1,507 @@
+//! Reading a real directory tree into packet entries, without following a
+//! single symlink: every directory is opened beneath its part root with
+//! symlink traversal refused by the kernel (`openat2`), names are judged by
+//! the exclusion policy, special files are dropped and reported.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::dir::{Dir, Type};
+use nix::fcntl::{AtFlags, OFlag, readlinkat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
+use serde::Serialize;
+
+use super::error::Error;
+use super::policy::{Policy, Reason, Verdict, sqlite_database_of};
+use super::symlink::{LinkClass, rebase};
+use crate::packet::error::LimitKind;
+use crate::packet::format::{Limits, MAX_FILE_SIZE, MAX_MTIME_NS};
+use crate::packet::path::{Part, check_path};
+use crate::sys;
+
+/// One part root being packed.
+pub struct Root {
+    /// Which part.
+    pub part: Part,
+    /// The directory as given.
+    pub dir: PathBuf,
+    /// Open directory handle; every open beneath it refuses symlinks.
+    pub fd: OwnedFd,
+    /// Absolute spellings of the root (lexical and canonical), for rebasing.
+    spellings: Vec<String>,
+}
+
+impl Root {
+    /// Opens a part root. The root itself may be reached through a symlink
+    /// (it is what the user named); nothing beneath it is.
+    pub fn open(part: Part, dir: &Path) -> Result<Root, Error> {
+        let io = |op, e| Error::io(dir, op, e);
+        let meta = std::fs::metadata(dir).map_err(|e| io("cannot stat", e))?;
+        if !meta.is_dir() {
+            return Err(Error::NotADirectory {
+                path: dir.display().to_string(),
+            });
+        }
+        let fd = nix::fcntl::open(
+            dir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io("cannot open", e.into()))?;
+        let mut spellings = Vec::new();
+        if let Ok(abs) = std::path::absolute(dir) {
+            spellings.push(lexical_root(&abs));
+        }
+        if let Ok(canon) = std::fs::canonicalize(dir) {
+            spellings.push(lexical_root(&canon));
+        }
+        spellings.dedup();
+        Ok(Root {
+            part,
+            dir: dir.to_owned(),
+            fd,
+            spellings,
+        })
+    }
+}
+
+/// An absolute path as a rebasing root: lossy UTF-8, `.` and repeated or
+/// trailing separators removed; `/` becomes the empty string.
+fn lexical_root(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    let mut out = String::new();
+    for c in s.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        out.push('/');
+        out.push_str(c);
+    }
+    out
+}
+
+/// An entry found in the tree.
+pub struct Found {
+    /// Packet path.
+    pub path: String,
+    /// What it is.
+    pub kind: FoundKind,
+}
+
+/// The type-specific part of [`Found`].
+pub enum FoundKind {
+    /// A directory.
+    Dir,
+    /// A regular file, with what the walk saw of it.
+    File(FoundFile),
+    /// A symlink with its (possibly rebased) target.
+    Symlink(String),
+}
+
+/// A regular file as the walk saw it; pack re-checks it when reading.
+pub struct FoundFile {
+    /// Index into the roots.
+    pub root: usize,
+    /// Path relative to the root.
+    pub rel: PathBuf,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time to record (after `--zero-mtimes` and clamping).
+    pub mtime_ns: u64,
+    /// Any execute bit set.
+    pub executable: bool,
+    /// Device and inode, to detect replacement before reading.
+    pub dev: u64,
+    /// See `dev`.
+    pub ino: u64,
+    /// The raw mtime seen, to detect modification while reading.
+    pub seen_mtime_ns: i128,
+}
+
+/// What the walk left out or changed, reported in results.
+#[derive(Default, Debug, Serialize)]
+pub struct ScanReport {
+    /// Entries excluded by policy (directories once, not their contents).
+    pub excluded: Vec<Excluded>,
+    /// Sockets, FIFOs and devices, which a packet cannot hold.
+    pub dropped: Vec<Dropped>,
+    /// Symlinks whose targets leave their part.
+    pub external_symlinks: Vec<Link>,
+    /// Absolute symlinks into their part, rewritten as relative.
+    pub rebased_symlinks: Vec<Rebased>,
+    /// Files whose mtime was outside the format's range, recorded clamped.
+    pub clamped_mtimes: Vec<Clamped>,
+}
+
+/// An excluded entry.
+#[derive(Debug, Serialize)]
+pub struct Excluded {
+    /// Packet path.
+    pub path: String,
+    /// `file` or `dir`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// A dropped special file.
+#[derive(Debug, Serialize)]
+pub struct Dropped {
+    /// Packet path.
+    pub path: String,
+    /// `fifo`, `socket`, `char_device`, `block_device`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+/// A symlink and its target.
+#[derive(Debug, Serialize)]
+pub struct Link {
+    /// Packet path.
+    pub path: String,
+    /// Target, as stored.
+    pub target: String,
+}
+
+/// A rebased symlink.
+#[derive(Debug, Serialize)]
+pub struct Rebased {
+    /// Packet path.
+    pub path: String,
+    /// Target on disk.
+    pub from: String,
+    /// Target stored.
+    pub to: String,
+}
+
+/// A clamped mtime.
+#[derive(Debug, Serialize)]
+pub struct Clamped {
+    /// Packet path.
+    pub path: String,
+    /// The mtime on disk, in nanoseconds (as a string: it may be negative
+    /// or beyond 64 bits).
+    pub mtime_ns: String,
+    /// What was recorded.
+    pub recorded_ns: u64,
+}
+
+/// Walk settings.
+pub struct ScanOptions<'a> {
+    /// Exclusions.
+    pub policy: &'a Policy,
+    /// Record every mtime as 0.
+    pub zero_mtimes: bool,
+    /// Refuse symlinks that leave their part.
+    pub reject_external_symlinks: bool,
+    /// Limits, checked as the walk goes.
+    pub limits: Limits,
+    /// `(dev, ino)` of files to skip silently-but-reported: the output.
+    pub skip: Vec<(u64, u64)>,
+}
+
+/// The result of walking every root.
+pub struct Scan {
+    /// The roots, in part order.
+    pub roots: Vec<Root>,
+    /// Every entry, unsorted.
+    pub found: Vec<Found>,
+    /// What was left out.
+    pub report: ScanReport,
+}
+
+/// Walks each `(part, dir)`.
+pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, Error> {
+    let mut roots = Vec::new();
+    for (part, dir) in parts {
+        roots.push(Root::open(*part, dir)?);
+    }
+    let mut walker = Walker {
+        opts,
+        found: Vec::new(),
+        report: ScanReport::default(),
+        bytes: 0,
+    };
+    for (k, root) in roots.iter().enumerate() {
+        walker.walk(k, root)?;
+    }
+    Ok(Scan {
+        roots,
+        found: walker.found,
+        report: walker.report,
+    })
+}
+
+struct Walker<'o, 'p> {
+    opts: &'o ScanOptions<'p>,
+    found: Vec<Found>,
+    report: ScanReport,
+    bytes: u64,
+}
+
+/// One name read from a directory, with its stat when needed.
+struct Child {
+    name: String,
+    st: Option<FileStat>,
+    ty: SFlag,
+}
+
+impl Walker<'_, '_> {
+    fn push(&mut self, path: String, kind: FoundKind) -> Result<(), Error> {
+        let limits = &self.opts.limits;
+        if self.found.len() as u64 >= limits.max_entries {
+            return Err(LimitKind::Entries
+                .exceeded(self.found.len() as u64 + 1, limits, Some(&path))
+                .into());
+        }
+        if let FoundKind::File(f) = &kind {
+            self.bytes = self.bytes.saturating_add(f.size);
+            if self.bytes > limits.max_bytes {
+                return Err(LimitKind::Bytes.exceeded(self.bytes, limits, Some(&path)).into());
+            }
+        }
+        self.found.push(Found { path, kind });
+        Ok(())
+    }
+
+    fn walk(&mut self, k: usize, root: &Root) -> Result<(), Error> {
+        let part = root.part;
+        self.push(part.as_str().to_owned(), FoundKind::Dir)?;
+        // (relative dir, packet path, depth below the root)
+        let mut stack: Vec<(PathBuf, String, usize)> =
+            vec![(PathBuf::new(), part.as_str().to_owned(), 0)];
+        while let Some((rel, ppath, depth)) = stack.pop() {
+            let shown = root.dir.join(&rel);
+            let fd = sys::open_beneath(
+                root.fd.as_fd(),
+                &rel,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            )
+            .map_err(|e| Error::io(&shown, "cannot open directory", e))?;
+            let children = self.read_dir(fd, &shown, &ppath)?;
+            let (dirfd, children) = children;
+            let verdicts = self.judge_all(part, &ppath, &children);
+            for (child, verdict) in children.iter().zip(verdicts) {
+                let cpath = format!("{ppath}/{}", child.name);
+                let crel = rel.join(&child.name);
+                let kind_name = if child.ty == SFlag::S_IFDIR { "dir" } else { "file" };
+                match verdict {
+                    Verdict::Include => {}
+                    Verdict::Exclude(reason) => {
+                        tracing::debug!(path = %cpath, ?reason, "excluded");
+                        self.report.excluded.push(Excluded {
+                            path: cpath,
+                            kind: kind_name,
+                            reason,
+                        });
+                        continue;
+                    }
+                    Verdict::Refuse(reason) => {
+                        return Err(Error::Refused {
+                            path: cpath,
+                            kind: "credential_store",
+                            reason,
+                        });
+                    }
+                }
+                check_path(&cpath, &self.opts.limits).map_err(Error::from_validation)?;
+                match child.ty {
+                    SFlag::S_IFDIR => {
+                        self.push(cpath.clone(), FoundKind::Dir)?;
+                        stack.push((crel, cpath, depth + 1));
+                    }
+                    SFlag::S_IFREG => {
+                        let Some(st) = child.st else { continue };
+                        if self
+                            .opts
+                            .skip
+                            .contains(&(st.st_dev as u64, st.st_ino as u64))
+                        {
+                            self.report.excluded.push(Excluded {
+                                path: cpath,
+                                kind: "file",
+                                reason: Reason::OutputFile,
+                            });
+                            continue;
+                        }
+                        let file = self.file(k, crel, &cpath, &st)?;
+                        self.push(cpath, FoundKind::File(file))?;
+                    }
+                    SFlag::S_IFLNK => {
+                        let target = readlinkat(dirfd.as_fd(), child.name.as_str())
+                            .map_err(|e| Error::io(&shown.join(&child.name), "cannot read symlink", e.into()))?;
+                        let Some(target) = target.to_str() else {
+                            return Err(Error::Refused {
+                                path: cpath,
+                                kind: "non_utf8_target",
+                                reason: format!(
+                                    "symlink target `{}` is not UTF-8; packets hold UTF-8 only",
+                                    target.to_string_lossy()
+                                ),
+                            });
+                        };
+                        let stored = self.link(root, depth, &cpath, target)?;
+                        self.push(cpath, FoundKind::Symlink(stored))?;
+                    }
+                    other => {
+                        let kind = match other {
+                            SFlag::S_IFIFO => "fifo",
+                            SFlag::S_IFSOCK => "socket",
+                            SFlag::S_IFCHR => "char_device",
+                            SFlag::S_IFBLK => "block_device",
+                            _ => "unknown",
+                        };
+                        tracing::debug!(path = %cpath, kind, "dropped special file");
+                        self.report.dropped.push(Dropped { path: cpath, kind });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every name of a directory (UTF-8 only) with the stat each needs.
+    fn read_dir(&self, fd: OwnedFd, shown: &Path, ppath: &str) -> Result<(OwnedFd, Vec<Child>), Error> {
+        let dupfd = fd
+            .try_clone()
+            .map_err(|e| Error::io(shown, "cannot duplicate directory handle", e))?;
+        let mut dir = Dir::from_fd(fd).map_err(|e| Error::io(shown, "cannot read directory", e.into()))?;
+        let mut children = Vec::new();
+        for ent in dir.iter() {
+            let ent = ent.map_err(|e| Error::io(shown, "cannot read directory", e.into()))?;
+            let raw = ent.file_name().to_bytes();
+            if raw == b"." || raw == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(raw) else {
+                return Err(Error::Refused {
+                    path: format!("{ppath}/{}", String::from_utf8_lossy(raw)),
+                    kind: "non_utf8_name",
+                    reason: "the name is not UTF-8; rename it (packets hold UTF-8 names so they \
+                             restore on every platform)"
+                        .into(),
+                });
+            };
+            let known = match ent.file_type() {
+                Some(Type::Directory) => Some(SFlag::S_IFDIR),
+                Some(Type::Symlink) => Some(SFlag::S_IFLNK),
+                Some(Type::Fifo) => Some(SFlag::S_IFIFO),
+                Some(Type::Socket) => Some(SFlag::S_IFSOCK),
+                Some(Type::CharacterDevice) => Some(SFlag::S_IFCHR),
+                Some(Type::BlockDevice) => Some(SFlag::S_IFBLK),
+                Some(Type::File) | None => None,
+            };
+            let (ty, st) = match known {
+                Some(ty) => (ty, None),
+                None => {
+                    let st = fstatat(dupfd.as_fd(), OsStr::from_bytes(raw), AtFlags::AT_SYMLINK_NOFOLLOW)
+                        .map_err(|e| Error::io(&shown.join(name), "cannot stat", e.into()))?;
+                    (sys::file_type(&st), Some(st))
+                }
+            };
+            children.push(Child {
+                name: name.to_owned(),
+                st,
+                ty,
+            });
+        }
+        Ok((dupfd, children))
+    }
+
+    /// Applies the policy to a directory's children; SQLite side files then
+    /// follow their database.
+    fn judge_all(&self, part: Part, ppath: &str, children: &[Child]) -> Vec<Verdict> {
+        let mut verdicts: Vec<Verdict> = children
+            .iter()
+            .map(|c| {
+                let path = format!("{ppath}/{}", c.name);
+                self.opts.policy.judge(part, &path, &c.name, c.ty == SFlag::S_IFDIR)
+            })
+            .collect();
+        let files: HashMap<&str, usize> = children
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.ty == SFlag::S_IFREG)
+            .map(|(i, c)| (c.name.as_str(), i))
+            .collect();
+        for (i, c) in children.iter().enumerate() {
+            if c.ty != SFlag::S_IFREG {
+                continue;
+            }
+            let Some(&db) = sqlite_database_of(&c.name).and_then(|base| files.get(base)) else {
+                continue;
+            };
+            verdicts[i] = match &verdicts[db] {
+                Verdict::Include => Verdict::Include,
+                Verdict::Exclude(_) | Verdict::Refuse(_) => Verdict::Exclude(Reason::SqliteSideFile {
+                    database: format!("{ppath}/{}", children[db].name),
+                }),
+            };
+        }
+        verdicts
+    }
+
+    fn file(&mut self, root: usize, rel: PathBuf, path: &str, st: &FileStat) -> Result<FoundFile, Error> {
+        let size = st.st_size as u64;
+        if size > MAX_FILE_SIZE {
+            return Err(Error::Refused {
+                path: path.into(),
+                kind: "format_limit",
+                reason: format!("file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"),
+            });
+        }
+        let seen = sys::mtime_ns(st);
+        let recorded = if self.opts.zero_mtimes {
+            0
+        } else {
+            let clamped = seen.clamp(0, i128::from(MAX_MTIME_NS));
+            if clamped != seen {
+                self.report.clamped_mtimes.push(Clamped {
+                    path: path.into(),
+                    mtime_ns: seen.to_string(),
+                    recorded_ns: clamped as u64,
+                });
+            }
+            clamped as u64
+        };
+        Ok(FoundFile {
+            root,
+            rel,
+            size,
+            mtime_ns: recorded,
+            executable: st.st_mode & 0o111 != 0,
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            seen_mtime_ns: seen,
+        })
+    }
+
+    fn link(&mut self, root: &Root, depth: usize, path: &str, target: &str) -> Result<String, Error> {
+        let (stored, class) = rebase(target, depth, &root.spellings);
+        match class {
+            LinkClass::Internal => {}
+            LinkClass::Rebased => self.report.rebased_symlinks.push(Rebased {
+                path: path.into(),
+                from: target.into(),
+                to: stored.clone(),
+            }),
+            LinkClass::External if self.opts.reject_external_symlinks => {
+                return Err(Error::Refused {
+                    path: path.into(),
+                    kind: "external_symlink",
+                    reason: format!(
+                        "symlink target `{target}` leaves the {} part (--reject-external-symlinks)",
+                        root.part
+                    ),
+                });
+            }
+            LinkClass::External => self.report.external_symlinks.push(Link {
+                path: path.into(),
+                target: stored.clone(),
+            }),
+        }
+        Ok(stored)
+    }
+}

@@ -1,0 +1,101 @@
+//! Small portable wrappers over the system calls sessionfs needs beyond std:
+//! opening beneath a directory without following symlinks, and the stat
+//! fields we read. Linux-only calls sit behind `cfg`, with a portable path.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+
+/// Opens `rel` beneath the directory `root`, refusing to traverse any
+/// symlink or to leave `root` (`..` components are refused too). `rel` may
+/// be empty, meaning `root` itself. `flags` should carry the access mode and
+/// `O_DIRECTORY` when a directory is wanted; `O_NOFOLLOW` and `O_CLOEXEC`
+/// are added here.
+pub fn open_beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: Mode) -> io::Result<OwnedFd> {
+    let rel_bytes = rel.as_os_str().as_bytes();
+    let rel: &Path = if rel_bytes.is_empty() { Path::new(".") } else { rel };
+    let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    // openat2 refuses a mode without O_CREAT (EINVAL), unlike openat.
+    let mode = if flags.contains(OFlag::O_CREAT) { mode } else { Mode::empty() };
+    #[cfg(target_os = "linux")]
+    {
+        use nix::fcntl::{OpenHow, ResolveFlag, openat2};
+        let how = OpenHow::new()
+            .flags(flags)
+            .mode(mode)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        match openat2(root, rel, how) {
+            Err(nix::errno::Errno::ENOSYS) => {} // kernel before 5.6: walk by hand
+            other => return other.map_err(io::Error::from),
+        }
+    }
+    open_beneath_by_components(root, rel, flags, mode)
+}
+
+/// The portable fallback: one `openat(O_NOFOLLOW)` per component, so no
+/// symlink is ever traversed; `..` is refused.
+fn open_beneath_by_components(root: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: Mode) -> io::Result<OwnedFd> {
+    let comps: Vec<&OsStr> = rel
+        .as_os_str()
+        .as_bytes()
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .map(OsStr::from_bytes)
+        .collect();
+    if comps.iter().any(|c| c.as_bytes() == b"..") {
+        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let Some((last, dirs)) = comps.split_last() else {
+        return openat(root, ".", flags, mode).map_err(io::Error::from);
+    };
+    let mut current: Option<OwnedFd> = None;
+    for c in dirs {
+        let base = current.as_ref().map_or(root, |fd| fd.as_fd());
+        current = Some(openat(base, *c, dir_flags, Mode::empty()).map_err(io::Error::from)?);
+    }
+    let base = current.as_ref().map_or(root, |fd| fd.as_fd());
+    openat(base, *last, flags, mode).map_err(io::Error::from)
+}
+
+/// The file type bits of a stat.
+pub fn file_type(st: &FileStat) -> SFlag {
+    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
+}
+
+/// Modification time of a stat in nanoseconds since the epoch (may be
+/// negative for files dated before 1970).
+pub fn mtime_ns(st: &FileStat) -> i128 {
+    i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn refuses_symlinks_and_escapes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::fs::write(dir.path().join("d/f"), b"x").unwrap();
+        std::os::unix::fs::symlink("d", dir.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("abs")).unwrap();
+        let root = std::fs::File::open(dir.path()).unwrap();
+        let ro = OFlag::O_RDONLY;
+        for f in [open_beneath, open_beneath_by_components] {
+            assert!(f(root.as_fd(), Path::new("d/f"), ro, Mode::empty()).is_ok());
+            assert!(f(root.as_fd(), Path::new(""), ro | OFlag::O_DIRECTORY, Mode::empty()).is_ok());
+            assert!(f(root.as_fd(), Path::new("link/f"), ro, Mode::empty()).is_err());
+            assert!(f(root.as_fd(), Path::new("link"), ro, Mode::empty()).is_err());
+            assert!(f(root.as_fd(), Path::new("abs/passwd"), ro, Mode::empty()).is_err());
+            assert!(f(root.as_fd(), Path::new("../x"), ro, Mode::empty()).is_err());
+        }
+    }
+}
