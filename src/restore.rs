@@ -119,7 +119,11 @@ pub struct UnpackOutcome {
 }
 
 /// Restores `packet` per `opts`. On error the target is as it was.
-pub fn unpack(packet: &Packet, opts: &UnpackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<UnpackOutcome, Error> {
+pub fn unpack(
+    packet: &Packet,
+    opts: &UnpackOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<UnpackOutcome, Error> {
     packet.check_digest(opts.digest.as_ref())?;
     let root_name = opts.part.map_or("", Part::as_str);
     if let Some(part) = opts.part {
@@ -139,12 +143,19 @@ pub fn unpack(packet: &Packet, opts: &UnpackOptions, progress: &(dyn Fn(u64) + S
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let name = opts.into.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = opts
+        .into
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     // Private (0700) until renamed into place; removed on any error.
     let staging = tempfile::Builder::new()
         .prefix(&format!(".{name}.sessionfs-unpack."))
         .tempdir_in(parent)
-        .map_err(io_err(&shown, "cannot create a staging directory beside the target"))?;
+        .map_err(io_err(
+            &shown,
+            "cannot create a staging directory beside the target",
+        ))?;
     let stage_fd: OwnedFd = nix::fcntl::open(
         staging.path(),
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
@@ -180,12 +191,17 @@ fn check_target(into: &Path) -> Result<(), Error> {
     match std::fs::symlink_metadata(into) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_err(&shown, "cannot stat the target")(e)),
-        Ok(m) if m.file_type().is_symlink() => Err(refuse("the target is a symlink; name a real directory")),
+        Ok(m) if m.file_type().is_symlink() => {
+            Err(refuse("the target is a symlink; name a real directory"))
+        }
         Ok(m) if !m.is_dir() => Err(refuse("the target exists and is not a directory")),
         Ok(_) => {
-            let mut it = std::fs::read_dir(into).map_err(io_err(&shown, "cannot read the target"))?;
+            let mut it =
+                std::fs::read_dir(into).map_err(io_err(&shown, "cannot read the target"))?;
             if it.next().is_some() {
-                Err(refuse("the target directory is not empty; unpack into an empty or new directory"))
+                Err(refuse(
+                    "the target directory is not empty; unpack into an empty or new directory",
+                ))
             } else {
                 Ok(())
             }
@@ -221,18 +237,23 @@ impl Restorer<'_> {
         for e in &m.entries {
             if let (EntryKind::Dir, Some(rel)) = (&e.kind, self.rel(&e.path)) {
                 if !rel.is_empty() {
-                    mkdirat(self.stage, rel, private).map_err(|err| io_err(&e.path, "cannot create directory")(err.into()))?;
+                    mkdirat(self.stage, rel, private)
+                        .map_err(|err| io_err(&e.path, "cannot create directory")(err.into()))?;
                 }
             }
         }
         let batches = self.packet.batches();
         batches
             .into_par_iter()
-            .try_for_each_init(Vec::new, |buf, range| self.restore_batch(range, buf, progress))?;
+            .try_for_each_init(Vec::new, |buf, range| {
+                self.restore_batch(range, buf, progress)
+            })?;
         self.packet.check_end()?;
         let (mut entries, mut files, mut bytes) = (0, 0, 0);
         for e in &m.entries {
-            let Some(rel) = self.rel(&e.path) else { continue };
+            let Some(rel) = self.rel(&e.path) else {
+                continue;
+            };
             entries += 1;
             match &e.kind {
                 EntryKind::Symlink(target) => {
@@ -269,18 +290,32 @@ impl Restorer<'_> {
     }
 
     fn open(&self, rel: &str, flags: OFlag, shown: &str) -> Result<OwnedFd, Error> {
-        sys::open_beneath(self.stage, Path::new(rel), flags, Mode::from_bits_truncate(0o600))
-            .map_err(io_err(shown, "cannot open"))
+        sys::open_beneath(
+            self.stage,
+            Path::new(rel),
+            flags,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(io_err(shown, "cannot open"))
     }
 
-    fn restore_batch(&self, range: std::ops::Range<usize>, buf: &mut Vec<u8>, progress: &(dyn Fn(u64) + Sync)) -> Result<(), Error> {
+    fn restore_batch(
+        &self,
+        range: std::ops::Range<usize>,
+        buf: &mut Vec<u8>,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), Error> {
         let entries = &self.packet.manifest.entries;
         let mut current: Option<(usize, File)> = None;
         let mut failure: Option<Error> = None;
         let create = |i: usize| -> Result<File, Error> {
             let e = &entries[i];
             let rel = self.rel(&e.path).unwrap_or_default();
-            let fd = self.open(rel, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL, &e.path)?;
+            let fd = self.open(
+                rel,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+                &e.path,
+            )?;
             Ok(File::from(fd))
         };
         let mut sink = |ev: Event<'_>| -> packet::Result<()> {
@@ -294,7 +329,8 @@ impl Restorer<'_> {
                             current = Some((i, create(i)?));
                         }
                         if let Some((_, f)) = current.as_mut() {
-                            f.write_all(bytes).map_err(io_err(&entries[i].path, "cannot write"))?;
+                            f.write_all(bytes)
+                                .map_err(io_err(&entries[i].path, "cannot write"))?;
                         }
                         progress(bytes.len() as u64);
                     }
@@ -311,8 +347,13 @@ impl Restorer<'_> {
                             (meta.mtime_ns / 1_000_000_000) as _,
                             (meta.mtime_ns % 1_000_000_000) as _,
                         );
-                        futimens(&file, &t, &t).map_err(|err| io_err(&e.path, "cannot set mtime")(err.into()))?;
-                        let mode = if meta.executable { MODE_EXEC } else { MODE_FILE };
+                        futimens(&file, &t, &t)
+                            .map_err(|err| io_err(&e.path, "cannot set mtime")(err.into()))?;
+                        let mode = if meta.executable {
+                            MODE_EXEC
+                        } else {
+                            MODE_FILE
+                        };
                         fchmod(&file, Mode::from_bits_truncate(mode))
                             .map_err(|err| io_err(&e.path, "cannot set mode")(err.into()))?;
                     }

@@ -16,12 +16,25 @@ use nix::sys::stat::{FileStat, Mode, SFlag};
 /// be empty, meaning `root` itself. `flags` should carry the access mode and
 /// `O_DIRECTORY` when a directory is wanted; `O_NOFOLLOW` and `O_CLOEXEC`
 /// are added here.
-pub fn open_beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: Mode) -> io::Result<OwnedFd> {
+pub fn open_beneath(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    flags: OFlag,
+    mode: Mode,
+) -> io::Result<OwnedFd> {
     let rel_bytes = rel.as_os_str().as_bytes();
-    let rel: &Path = if rel_bytes.is_empty() { Path::new(".") } else { rel };
+    let rel: &Path = if rel_bytes.is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
     let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     // openat2 refuses a mode without O_CREAT (EINVAL), unlike openat.
-    let mode = if flags.contains(OFlag::O_CREAT) { mode } else { Mode::empty() };
+    let mode = if flags.contains(OFlag::O_CREAT) {
+        mode
+    } else {
+        Mode::empty()
+    };
     #[cfg(target_os = "linux")]
     {
         use nix::fcntl::{OpenHow, ResolveFlag, openat2};
@@ -39,7 +52,12 @@ pub fn open_beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: Mode) 
 
 /// The portable fallback: one `openat(O_NOFOLLOW)` per component, so no
 /// symlink is ever traversed; `..` is refused.
-fn open_beneath_by_components(root: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: Mode) -> io::Result<OwnedFd> {
+fn open_beneath_by_components(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    flags: OFlag,
+    mode: Mode,
+) -> io::Result<OwnedFd> {
     let comps: Vec<&OsStr> = rel
         .as_os_str()
         .as_bytes()
@@ -69,6 +87,12 @@ pub fn file_type(st: &FileStat) -> SFlag {
     SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
 }
 
+/// `(st_dev, st_ino)` as u64 (their C types differ between platforms).
+#[allow(clippy::unnecessary_cast)]
+pub fn dev_ino(st: &FileStat) -> (u64, u64) {
+    (st.st_dev as u64, st.st_ino as u64)
+}
+
 /// Modification time of a stat in nanoseconds since the epoch (may be
 /// negative for files dated before 1970).
 pub fn mtime_ns(st: &FileStat) -> i128 {
@@ -91,7 +115,15 @@ mod tests {
         let ro = OFlag::O_RDONLY;
         for f in [open_beneath, open_beneath_by_components] {
             assert!(f(root.as_fd(), Path::new("d/f"), ro, Mode::empty()).is_ok());
-            assert!(f(root.as_fd(), Path::new(""), ro | OFlag::O_DIRECTORY, Mode::empty()).is_ok());
+            assert!(
+                f(
+                    root.as_fd(),
+                    Path::new(""),
+                    ro | OFlag::O_DIRECTORY,
+                    Mode::empty()
+                )
+                .is_ok()
+            );
             assert!(f(root.as_fd(), Path::new("link/f"), ro, Mode::empty()).is_err());
             assert!(f(root.as_fd(), Path::new("link"), ro, Mode::empty()).is_err());
             assert!(f(root.as_fd(), Path::new("abs/passwd"), ro, Mode::empty()).is_err());

@@ -47,16 +47,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, suffix) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size: expected digits with an optional KiB/MiB/GiB/TiB suffix"))?;
+    let n: u64 = digits.parse().map_err(|_| {
+        format!("`{s}` is not a size: expected digits with an optional KiB/MiB/GiB/TiB suffix")
+    })?;
     let shift = match suffix.trim() {
         "" | "B" => 0,
         "K" | "KiB" | "k" => 10,
         "M" | "MiB" => 20,
         "G" | "GiB" => 30,
         "T" | "TiB" => 40,
-        other => return Err(format!("unknown size suffix `{other}` (use KiB, MiB, GiB or TiB)")),
+        other => {
+            return Err(format!(
+                "unknown size suffix `{other}` (use KiB, MiB, GiB or TiB)"
+            ));
+        }
     };
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("`{s}` is too large"))

@@ -33,7 +33,8 @@ struct Result {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
-    let file = File::open(&a.packet).map_err(|e| Error::io(format!("cannot open {}", a.packet.display()), e))?;
+    let file = File::open(&a.packet)
+        .map_err(|e| Error::io(format!("cannot open {}", a.packet.display()), e))?;
     let raw = read_raw_manifest(&file, &limits)?;
     Ok(Output::new(
         "sessionfs.digest-result/1",

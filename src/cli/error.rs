@@ -43,9 +43,17 @@ pub struct CliError {
 
 impl CliError {
     /// Builds an error of `class`.
-    pub fn new(class: Option<ErrorClass>, kind: &str, message: String, path: Option<String>) -> CliError {
+    pub fn new(
+        class: Option<ErrorClass>,
+        kind: &str,
+        message: String,
+        path: Option<String>,
+    ) -> CliError {
         let (exit_code, hint) = match class {
-            None => (exit::USAGE, "run `sessionfs <command> --help` for usage and examples"),
+            None => (
+                exit::USAGE,
+                "run `sessionfs <command> --help` for usage and examples",
+            ),
             Some(ErrorClass::Invalid) => (
                 exit::INVALID,
                 "the packet is damaged, was modified after it was written, or is not the one asked for; do not use it, fetch or re-create it",
@@ -84,7 +92,12 @@ impl CliError {
 
 impl From<crate::packet::Error> for CliError {
     fn from(e: crate::packet::Error) -> CliError {
-        CliError::new(Some(e.class()), e.kind(), chain(&e), e.entry_path().map(str::to_owned))
+        CliError::new(
+            Some(e.class()),
+            e.kind(),
+            chain(&e),
+            e.entry_path().map(str::to_owned),
+        )
     }
 }
 
@@ -96,7 +109,12 @@ impl From<crate::source::Error> for CliError {
 
 impl From<crate::restore::Error> for CliError {
     fn from(e: crate::restore::Error) -> CliError {
-        CliError::new(Some(e.class()), e.kind(), chain(&e), e.path().map(str::to_owned))
+        CliError::new(
+            Some(e.class()),
+            e.kind(),
+            chain(&e),
+            e.path().map(str::to_owned),
+        )
     }
 }
 

@@ -59,7 +59,8 @@ struct Result {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
-    let file = File::open(&a.packet).map_err(|e| Error::io(format!("cannot open {}", a.packet.display()), e))?;
+    let file = File::open(&a.packet)
+        .map_err(|e| Error::io(format!("cannot open {}", a.packet.display()), e))?;
     let raw = read_raw_manifest(&file, &limits)?;
     let mut out = Result {
         packet: a.packet.display().to_string(),
@@ -86,7 +87,8 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         }
         Err(e) => return Err(e.into()),
     };
-    let count = |f: fn(&EntryKind) -> bool| manifest.entries.iter().filter(|e| f(&e.kind)).count() as u64;
+    let count =
+        |f: fn(&EntryKind) -> bool| manifest.entries.iter().filter(|e| f(&e.kind)).count() as u64;
     let layout = Layout::compute(&manifest, raw.bytes.len() as u64);
     out.harness = manifest.harness;
     out.parts = Some(

@@ -87,7 +87,9 @@ struct Result {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
-    let kind = a.harness_kind.map_or(HarnessKind::Generic, HarnessKind::from);
+    let kind = a
+        .harness_kind
+        .map_or(HarnessKind::Generic, HarnessKind::from);
     let opts = PackOptions {
         workspace: a.workspace,
         harness: a.harness.map(|h| (h, kind)),

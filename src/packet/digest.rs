@@ -186,8 +186,18 @@ mod tests {
         let s = d.to_string();
         assert!(s.starts_with("sha256:"));
         assert_eq!(Digest::parse(&s), Some(d));
-        assert_eq!(Digest::parse(&s.to_uppercase().replace("SHA256:", "sha256:")), Some(d));
-        for bad in ["", "sha256:", "sha256:00", "md5:00", &s[7..], &format!("{s}0")] {
+        assert_eq!(
+            Digest::parse(&s.to_uppercase().replace("SHA256:", "sha256:")),
+            Some(d)
+        );
+        for bad in [
+            "",
+            "sha256:",
+            "sha256:00",
+            "md5:00",
+            &s[7..],
+            &format!("{s}0"),
+        ] {
             assert_eq!(Digest::parse(bad), None, "{bad}");
         }
     }

@@ -231,7 +231,9 @@ pub enum Error {
     },
 
     /// A member type other than directory, file, symlink (or our PAX header).
-    #[error("header at byte {offset} (expected `{member}`): member type {typeflag} is not allowed in a packet")]
+    #[error(
+        "header at byte {offset} (expected `{member}`): member type {typeflag} is not allowed in a packet"
+    )]
     UnsupportedMember {
         /// Offset of the header.
         offset: u64,
@@ -275,7 +277,9 @@ pub enum Error {
     },
 
     /// File content does not hash to the manifest's value.
-    #[error("{path}: content at bytes {start}..{end} of the file does not match the manifest hash; the packet was modified or corrupted")]
+    #[error(
+        "{path}: content at bytes {start}..{end} of the file does not match the manifest hash; the packet was modified or corrupted"
+    )]
     ContentMismatch {
         /// The file.
         path: String,
@@ -466,12 +470,7 @@ pub enum LimitKind {
 
 impl LimitKind {
     /// Builds the error for `value` over `limit`.
-    pub fn exceeded(
-        self,
-        value: u64,
-        limits: &super::format::Limits,
-        path: Option<&str>,
-    ) -> Error {
+    pub fn exceeded(self, value: u64, limits: &super::format::Limits, path: Option<&str>) -> Error {
         use super::format::Limits;
         let (what, limit, ceiling, flag, env) = match self {
             LimitKind::Bytes => (

@@ -196,6 +196,9 @@ mod tests {
         // The derived manifest bound must not overflow at the ceilings.
         let m = Limits::CEILING.max_manifest_bytes();
         assert!(m > Limits::DEFAULT.max_manifest_bytes());
-        assert!(MAX_MTIME_NS < i64::MAX as u64, "mtime_ns must fit a timespec");
+        assert!(
+            MAX_MTIME_NS < i64::MAX as u64,
+            "mtime_ns must fit a timespec"
+        );
     }
 }

@@ -304,7 +304,13 @@ pub fn diagnose(actual: &[u8], expected: &[u8], offset: u64, member: &str) -> Er
     let computed: u32 = actual[..BLOCK as usize]
         .iter()
         .enumerate()
-        .map(|(i, &b)| if (148..156).contains(&i) { u32::from(b' ') } else { u32::from(b) })
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                u32::from(b' ')
+            } else {
+                u32::from(b)
+            }
+        })
         .sum();
     if stored != Some(computed) {
         return Error::BadChecksum { offset, member };
@@ -379,8 +385,15 @@ mod tests {
         let (pre, name) = ustar_split(p1.as_bytes()).unwrap();
         assert_eq!(pre.len(), 150);
         assert_eq!(name.len(), 90);
-        assert_eq!(ustar_split(a100.as_bytes()), Some((&b""[..], a100.as_bytes())));
-        assert_eq!(ustar_split(long_name.as_bytes()), None, "a 101-byte name needs PAX");
+        assert_eq!(
+            ustar_split(a100.as_bytes()),
+            Some((&b""[..], a100.as_bytes()))
+        );
+        assert_eq!(
+            ustar_split(long_name.as_bytes()),
+            None,
+            "a 101-byte name needs PAX"
+        );
         // The longest prefix that fits wins.
         let p2 = format!("{}/{}/{}", "a".repeat(60), "b".repeat(60), "c".repeat(60));
         let (pre, name) = ustar_split(p2.as_bytes()).unwrap();
@@ -474,7 +487,13 @@ mod tests {
         check(&|b| b[156] = b'6', "unsupported_member_type");
         check(&|b| b[156] = b'1', "unsupported_member_type");
         check(&|b| b[10] = b'y', "member_mismatch");
-        check(&|b| b[108..116].copy_from_slice(b"0000001\0"), "non_canonical_header");
-        check(&|b| b[124..136].copy_from_slice(b"00000000001\0"), "size_mismatch");
+        check(
+            &|b| b[108..116].copy_from_slice(b"0000001\0"),
+            "non_canonical_header",
+        );
+        check(
+            &|b| b[124..136].copy_from_slice(b"00000000001\0"),
+            "size_mismatch",
+        );
     }
 }

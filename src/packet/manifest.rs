@@ -241,7 +241,9 @@ impl Manifest {
         struct Sniff {
             schema: String,
         }
-        serde_json::from_slice::<Sniff>(bytes).ok().map(|s| s.schema)
+        serde_json::from_slice::<Sniff>(bytes)
+            .ok()
+            .map(|s| s.schema)
     }
 }
 
@@ -440,7 +442,9 @@ impl<'a> Parser<'a> {
         if size > MAX_FILE_SIZE {
             return Err(Error::FormatLimit {
                 path: entry_path.to_owned(),
-                reason: format!("file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"),
+                reason: format!(
+                    "file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"
+                ),
             });
         }
         let key = self.next_key()?;
@@ -523,10 +527,7 @@ impl<'a> Parser<'a> {
             return Err(Error::ManifestBadValue {
                 offset: at,
                 field: "chunks".into(),
-                reason: format!(
-                    "{} chunk hashes, but the size implies {want}",
-                    chunks.len()
-                ),
+                reason: format!("{} chunk hashes, but the size implies {want}", chunks.len()),
             });
         }
         Ok(chunks.into_boxed_slice())
@@ -730,7 +731,9 @@ impl<'a> Parser<'a> {
                             (char::from_u32(value).unwrap_or('\0'), 6)
                         }
                         Some(b'/') => {
-                            return Err(self.not_canonical(esc_at, "`\\/` is not canonical; write `/`"));
+                            return Err(
+                                self.not_canonical(esc_at, "`\\/` is not canonical; write `/`")
+                            );
                         }
                         _ => {
                             self.pos = esc_at;
@@ -858,7 +861,7 @@ impl Manifest {
                             reason: format!("{p}: chunk count does not match the size"),
                         });
                     }
-                    total = total.checked_add(f.size).unwrap_or(u64::MAX);
+                    total = total.saturating_add(f.size);
                     if total > limits.max_bytes {
                         return Err(LimitKind::Bytes.exceeded(total, limits, Some(p)));
                     }
@@ -983,42 +986,156 @@ mod tests {
         assert_eq!(err.kind(), kind, "{err}");
     }
 
+    type Edit = Box<dyn Fn(String) -> String>;
+
     #[test]
     fn refusals_table() {
-        let cases: Vec<(Box<dyn Fn(String) -> String>, &str)> = vec![
-            (Box::new(|t| t.replacen("{\"schema\"", "{ \"schema\"", 1)), "manifest_not_canonical"),
-            (Box::new(|t| t.replacen(",\"harness\"", ", \"harness\"", 1)), "manifest_not_canonical"),
-            (Box::new(|t| t.replacen("packet/1", "packet/2", 1)), "unsupported_schema"),
-            (Box::new(|t| t.replacen("{\"schema\":\"sessionfs.packet/1\",", "{\"entries\":[],\"schema\":\"sessionfs.packet/9\",", 1)), "unsupported_schema"),
-            (Box::new(|t| t.replacen("\"type\":\"dir\"}", "\"type\":\"dir\",\"owner\":1}", 1)), "manifest_unknown_field"),
-            (Box::new(|t| t.replacen("\"harness\":\"codex\"", "\"harness\":null", 1)), "manifest_null_field"),
-            (Box::new(|t| t.replacen("\"type\":\"dir\"}", "\"type\":\"dir\",\"target\":null}", 1)), "manifest_null_field"),
-            (Box::new(|t| t.replacen(",\"size\":3", "", 1)), "manifest_not_canonical"),
-            (Box::new(|t| t.replacen("\"type\":\"dir\"", "\"type\":\"fifo\"", 1)), "manifest_bad_value"),
-            (Box::new(|t| t.replacen("\"size\":3", "\"size\":03", 1)), "manifest_not_canonical"),
-            (Box::new(|t| t.replacen("\"size\":3", "\"size\":-3", 1)), "manifest_bad_value"),
-            (Box::new(|t| t.replacen("\"size\":3", "\"size\":3.0", 1)), "manifest_bad_value"),
-            (Box::new(|t| t.replacen("\"size\":3", "\"size\":\"3\"", 1)), "manifest_bad_value"),
-            (Box::new(|t| t.replacen("\"executable\":true", "\"executable\":false", 1)), "manifest_not_canonical"),
-            (Box::new(|t| t.replacen("0707070707", "0707070G07", 1)), "manifest_bad_value"),
-            (Box::new(|t| t.replacen("0707070707", "07070707A7", 1)), "manifest_not_canonical"),
-            (Box::new(|t| t.replacen("run.sh\\n", "run.sh\\u000a", 1)), "manifest_not_canonical"),
-            (Box::new(|t| t.replacen("\"path\":\"workspace\"", "\"path\":\"workspac\\u0065\"", 1)), "manifest_not_canonical"),
-            (Box::new(|t| t.replacen("\"path\":\"harness\"", "\"path\":\"harness\\/\"", 1)), "manifest_not_canonical"),
+        let cases: Vec<(Edit, &str)> = vec![
+            (
+                Box::new(|t| t.replacen("{\"schema\"", "{ \"schema\"", 1)),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| t.replacen(",\"harness\"", ", \"harness\"", 1)),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| t.replacen("packet/1", "packet/2", 1)),
+                "unsupported_schema",
+            ),
+            (
+                Box::new(|t| {
+                    t.replacen(
+                        "{\"schema\":\"sessionfs.packet/1\",",
+                        "{\"entries\":[],\"schema\":\"sessionfs.packet/9\",",
+                        1,
+                    )
+                }),
+                "unsupported_schema",
+            ),
+            (
+                Box::new(|t| t.replacen("\"type\":\"dir\"}", "\"type\":\"dir\",\"owner\":1}", 1)),
+                "manifest_unknown_field",
+            ),
+            (
+                Box::new(|t| t.replacen("\"harness\":\"codex\"", "\"harness\":null", 1)),
+                "manifest_null_field",
+            ),
+            (
+                Box::new(|t| {
+                    t.replacen("\"type\":\"dir\"}", "\"type\":\"dir\",\"target\":null}", 1)
+                }),
+                "manifest_null_field",
+            ),
+            (
+                Box::new(|t| t.replacen(",\"size\":3", "", 1)),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| t.replacen("\"type\":\"dir\"", "\"type\":\"fifo\"", 1)),
+                "manifest_bad_value",
+            ),
+            (
+                Box::new(|t| t.replacen("\"size\":3", "\"size\":03", 1)),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| t.replacen("\"size\":3", "\"size\":-3", 1)),
+                "manifest_bad_value",
+            ),
+            (
+                Box::new(|t| t.replacen("\"size\":3", "\"size\":3.0", 1)),
+                "manifest_bad_value",
+            ),
+            (
+                Box::new(|t| t.replacen("\"size\":3", "\"size\":\"3\"", 1)),
+                "manifest_bad_value",
+            ),
+            (
+                Box::new(|t| t.replacen("\"executable\":true", "\"executable\":false", 1)),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| t.replacen("0707070707", "0707070G07", 1)),
+                "manifest_bad_value",
+            ),
+            (
+                Box::new(|t| t.replacen("0707070707", "07070707A7", 1)),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| t.replacen("run.sh\\n", "run.sh\\u000a", 1)),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| {
+                    t.replacen("\"path\":\"workspace\"", "\"path\":\"workspac\\u0065\"", 1)
+                }),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| t.replacen("\"path\":\"harness\"", "\"path\":\"harness\\/\"", 1)),
+                "manifest_not_canonical",
+            ),
             (Box::new(|t| format!("{t} ")), "manifest_not_canonical"),
-            (Box::new(|t| t[..t.len() - 3].to_string()), "manifest_syntax"),
-            (Box::new(|t| t.replacen("harness/history.jsonl", "harness/../history.jsonl", 1)), "invalid_path"),
-            (Box::new(|t| t.replacen("harness/history.jsonl", "/harness/history.jsonl", 1)), "invalid_path"),
-            (Box::new(|t| t.replacen("harness/history.jsonl", "harness/a\\\\b", 1)), "invalid_path"),
-            (Box::new(|t| t.replacen("harness/history.jsonl", "harness/a\\tb", 1)), "invalid_path"),
-            (Box::new(|t| t.replacen("harness/history.jsonl", "etc/passwd", 1)), "invalid_path"),
-            (Box::new(|t| t.replacen("workspace/run.sh", "workspace/a", 1)), "not_sorted"),
-            (Box::new(|t| t.replacen("workspace/run.sh", "workspace/z", 1)), "duplicate_path"),
-            (Box::new(|t| t.replacen("workspace/run.sh", "workspace/Big", 1).replacen("\"workspace/big\"", "\"workspace/BIG\"", 1)), "path_collision"),
-            (Box::new(|t| t.replacen("harness/history.jsonl", "harness/x/history.jsonl", 1)), "bad_parent"),
-            (Box::new(|t| t.replacen("\"harness\":\"codex\",", "", 1)), "harness_mismatch"),
-            (Box::new(|t| t.replacen("\"harness\":\"codex\"", "\"harness\":\"vim\"", 1)), "manifest_bad_value"),
-            (Box::new(|t| t.replacen("\"target\":\"run.sh", "\"target\":\"\\u0000run.sh", 1)), "invalid_symlink_target"),
+            (
+                Box::new(|t| t[..t.len() - 3].to_string()),
+                "manifest_syntax",
+            ),
+            (
+                Box::new(|t| t.replacen("harness/history.jsonl", "harness/../history.jsonl", 1)),
+                "invalid_path",
+            ),
+            (
+                Box::new(|t| t.replacen("harness/history.jsonl", "/harness/history.jsonl", 1)),
+                "invalid_path",
+            ),
+            (
+                Box::new(|t| t.replacen("harness/history.jsonl", "harness/a\\\\b", 1)),
+                "invalid_path",
+            ),
+            (
+                Box::new(|t| t.replacen("harness/history.jsonl", "harness/a\\tb", 1)),
+                "invalid_path",
+            ),
+            (
+                Box::new(|t| t.replacen("harness/history.jsonl", "etc/passwd", 1)),
+                "invalid_path",
+            ),
+            (
+                Box::new(|t| t.replacen("workspace/run.sh", "workspace/a", 1)),
+                "not_sorted",
+            ),
+            (
+                Box::new(|t| t.replacen("workspace/run.sh", "workspace/z", 1)),
+                "duplicate_path",
+            ),
+            (
+                Box::new(|t| {
+                    t.replacen("workspace/run.sh", "workspace/Big", 1).replacen(
+                        "\"workspace/big\"",
+                        "\"workspace/BIG\"",
+                        1,
+                    )
+                }),
+                "path_collision",
+            ),
+            (
+                Box::new(|t| t.replacen("harness/history.jsonl", "harness/x/history.jsonl", 1)),
+                "bad_parent",
+            ),
+            (
+                Box::new(|t| t.replacen("\"harness\":\"codex\",", "", 1)),
+                "harness_mismatch",
+            ),
+            (
+                Box::new(|t| t.replacen("\"harness\":\"codex\"", "\"harness\":\"vim\"", 1)),
+                "manifest_bad_value",
+            ),
+            (
+                Box::new(|t| t.replacen("\"target\":\"run.sh", "\"target\":\"\\u0000run.sh", 1)),
+                "invalid_symlink_target",
+            ),
         ];
         for (edit, kind) in cases {
             refused(edit, kind);
@@ -1029,9 +1146,14 @@ mod tests {
     fn path_under_a_file_or_symlink_is_refused() {
         for parent_kind in ["file", "symlink"] {
             let mut m = sample();
-            let p = if parent_kind == "file" { "workspace/run.sh/x" } else { "workspace/z/x" };
+            let p = if parent_kind == "file" {
+                "workspace/run.sh/x"
+            } else {
+                "workspace/z/x"
+            };
             m.entries.push(dir(p));
-            m.entries.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+            m.entries
+                .sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
             let err = Manifest::parse(&m.encode(), &Limits::DEFAULT).unwrap_err();
             assert_eq!(err.kind(), "bad_parent", "{parent_kind}: {err}");
         }
@@ -1041,9 +1163,27 @@ mod tests {
     fn limits_are_enforced_while_parsing() {
         let bytes = sample().encode();
         let tight = |l: Limits| Manifest::parse(&bytes, &l).unwrap_err().kind();
-        assert_eq!(tight(Limits { max_entries: 3, ..Limits::DEFAULT }), "limit_exceeded");
-        assert_eq!(tight(Limits { max_bytes: 1024, ..Limits::DEFAULT }), "limit_exceeded");
-        assert_eq!(tight(Limits { max_path_bytes: 12, ..Limits::DEFAULT }), "limit_exceeded");
+        assert_eq!(
+            tight(Limits {
+                max_entries: 3,
+                ..Limits::DEFAULT
+            }),
+            "limit_exceeded"
+        );
+        assert_eq!(
+            tight(Limits {
+                max_bytes: 1024,
+                ..Limits::DEFAULT
+            }),
+            "limit_exceeded"
+        );
+        assert_eq!(
+            tight(Limits {
+                max_path_bytes: 12,
+                ..Limits::DEFAULT
+            }),
+            "limit_exceeded"
+        );
     }
 
     #[test]

@@ -176,10 +176,19 @@ mod tests {
 
     #[test]
     fn collisions_by_case_and_normalization() {
-        assert_eq!(collision_key("workspace/README"), collision_key("workspace/readme"));
+        assert_eq!(
+            collision_key("workspace/README"),
+            collision_key("workspace/readme")
+        );
         // U+00E9 (precomposed) and e + U+0301 (decomposed).
-        assert_eq!(collision_key("workspace/caf\u{e9}"), collision_key("workspace/cafe\u{301}"));
-        assert_eq!(collision_key("workspace/CAF\u{c9}"), collision_key("workspace/cafe\u{301}"));
+        assert_eq!(
+            collision_key("workspace/caf\u{e9}"),
+            collision_key("workspace/cafe\u{301}")
+        );
+        assert_eq!(
+            collision_key("workspace/CAF\u{c9}"),
+            collision_key("workspace/cafe\u{301}")
+        );
         assert_ne!(collision_key("workspace/a"), collision_key("workspace/b"));
     }
 }

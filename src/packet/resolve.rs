@@ -125,7 +125,11 @@ mod tests {
             ("workspace/l", "x/../../..", true),
         ];
         for (link, target, want) in cases {
-            let man = m(&[("workspace", None), ("workspace/d", None), (link, Some(target))]);
+            let man = m(&[
+                ("workspace", None),
+                ("workspace/d", None),
+                (link, Some(target)),
+            ]);
             let got = check_no_escapes(&man, "").is_err();
             assert_eq!(got, *want, "{link} -> {target}");
         }
@@ -142,12 +146,26 @@ mod tests {
             ("workspace/d/deep", None),
             ("workspace/l", Some("alias/../../..")),
         ]);
-        assert!(check_no_escapes(&man, "").is_ok(), "stays at the packet root");
-        assert!(check_no_escapes(&man, "workspace").is_err(), "leaves the workspace part");
+        assert!(
+            check_no_escapes(&man, "").is_ok(),
+            "stays at the packet root"
+        );
+        assert!(
+            check_no_escapes(&man, "workspace").is_err(),
+            "leaves the workspace part"
+        );
         // A loop does not escape (the kernel would say ELOOP).
-        let man = m(&[("workspace", None), ("workspace/a", Some("b")), ("workspace/b", Some("a/../../.."))]);
+        let man = m(&[
+            ("workspace", None),
+            ("workspace/a", Some("b")),
+            ("workspace/b", Some("a/../../..")),
+        ]);
         assert!(check_no_escapes(&man, "").is_ok());
-        let man = m(&[("workspace", None), ("workspace/a", Some("b")), ("workspace/b", Some("a"))]);
+        let man = m(&[
+            ("workspace", None),
+            ("workspace/a", Some("b")),
+            ("workspace/b", Some("a")),
+        ]);
         assert!(check_no_escapes(&man, "").is_ok());
     }
 }

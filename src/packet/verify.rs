@@ -31,9 +31,9 @@ pub fn verify(packet: &Packet, progress: &(dyn Fn(u64) + Sync)) -> Result<Report
     let batches = packet.batches();
     let (members, whole) = rayon::join(
         || {
-            batches.into_par_iter().try_for_each_init(
-                Vec::new,
-                |buf, range| {
+            batches
+                .into_par_iter()
+                .try_for_each_init(Vec::new, |buf, range| {
                     packet.check_batch(range, buf, &mut |ev| {
                         if let Event::Data(_, bytes) = ev {
                             content.fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -41,8 +41,7 @@ pub fn verify(packet: &Packet, progress: &(dyn Fn(u64) + Sync)) -> Result<Report
                         }
                         Ok(())
                     })
-                },
-            )
+                })
         },
         || packet.file_sha256(progress),
     );

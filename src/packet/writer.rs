@@ -32,16 +32,23 @@ impl Output {
         };
         let name = dest
             .file_name()
-            .ok_or_else(|| Error::io(
-                format!("{}: not a file name", dest.display()),
-                io::Error::from(io::ErrorKind::InvalidInput),
-            ))?
+            .ok_or_else(|| {
+                Error::io(
+                    format!("{}: not a file name", dest.display()),
+                    io::Error::from(io::ErrorKind::InvalidInput),
+                )
+            })?
             .to_string_lossy();
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
             .suffix(".tmp")
             .tempfile_in(dir)
-            .map_err(|e| Error::io(format!("cannot create a temporary file in {}", dir.display()), e))?;
+            .map_err(|e| {
+                Error::io(
+                    format!("cannot create a temporary file in {}", dir.display()),
+                    e,
+                )
+            })?;
         Ok(Output {
             tmp,
             dest: dest.to_owned(),
@@ -78,7 +85,11 @@ impl Output {
 
     /// Writes the manifest member (header and JSON) and returns the digest.
     /// `expected_len` is the length the layout was computed for.
-    pub fn write_manifest(&self, manifest: &Manifest, expected_len: u64) -> Result<(Vec<u8>, Digest)> {
+    pub fn write_manifest(
+        &self,
+        manifest: &Manifest,
+        expected_len: u64,
+    ) -> Result<(Vec<u8>, Digest)> {
         let bytes = manifest.encode();
         if bytes.len() as u64 != expected_len {
             // A bug, not bad input: the layout would be wrong.
@@ -105,9 +116,12 @@ impl Output {
         file.sync_all()
             .map_err(|e| Error::io("cannot fsync the output", e))?;
         let dest = self.dest.clone();
-        self.tmp
-            .persist(&dest)
-            .map_err(|e| Error::io(format!("cannot rename the output into {}", dest.display()), e.error))?;
+        self.tmp.persist(&dest).map_err(|e| {
+            Error::io(
+                format!("cannot rename the output into {}", dest.display()),
+                e.error,
+            )
+        })?;
         let dir = match dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),

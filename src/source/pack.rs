@@ -95,7 +95,9 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         limits: opts.limits,
         skip,
     };
+    let t = std::time::Instant::now();
     let mut scan = scan(&parts, &scan_opts)?;
+    tracing::debug!(elapsed = ?t.elapsed(), entries = scan.found.len(), "walked");
     scan.found
         .sort_unstable_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
 
@@ -141,6 +143,7 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         output: &output,
         progress,
     };
+    tracing::debug!(elapsed = ?t.elapsed(), "laid out");
     let hashes: Vec<Vec<(usize, Sha256, Vec<Sha256>)>> = layout
         .batches(BATCH_BYTES)
         .into_par_iter()
@@ -152,11 +155,15 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
             f.chunks = chunks.into();
         }
     }
+    tracing::debug!(elapsed = ?t.elapsed(), "content written");
     let (_, digest) = output.write_manifest(&manifest, manifest_len)?;
     let file_sha256 = hash_file(output.file(), layout.total_len(), &|_| {})?;
+    tracing::debug!(elapsed = ?t.elapsed(), "file hashed");
     output.commit(opts.mode)?;
+    tracing::debug!(elapsed = ?t.elapsed(), "committed");
 
-    let count = |pred: fn(&Entry) -> bool| manifest.entries.iter().filter(|e| pred(e)).count() as u64;
+    let count =
+        |pred: fn(&Entry) -> bool| manifest.entries.iter().filter(|e| pred(e)).count() as u64;
     Ok(PackOutcome {
         digest,
         file_sha256,
@@ -223,11 +230,17 @@ impl BatchWriter<'_> {
     }
 
     /// A large file, read and written in pieces.
-    fn stream_file(&self, i: usize, src: &FoundFile, buf: &mut Vec<u8>) -> Result<(Sha256, Vec<Sha256>), Error> {
+    fn stream_file(
+        &self,
+        i: usize,
+        src: &FoundFile,
+        buf: &mut Vec<u8>,
+    ) -> Result<(Sha256, Vec<Sha256>), Error> {
         let e = &self.manifest.entries[i];
         let mut headers = Vec::new();
         layout::write_entry_headers(e, &mut headers);
-        self.output.write_at(&headers, self.layout.member_start(i))?;
+        self.output
+            .write_at(&headers, self.layout.member_start(i))?;
         let mut file = self.open(&e.path, src)?;
         let mut h = ContentHasher::new(src.size);
         let base = self.layout.data_offset(i, e);

@@ -29,13 +29,16 @@ pub const CREDENTIAL_FILES: &[&str] = &[
 /// Extensions of key and certificate stores, excluded in both parts.
 pub const CREDENTIAL_EXTENSIONS: &[&str] = &["pem", "key", "p12", "pfx"];
 /// `.env.*` files with these suffixes are templates and are kept.
-pub const ENV_TEMPLATE_SUFFIXES: &[&str] = &[".example", ".sample", ".template", ".dist", ".defaults"];
+pub const ENV_TEMPLATE_SUFFIXES: &[&str] =
+    &[".example", ".sample", ".template", ".dist", ".defaults"];
 /// SQLite side files: they follow their database's fate.
 pub const SQLITE_SIDE_SUFFIXES: &[&str] = &["-wal", "-shm", "-journal"];
 
 /// Harness-specific credential names (matched by name anywhere in the
 /// harness part): `(files, directories)`.
-pub fn harness_credentials(kind: HarnessKind) -> (&'static [&'static str], &'static [&'static str]) {
+pub fn harness_credentials(
+    kind: HarnessKind,
+) -> (&'static [&'static str], &'static [&'static str]) {
     match kind {
         HarnessKind::Codex => (&["auth.json", ".credentials.json"], &["secrets"]),
         HarnessKind::Claude => (&[".credentials.json"], &[]),
@@ -130,7 +133,12 @@ impl Patterns {
             .matches(path)
             .first()
             .map(|&k| self.path_index[k])
-            .or_else(|| self.by_name.matches(name).first().map(|&k| self.name_index[k]));
+            .or_else(|| {
+                self.by_name
+                    .matches(name)
+                    .first()
+                    .map(|&k| self.name_index[k])
+            });
         hit.map(|i| self.sources[i].as_str())
     }
 }
@@ -145,7 +153,11 @@ fn compile(pattern: &str) -> Result<Glob, String> {
 
 impl Policy {
     /// Compiles a policy. Errors name the bad pattern.
-    pub fn new(harness: Option<HarnessKind>, exclude: &[String], keep: &[String]) -> Result<Policy, String> {
+    pub fn new(
+        harness: Option<HarnessKind>,
+        exclude: &[String],
+        keep: &[String],
+    ) -> Result<Policy, String> {
         Ok(Policy {
             harness,
             exclude: Patterns::new(exclude)?,
@@ -191,7 +203,8 @@ impl Policy {
             }
         }
         if name == ".env"
-            || (name.starts_with(".env.") && !ENV_TEMPLATE_SUFFIXES.iter().any(|s| name.ends_with(s)))
+            || (name.starts_with(".env.")
+                && !ENV_TEMPLATE_SUFFIXES.iter().any(|s| name.ends_with(s)))
         {
             return exclude(".env file".into());
         }
@@ -265,7 +278,10 @@ mod tests {
             ("harness/secrets", true),
         ];
         for (path, is_dir) in excluded {
-            assert!(matches!(judge(&p, path, is_dir), Verdict::Exclude(_)), "{path} should be excluded");
+            assert!(
+                matches!(judge(&p, path, is_dir), Verdict::Exclude(_)),
+                "{path} should be excluded"
+            );
         }
         let kept = [
             ("workspace/.env.example", false),
@@ -282,41 +298,81 @@ mod tests {
             ("harness/history.jsonl", false),
         ];
         for (path, is_dir) in kept {
-            assert_eq!(judge(&p, path, is_dir), Verdict::Include, "{path} should be kept");
+            assert_eq!(
+                judge(&p, path, is_dir),
+                Verdict::Include,
+                "{path} should be kept"
+            );
         }
     }
 
     #[test]
     fn harness_kinds_differ() {
         let claude = Policy::new(Some(HarnessKind::Claude), &[], &[]).unwrap();
-        assert!(matches!(judge(&claude, "harness/.credentials.json", false), Verdict::Exclude(_)));
+        assert!(matches!(
+            judge(&claude, "harness/.credentials.json", false),
+            Verdict::Exclude(_)
+        ));
         assert_eq!(judge(&claude, "harness/auth.json", false), Verdict::Include);
         let oc = Policy::new(Some(HarnessKind::Opencode), &[], &[]).unwrap();
-        assert!(matches!(judge(&oc, "harness/mcp-auth.json", false), Verdict::Exclude(_)));
-        assert!(matches!(judge(&oc, "harness/opencode.db", false), Verdict::Refuse(_)));
+        assert!(matches!(
+            judge(&oc, "harness/mcp-auth.json", false),
+            Verdict::Exclude(_)
+        ));
+        assert!(matches!(
+            judge(&oc, "harness/opencode.db", false),
+            Verdict::Refuse(_)
+        ));
         let oc_ex = Policy::new(Some(HarnessKind::Opencode), &["opencode.db".into()], &[]).unwrap();
-        assert!(matches!(judge(&oc_ex, "harness/opencode.db", false), Verdict::Exclude(_)));
-        let oc_keep = Policy::new(Some(HarnessKind::Opencode), &[], &["opencode.db".into()]).unwrap();
-        assert_eq!(judge(&oc_keep, "harness/opencode.db", false), Verdict::Include);
+        assert!(matches!(
+            judge(&oc_ex, "harness/opencode.db", false),
+            Verdict::Exclude(_)
+        ));
+        let oc_keep =
+            Policy::new(Some(HarnessKind::Opencode), &[], &["opencode.db".into()]).unwrap();
+        assert_eq!(
+            judge(&oc_keep, "harness/opencode.db", false),
+            Verdict::Include
+        );
     }
 
     #[test]
     fn user_patterns_and_precedence() {
         let p = Policy::new(
             None,
-            &["*.log".into(), "workspace/build".into(), "workspace/cert.pem".into()],
+            &[
+                "*.log".into(),
+                "workspace/build".into(),
+                "workspace/cert.pem".into(),
+            ],
             &["*.pem".into(), "workspace/.env".into()],
         )
         .unwrap();
-        assert!(matches!(judge(&p, "workspace/a/b.log", false), Verdict::Exclude(Reason::Excluded { .. })));
-        assert!(matches!(judge(&p, "workspace/build", true), Verdict::Exclude(_)));
-        assert_eq!(judge(&p, "workspace/x/build", true), Verdict::Include, "path patterns anchor at the root");
+        assert!(matches!(
+            judge(&p, "workspace/a/b.log", false),
+            Verdict::Exclude(Reason::Excluded { .. })
+        ));
+        assert!(matches!(
+            judge(&p, "workspace/build", true),
+            Verdict::Exclude(_)
+        ));
+        assert_eq!(
+            judge(&p, "workspace/x/build", true),
+            Verdict::Include,
+            "path patterns anchor at the root"
+        );
         // --keep lifts a default...
         assert_eq!(judge(&p, "workspace/other.pem", false), Verdict::Include);
         assert_eq!(judge(&p, "workspace/.env", false), Verdict::Include);
-        assert!(matches!(judge(&p, "workspace/sub/.env", false), Verdict::Exclude(_)));
+        assert!(matches!(
+            judge(&p, "workspace/sub/.env", false),
+            Verdict::Exclude(_)
+        ));
         // ...but never an explicit --exclude.
-        assert!(matches!(judge(&p, "workspace/cert.pem", false), Verdict::Exclude(Reason::Excluded { .. })));
+        assert!(matches!(
+            judge(&p, "workspace/cert.pem", false),
+            Verdict::Exclude(Reason::Excluded { .. })
+        ));
     }
 
     #[test]

@@ -86,7 +86,12 @@ mod tests {
         let roots = vec!["/ws".to_string(), "/real/ws".to_string()];
         let cases: &[(&str, usize, &str, LinkClass)] = &[
             // The example: `..` after the root is kept verbatim.
-            ("/ws/alias/../data.txt", 0, "alias/../data.txt", LinkClass::Rebased),
+            (
+                "/ws/alias/../data.txt",
+                0,
+                "alias/../data.txt",
+                LinkClass::Rebased,
+            ),
             ("/ws/a/b", 0, "a/b", LinkClass::Rebased),
             ("/ws/a/b", 2, "../../a/b", LinkClass::Rebased),
             // The whole run of separators after the root goes.
@@ -102,7 +107,12 @@ mod tests {
             ("/real/ws/x", 1, "../x", LinkClass::Rebased),
             // Component boundary.
             ("/ws2/a", 0, "/ws2/a", LinkClass::External),
-            ("/usr/bin/python3", 2, "/usr/bin/python3", LinkClass::External),
+            (
+                "/usr/bin/python3",
+                2,
+                "/usr/bin/python3",
+                LinkClass::External,
+            ),
             // Relative targets.
             ("a/b", 0, "a/b", LinkClass::Internal),
             ("../x", 1, "../x", LinkClass::Internal),
@@ -112,13 +122,20 @@ mod tests {
         ];
         for (target, depth, want, class) in cases {
             let (got, got_class) = rebase(target, *depth, &roots);
-            assert_eq!((&*got, &got_class), (*want, class), "{target} at depth {depth}");
+            assert_eq!(
+                (&*got, &got_class),
+                (*want, class),
+                "{target} at depth {depth}"
+            );
         }
     }
 
     #[test]
     fn root_of_the_filesystem() {
         let roots = vec![String::new()];
-        assert_eq!(rebase("/etc/x", 1, &roots), ("../etc/x".into(), LinkClass::Rebased));
+        assert_eq!(
+            rebase("/etc/x", 1, &roots),
+            ("../etc/x".into(), LinkClass::Rebased)
+        );
     }
 }

@@ -226,6 +226,13 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
     for (k, root) in roots.iter().enumerate() {
         walker.walk(k, root)?;
     }
+    // Reports in path order, so results are deterministic too.
+    let r = &mut walker.report;
+    r.excluded.sort_by(|a, b| a.path.cmp(&b.path));
+    r.dropped.sort_by(|a, b| a.path.cmp(&b.path));
+    r.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+    r.rebased_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+    r.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(Scan {
         roots,
         found: walker.found,
@@ -258,7 +265,9 @@ impl Walker<'_, '_> {
         if let FoundKind::File(f) = &kind {
             self.bytes = self.bytes.saturating_add(f.size);
             if self.bytes > limits.max_bytes {
-                return Err(LimitKind::Bytes.exceeded(self.bytes, limits, Some(&path)).into());
+                return Err(LimitKind::Bytes
+                    .exceeded(self.bytes, limits, Some(&path))
+                    .into());
             }
         }
         self.found.push(Found { path, kind });
@@ -286,7 +295,11 @@ impl Walker<'_, '_> {
             for (child, verdict) in children.iter().zip(verdicts) {
                 let cpath = format!("{ppath}/{}", child.name);
                 let crel = rel.join(&child.name);
-                let kind_name = if child.ty == SFlag::S_IFDIR { "dir" } else { "file" };
+                let kind_name = if child.ty == SFlag::S_IFDIR {
+                    "dir"
+                } else {
+                    "file"
+                };
                 match verdict {
                     Verdict::Include => {}
                     Verdict::Exclude(reason) => {
@@ -314,11 +327,7 @@ impl Walker<'_, '_> {
                     }
                     SFlag::S_IFREG => {
                         let Some(st) = child.st else { continue };
-                        if self
-                            .opts
-                            .skip
-                            .contains(&(st.st_dev as u64, st.st_ino as u64))
-                        {
+                        if self.opts.skip.contains(&sys::dev_ino(&st)) {
                             self.report.excluded.push(Excluded {
                                 path: cpath,
                                 kind: "file",
@@ -330,8 +339,10 @@ impl Walker<'_, '_> {
                         self.push(cpath, FoundKind::File(file))?;
                     }
                     SFlag::S_IFLNK => {
-                        let target = readlinkat(dirfd.as_fd(), child.name.as_str())
-                            .map_err(|e| Error::io(&shown.join(&child.name), "cannot read symlink", e.into()))?;
+                        let target =
+                            readlinkat(dirfd.as_fd(), child.name.as_str()).map_err(|e| {
+                                Error::io(&shown.join(&child.name), "cannot read symlink", e.into())
+                            })?;
                         let Some(target) = target.to_str() else {
                             return Err(Error::Refused {
                                 path: cpath,
@@ -363,11 +374,17 @@ impl Walker<'_, '_> {
     }
 
     /// Reads every name of a directory (UTF-8 only) with the stat each needs.
-    fn read_dir(&self, fd: OwnedFd, shown: &Path, ppath: &str) -> Result<(OwnedFd, Vec<Child>), Error> {
+    fn read_dir(
+        &self,
+        fd: OwnedFd,
+        shown: &Path,
+        ppath: &str,
+    ) -> Result<(OwnedFd, Vec<Child>), Error> {
         let dupfd = fd
             .try_clone()
             .map_err(|e| Error::io(shown, "cannot duplicate directory handle", e))?;
-        let mut dir = Dir::from_fd(fd).map_err(|e| Error::io(shown, "cannot read directory", e.into()))?;
+        let mut dir =
+            Dir::from_fd(fd).map_err(|e| Error::io(shown, "cannot read directory", e.into()))?;
         let mut children = Vec::new();
         for ent in dir.iter() {
             let ent = ent.map_err(|e| Error::io(shown, "cannot read directory", e.into()))?;
@@ -396,8 +413,12 @@ impl Walker<'_, '_> {
             let (ty, st) = match known {
                 Some(ty) => (ty, None),
                 None => {
-                    let st = fstatat(dupfd.as_fd(), OsStr::from_bytes(raw), AtFlags::AT_SYMLINK_NOFOLLOW)
-                        .map_err(|e| Error::io(&shown.join(name), "cannot stat", e.into()))?;
+                    let st = fstatat(
+                        dupfd.as_fd(),
+                        OsStr::from_bytes(raw),
+                        AtFlags::AT_SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(|e| Error::io(&shown.join(name), "cannot stat", e.into()))?;
                     (sys::file_type(&st), Some(st))
                 }
             };
@@ -417,7 +438,9 @@ impl Walker<'_, '_> {
             .iter()
             .map(|c| {
                 let path = format!("{ppath}/{}", c.name);
-                self.opts.policy.judge(part, &path, &c.name, c.ty == SFlag::S_IFDIR)
+                self.opts
+                    .policy
+                    .judge(part, &path, &c.name, c.ty == SFlag::S_IFDIR)
             })
             .collect();
         let files: HashMap<&str, usize> = children
@@ -435,21 +458,31 @@ impl Walker<'_, '_> {
             };
             verdicts[i] = match &verdicts[db] {
                 Verdict::Include => Verdict::Include,
-                Verdict::Exclude(_) | Verdict::Refuse(_) => Verdict::Exclude(Reason::SqliteSideFile {
-                    database: format!("{ppath}/{}", children[db].name),
-                }),
+                Verdict::Exclude(_) | Verdict::Refuse(_) => {
+                    Verdict::Exclude(Reason::SqliteSideFile {
+                        database: format!("{ppath}/{}", children[db].name),
+                    })
+                }
             };
         }
         verdicts
     }
 
-    fn file(&mut self, root: usize, rel: PathBuf, path: &str, st: &FileStat) -> Result<FoundFile, Error> {
+    fn file(
+        &mut self,
+        root: usize,
+        rel: PathBuf,
+        path: &str,
+        st: &FileStat,
+    ) -> Result<FoundFile, Error> {
         let size = st.st_size as u64;
         if size > MAX_FILE_SIZE {
             return Err(Error::Refused {
                 path: path.into(),
                 kind: "format_limit",
-                reason: format!("file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"),
+                reason: format!(
+                    "file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"
+                ),
             });
         }
         let seen = sys::mtime_ns(st);
@@ -472,13 +505,19 @@ impl Walker<'_, '_> {
             size,
             mtime_ns: recorded,
             executable: st.st_mode & 0o111 != 0,
-            dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
+            dev: sys::dev_ino(st).0,
+            ino: sys::dev_ino(st).1,
             seen_mtime_ns: seen,
         })
     }
 
-    fn link(&mut self, root: &Root, depth: usize, path: &str, target: &str) -> Result<String, Error> {
+    fn link(
+        &mut self,
+        root: &Root,
+        depth: usize,
+        path: &str,
+        target: &str,
+    ) -> Result<String, Error> {
         let (stored, class) = rebase(target, depth, &root.spellings);
         match class {
             LinkClass::Internal => {}

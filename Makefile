@@ -1,0 +1,49 @@
+# sessionfs. `make test` is what CI runs (.ci/run); `make check` adds docs.
+SHELL := /bin/bash
+CARGO ?= cargo
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: build release deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
+
+build:
+	$(CARGO) build --all-targets
+
+release:
+	$(CARGO) build --release
+
+deps:
+	scripts/deps.sh
+
+test: deps fmt-check clippy
+	$(CARGO) test --all-targets
+	$(MAKE) schema-check
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
+
+check: test doc
+
+fmt:
+	$(CARGO) fmt
+
+fmt-check:
+	$(CARGO) fmt --check
+
+clippy:
+	$(CARGO) clippy --all-targets -- -D warnings
+
+doc:
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps
+
+schema-check: release
+	scripts/check-schema.sh
+
+demo: release
+	scripts/demo.sh
+
+fuzz:
+	scripts/fuzz.sh
+
+bench-pack: release
+	scripts/bench/pack.sh
+
+clean:
+	$(CARGO) clean

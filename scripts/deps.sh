@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian machine (as root), and only
+# what is missing: Debian packages via apt-get, Python tools into .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have fusermount3 || need+=(fuse3)
+have bsdtar || need+=(libarchive-tools)
+have sqlite3 || need+=(sqlite3)
+have git || need+=(git)
+have gcc || need+=(gcc)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import jsonschema' 2>/dev/null; then
+  echo "deps: creating .venv with jsonschema" >&2
+  python3 -m venv .venv
+  .venv/bin/pip install -q jsonschema
+fi

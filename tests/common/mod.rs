@@ -1,0 +1,213 @@
+//! Helpers shared by the integration tests: run the built binary, parse its
+//! one JSON object, and build trees on disk.
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sessionfs"))
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub json: Value,
+    pub stderr: String,
+}
+
+impl Run {
+    /// The `kind` of an error result.
+    pub fn kind(&self) -> &str {
+        self.json["kind"].as_str().unwrap_or("")
+    }
+
+    /// Asserts success and returns the JSON.
+    #[track_caller]
+    pub fn ok(&self) -> &Value {
+        assert_eq!(
+            self.code, 0,
+            "expected success: {:#} {}",
+            self.json, self.stderr
+        );
+        &self.json
+    }
+
+    /// Asserts an error of `kind` with exit `code`.
+    #[track_caller]
+    pub fn fails(&self, code: i32, kind: &str) -> &Value {
+        assert_eq!(
+            (self.code, self.kind()),
+            (code, kind),
+            "{:#}\n{}",
+            self.json,
+            self.stderr
+        );
+        assert_eq!(self.json["schema"], "sessionfs.error/1");
+        assert!(!self.json["message"].as_str().unwrap_or("").is_empty());
+        &self.json
+    }
+}
+
+/// Runs `sessionfs args…` and parses stdout, which must be exactly one JSON
+/// object with a `schema`.
+pub fn run<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    run_env(args, &[])
+}
+
+/// Like [`run`], with extra environment variables.
+pub fn run_env<I, S>(args: I, env: &[(&str, &str)]) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = Command::new(bin());
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run sessionfs");
+    let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
+    let mut lines = stdout.lines();
+    let first = lines.next().unwrap_or_else(|| {
+        panic!(
+            "no stdout; stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        lines.next().is_none(),
+        "more than one line on stdout: {stdout}"
+    );
+    let json: Value =
+        serde_json::from_str(first).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {first}"));
+    assert!(
+        json["schema"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("sessionfs.") && s.ends_with("/1")),
+        "{json}"
+    );
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        json,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Writes `content` at `root/rel`, creating parents.
+pub fn write(root: &Path, rel: &str, content: &[u8]) {
+    let p = root.join(rel);
+    fs::create_dir_all(p.parent().unwrap()).unwrap();
+    fs::write(&p, content).unwrap();
+}
+
+/// Sets a file's mode.
+pub fn chmod(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Sets mtime (and atime) to `ns` nanoseconds since the epoch, without
+/// following symlinks.
+pub fn set_mtime(path: &Path, ns: i64) {
+    use nix::sys::stat::{UtimensatFlags, utimensat};
+    use nix::sys::time::TimeSpec;
+    let t = TimeSpec::new(ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000));
+    utimensat(
+        nix::fcntl::AT_FDCWD,
+        path,
+        &t,
+        &t,
+        UtimensatFlags::NoFollowSymlink,
+    )
+    .unwrap();
+}
+
+/// A small workspace used by many tests: files, an executable, nested
+/// directories, a symlink, an empty file, a file over one chunk.
+pub fn sample_tree(root: &Path) {
+    write(root, "README.md", b"# sample\n");
+    write(root, "src/main.rs", b"fn main() { println!(\"hi\"); }\n");
+    write(root, "src/lib/mod.rs", b"pub fn f() {}\n");
+    write(root, "empty", b"");
+    write(root, "bin/run.sh", b"#!/bin/sh\necho run\n");
+    chmod(&root.join("bin/run.sh"), 0o755);
+    let big: Vec<u8> = (0..(4 * 1024 * 1024 + 4097) as u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    write(root, "data/big.bin", &big);
+    std::os::unix::fs::symlink("src/main.rs", root.join("link")).unwrap();
+    fs::create_dir_all(root.join("emptydir")).unwrap();
+    let mut t = 1_700_000_000_123_456_789i64;
+    for rel in [
+        "README.md",
+        "src/main.rs",
+        "src/lib/mod.rs",
+        "empty",
+        "bin/run.sh",
+        "data/big.bin",
+    ] {
+        set_mtime(&root.join(rel), t);
+        t += 1_000_000_007;
+    }
+}
+
+/// Every file, dir and symlink under `root` with its content, mode bits and
+/// link target, for comparing trees.
+pub fn snapshot(root: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let desc = if m.file_type().is_symlink() {
+                format!("symlink {}", fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                walk(root, &p, out);
+                format!("dir {:o}", m.permissions().mode() & 0o7777)
+            } else {
+                use std::hash::{Hash, Hasher};
+                let data = fs::read(&p).unwrap();
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                data.hash(&mut h);
+                format!(
+                    "file {:o} {} {:x}",
+                    m.permissions().mode() & 0o7777,
+                    data.len(),
+                    h.finish()
+                )
+            };
+            out.push((rel, desc));
+        }
+    }
+    walk(root, root, &mut out);
+    out
+}
+
+/// Packs `ws` into `out` (extra args appended) and returns the result JSON.
+#[track_caller]
+pub fn pack(ws: &Path, out: &Path, extra: &[&str]) -> Value {
+    let mut args: Vec<String> = vec![
+        "pack".into(),
+        "--workspace".into(),
+        ws.display().to_string(),
+        "-o".into(),
+        out.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    run(&args).ok().clone()
+}

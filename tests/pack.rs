@@ -1,0 +1,724 @@
+//! `pack` against real trees: determinism, exclusions, symlinks, special
+//! files, refusals, limits, and round trips through `unpack`.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+fn digest(v: &Value) -> String {
+    v["digest"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn same_tree_same_bytes_whatever_the_umask_owner_and_creation_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    sample_tree(&a);
+    // Build the same tree again in reverse creation order, under another
+    // umask, with other owners.
+    let b = tmp.path().join("b");
+    let script = format!(
+        "umask 077 && mkdir -p {b} && cd {a} && find . -depth -print | sort -r | while read p; do \
+           if [ -L \"$p\" ]; then cp -P \"$p\" {b}/\"$p\"; elif [ -d \"$p\" ]; then mkdir -p {b}/\"$p\"; \
+           else mkdir -p {b}/$(dirname \"$p\") && cp -p \"$p\" {b}/\"$p\"; fi; done && chown -R 1234:5678 {b}",
+        a = a.display(),
+        b = b.display()
+    );
+    let st = Command::new("sh").arg("-c").arg(&script).status().unwrap();
+    assert!(st.success());
+    assert_eq!(snapshot(&a).len(), snapshot(&b).len());
+    let pa = tmp.path().join("a.packet");
+    let pb = tmp.path().join("b.packet");
+    let ra = pack(&a, &pa, &[]);
+    let rb = pack(&b, &pb, &[]);
+    assert_eq!(digest(&ra), digest(&rb));
+    assert_eq!(
+        fs::read(&pa).unwrap(),
+        fs::read(&pb).unwrap(),
+        "byte-identical packets"
+    );
+    assert_eq!(ra["file_sha256"], rb["file_sha256"]);
+}
+
+#[test]
+fn mtimes_are_recorded_unless_zeroed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    sample_tree(&ws);
+    let p1 = tmp.path().join("1.packet");
+    let d1 = digest(&pack(&ws, &p1, &[]));
+    let z1 = digest(&pack(
+        &ws,
+        &tmp.path().join("z1.packet"),
+        &["--zero-mtimes"],
+    ));
+    set_mtime(&ws.join("README.md"), 1_600_000_000_000_000_001);
+    let d2 = digest(&pack(&ws, &tmp.path().join("2.packet"), &[]));
+    let z2 = digest(&pack(
+        &ws,
+        &tmp.path().join("z2.packet"),
+        &["--zero-mtimes"],
+    ));
+    assert_ne!(d1, d2, "an mtime change changes the digest");
+    assert_eq!(z1, z2, "--zero-mtimes addresses content only");
+    // The manifest records nanoseconds, the header whole seconds.
+    let listing = Command::new("tar")
+        .args(["--full-time", "-tvf"])
+        .arg(&p1)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8(listing.stdout).unwrap();
+    assert!(
+        listing.contains("2023-11-14 22:13:20 workspace/README.md"),
+        "{listing}"
+    );
+}
+
+#[test]
+fn round_trip_restores_bytes_modes_and_nanosecond_mtimes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    sample_tree(&ws);
+    let p = tmp.path().join("p.packet");
+    let r = pack(&ws, &p, &[]);
+    let out = tmp.path().join("out");
+    let u = run([
+        "unpack".as_ref(),
+        p.as_os_str(),
+        "--into".as_ref(),
+        out.as_os_str(),
+    ]);
+    assert_eq!(u.ok()["digest"], r["digest"]);
+    assert_eq!(snapshot(&ws), snapshot(&out.join("workspace")));
+    for rel in ["README.md", "data/big.bin", "bin/run.sh"] {
+        let a = fs::metadata(ws.join(rel)).unwrap();
+        let b = fs::metadata(out.join("workspace").join(rel)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            (a.mtime(), a.mtime_nsec()),
+            (b.mtime(), b.mtime_nsec()),
+            "{rel}"
+        );
+    }
+    // pack -> unpack -> pack gives the same digest.
+    let r2 = pack(&out.join("workspace"), &tmp.path().join("p2.packet"), &[]);
+    assert_eq!(digest(&r), digest(&r2));
+}
+
+#[test]
+fn credentials_are_excluded_and_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let secrets = [
+        ".ssh/id_ed25519",
+        ".aws/credentials",
+        ".gnupg/pubring.kbx",
+        ".netrc",
+        "_netrc",
+        ".npmrc",
+        ".pypirc",
+        ".git-credentials",
+        ".pgpass",
+        "keys/id_rsa",
+        "id_dsa",
+        "id_ecdsa",
+        "id_ed25519",
+        "tls/server.pem",
+        "tls/server.key",
+        "a.p12",
+        "a.pfx",
+        ".env",
+        ".env.local",
+        "app/.env.production",
+    ];
+    let kept = [
+        ".env.example",
+        ".env.sample",
+        ".env.template",
+        ".env.dist",
+        ".env.defaults",
+        "id_rsa.pub",
+        "src/key.rs",
+    ];
+    for s in secrets.iter().chain(kept.iter()) {
+        write(&ws, s, b"x");
+    }
+    let h = tmp.path().join("codex");
+    for f in [
+        "auth.json",
+        ".credentials.json",
+        "secrets/token",
+        "sessions/rollout.jsonl",
+        "history.jsonl",
+    ] {
+        write(&h, f, b"{}");
+    }
+    let out = tmp.path().join("p.packet");
+    let r = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--harness",
+        h.to_str().unwrap(),
+        "--harness-kind",
+        "codex",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let v = r.ok();
+    let excluded: Vec<&str> = v["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    for want in [
+        "workspace/.ssh",
+        "workspace/.aws",
+        "workspace/.gnupg",
+        "workspace/.netrc",
+        "workspace/keys/id_rsa",
+        "workspace/tls/server.pem",
+        "workspace/tls/server.key",
+        "workspace/.env",
+        "workspace/.env.local",
+        "workspace/app/.env.production",
+        "harness/auth.json",
+        "harness/.credentials.json",
+        "harness/secrets",
+    ] {
+        assert!(
+            excluded.contains(&want),
+            "{want} not reported in {excluded:?}"
+        );
+    }
+    // Nothing excluded is in the packet; everything kept is.
+    let listing = String::from_utf8(
+        Command::new("tar")
+            .arg("-tf")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    for s in secrets {
+        assert!(
+            !listing.lines().any(|l| l == format!("workspace/{s}")),
+            "{s} leaked"
+        );
+    }
+    assert!(!listing.contains("secrets/token") && !listing.contains("harness/auth.json"));
+    for k in kept {
+        assert!(
+            listing.lines().any(|l| l == format!("workspace/{k}")),
+            "{k} missing"
+        );
+    }
+    assert!(
+        listing
+            .lines()
+            .any(|l| l == "harness/sessions/rollout.jsonl")
+    );
+}
+
+#[test]
+fn user_patterns_and_keep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    for f in [
+        "target/debug/x",
+        "a.log",
+        "sub/b.log",
+        "cert.pem",
+        "src/x.rs",
+    ] {
+        write(&ws, f, b"x");
+    }
+    let out = tmp.path().join("p.packet");
+    let v = pack(
+        &ws,
+        &out,
+        &[
+            "--exclude",
+            "workspace/target",
+            "--exclude",
+            "*.log",
+            "--keep",
+            "*.pem",
+        ],
+    );
+    let ex: Vec<&str> = v["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ex,
+        ["workspace/a.log", "workspace/sub/b.log", "workspace/target"]
+    );
+    assert_eq!(v["excluded"][0]["reason"]["rule"], "excluded");
+    assert_eq!(v["excluded"][0]["reason"]["pattern"], "*.log");
+    let listing = String::from_utf8(
+        Command::new("tar")
+            .arg("-tf")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        listing.contains("workspace/cert.pem"),
+        "--keep lifted the *.pem default"
+    );
+    let bad = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--exclude",
+        "a[",
+    ]);
+    bad.fails(2, "bad_pattern");
+}
+
+#[test]
+fn sqlite_side_files_follow_their_database() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    for f in [
+        "app.db",
+        "app.db-wal",
+        "app.db-shm",
+        "secret.db",
+        "secret.db-wal",
+        "secret.db-journal",
+        "orphan-wal",
+    ] {
+        write(&ws, f, b"x");
+    }
+    let out = tmp.path().join("p.packet");
+    // Excluding the database takes its side files; excluding a side file
+    // alone does not split a kept database from its WAL.
+    let v = pack(&ws, &out, &["--exclude", "secret.db", "--exclude", "*-wal"]);
+    let ex: Vec<(String, String)> = v["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap().to_owned(),
+                e["reason"]["rule"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(ex.contains(&("workspace/secret.db".into(), "excluded".into())));
+    assert!(ex.contains(&("workspace/secret.db-wal".into(), "sqlite_side_file".into())));
+    assert!(ex.contains(&(
+        "workspace/secret.db-journal".into(),
+        "sqlite_side_file".into()
+    )));
+    assert!(ex.contains(&("workspace/orphan-wal".into(), "excluded".into())));
+    let listing = String::from_utf8(
+        Command::new("tar")
+            .arg("-tf")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        listing.contains("workspace/app.db-wal"),
+        "a kept database keeps its WAL: {listing}"
+    );
+    assert!(listing.contains("workspace/app.db-shm"));
+}
+
+#[test]
+fn opencode_database_is_refused_unless_excluded_or_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let h = tmp.path().join("oc");
+    for f in [
+        "opencode.db",
+        "opencode.db-wal",
+        "auth.json",
+        "mcp-auth.json",
+        "storage/session.json",
+    ] {
+        write(&h, f, b"x");
+    }
+    let out = tmp.path().join("p.packet");
+    let base = [
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--harness",
+        h.to_str().unwrap(),
+        "--harness-kind",
+        "opencode",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let r = run(base);
+    let e = r.fails(7, "credential_store");
+    assert_eq!(e["path"], "harness/opencode.db");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("--exclude opencode.db")
+    );
+    assert!(!out.exists(), "no packet written");
+    let mut args = base.to_vec();
+    args.extend(["--exclude", "opencode.db"]);
+    let v = run(&args).ok().clone();
+    let ex: Vec<&str> = v["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        ex.contains(&"harness/opencode.db-wal")
+            && ex.contains(&"harness/auth.json")
+            && ex.contains(&"harness/mcp-auth.json")
+    );
+}
+
+#[test]
+fn symlinks_are_never_followed_and_absolute_ones_into_the_root_are_rebased() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "data.txt", b"data");
+    write(&ws, "sub/deep/x", b"x");
+    let root = ws.display().to_string();
+    let links: &[(&str, String, &str)] = &[
+        ("alias", "sub/deep".into(), "sub/deep"),
+        (
+            "abs",
+            format!("{root}/alias/../data.txt"),
+            "alias/../data.txt",
+        ),
+        ("sub/up", format!("{root}//data.txt"), "../data.txt"),
+        ("sub/deep/dir", format!("{root}/sub/"), "../../sub/"),
+        ("rootlink", root.clone(), "."),
+        ("sibling", format!("{root}2/x"), "__same__"),
+        ("venv-python", "/usr/bin/python3".into(), "/usr/bin/python3"),
+        (
+            "outside",
+            format!("{}/etc", tmp.path().display()),
+            "__same__",
+        ),
+    ];
+    for (at, target, _) in links {
+        symlink(target, ws.join(at)).unwrap();
+    }
+    // A symlinked directory's contents are not packed.
+    symlink("/etc", ws.join("etc-link")).unwrap();
+    let out = tmp.path().join("p.packet");
+    let v = pack(&ws, &out, &[]);
+    let restored = tmp.path().join("r");
+    run([
+        "unpack",
+        out.to_str().unwrap(),
+        "--into",
+        restored.to_str().unwrap(),
+    ])
+    .ok();
+    for (at, target, want) in links {
+        let got = fs::read_link(restored.join("workspace").join(at)).unwrap();
+        let want = if *want == "__same__" {
+            target.as_str()
+        } else {
+            want
+        };
+        assert_eq!(got.to_str().unwrap(), want, "{at}");
+    }
+    assert!(
+        !restored.join("workspace/etc-link/passwd").exists()
+            || fs::symlink_metadata(restored.join("workspace/etc-link"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+    );
+    let ext: Vec<&str> = v["external_symlinks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ext,
+        [
+            "workspace/etc-link",
+            "workspace/outside",
+            "workspace/sibling",
+            "workspace/venv-python"
+        ]
+    );
+    assert_eq!(v["rebased_symlinks"].as_array().unwrap().len(), 4);
+    // --reject-external-symlinks refuses instead, naming the link.
+    let r = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        tmp.path().join("q").to_str().unwrap(),
+        "--reject-external-symlinks",
+    ]);
+    let e = r.fails(7, "external_symlink");
+    assert_eq!(e["path"], "workspace/etc-link");
+}
+
+#[test]
+fn special_files_are_dropped_and_hard_links_become_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"shared");
+    fs::hard_link(ws.join("a"), ws.join("b")).unwrap();
+    nix::unistd::mkfifo(
+        &ws.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(ws.join("sock")).unwrap();
+    nix::sys::stat::mknod(
+        &ws.join("null"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+    let out = tmp.path().join("p.packet");
+    let v = pack(&ws, &out, &[]);
+    let dropped: Vec<(&str, &str)> = v["dropped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["path"].as_str().unwrap(), e["type"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        dropped,
+        [
+            ("workspace/fifo", "fifo"),
+            ("workspace/null", "char_device"),
+            ("workspace/sock", "socket")
+        ]
+    );
+    let r = tmp.path().join("r");
+    run([
+        "unpack",
+        out.to_str().unwrap(),
+        "--into",
+        r.to_str().unwrap(),
+    ])
+    .ok();
+    assert_eq!(fs::read(r.join("workspace/b")).unwrap(), b"shared");
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(
+        fs::metadata(r.join("workspace/a")).unwrap().ino(),
+        fs::metadata(r.join("workspace/b")).unwrap().ino()
+    );
+}
+
+#[test]
+fn refuses_names_that_would_not_restore_everywhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["README", "readme"], "path_collision"),
+        (&["caf\u{e9}", "cafe\u{301}"], "path_collision"),
+        (&["dir/x", "DIR"], "path_collision"),
+        (&["back\\slash"], "invalid_path"),
+        (&["new\nline"], "invalid_path"),
+    ];
+    for (i, (names, kind)) in cases.iter().enumerate() {
+        let ws = tmp.path().join(format!("ws{i}"));
+        for n in *names {
+            write(&ws, n, b"x");
+        }
+        let out = tmp.path().join(format!("{i}.packet"));
+        let r = run([
+            "pack",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let e = r.fails(7, kind);
+        assert!(e["path"].as_str().unwrap().starts_with("workspace/"), "{e}");
+        assert!(!out.exists());
+    }
+    // A name that is not UTF-8.
+    let ws = tmp.path().join("latin1");
+    fs::create_dir_all(&ws).unwrap();
+    use std::os::unix::ffi::OsStrExt;
+    fs::write(ws.join(std::ffi::OsStr::from_bytes(b"caf\xe9")), b"x").unwrap();
+    let r = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        tmp.path().join("l.packet").to_str().unwrap(),
+    ]);
+    r.fails(7, "non_utf8_name");
+}
+
+#[test]
+fn limits_by_flag_and_environment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a/b/c/d.txt", &[b'x'; 2000]);
+    write(&ws, "e.txt", &[b'y'; 2000]);
+    let out = tmp.path().join("p.packet");
+    let o = out.to_str().unwrap();
+    let w = ws.to_str().unwrap();
+    let r = run(["pack", "--workspace", w, "-o", o, "--max-bytes", "3000"]);
+    let e = r.fails(5, "limit_exceeded");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("SESSIONFS_MAX_BYTES")
+    );
+    run_env(
+        ["pack", "--workspace", w, "-o", o],
+        &[("SESSIONFS_MAX_ENTRIES", "4")],
+    )
+    .fails(5, "limit_exceeded");
+    run_env(
+        ["pack", "--workspace", w, "-o", o],
+        &[("SESSIONFS_MAX_PATH_BYTES", "15")],
+    )
+    .fails(5, "limit_exceeded");
+    run([
+        "pack",
+        "--workspace",
+        w,
+        "-o",
+        o,
+        "--max-entries",
+        "99999999999",
+    ])
+    .fails(2, "usage");
+    assert!(!out.exists());
+    // Within limits it packs, and verify enforces the same limits.
+    run(["pack", "--workspace", w, "-o", o]).ok();
+    run(["verify", o, "--max-bytes", "3000"]).fails(5, "limit_exceeded");
+    run_env(["verify", o], &[("SESSIONFS_MAX_ENTRIES", "3")]).fails(5, "limit_exceeded");
+    run(["verify", o]).ok();
+}
+
+#[test]
+fn output_inside_the_workspace_is_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let out = ws.join("self.packet");
+    let v1 = pack(&ws, &out, &[]);
+    // Packing again over the existing packet: neither it nor the temporary
+    // file is taken in.
+    let v2 = pack(&ws, &out, &[]);
+    assert_eq!(v1["digest"], v2["digest"]);
+    let reasons: Vec<&str> = v2["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reason"]["rule"].as_str().unwrap())
+        .collect();
+    assert!(reasons.contains(&"output_file"), "{v2}");
+}
+
+#[test]
+fn missing_or_bad_inputs_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("p.packet");
+    let r = run([
+        "pack",
+        "--workspace",
+        "/nonexistent/ws",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let e = r.fails(6, "io");
+    assert!(e["message"].as_str().unwrap().contains("/nonexistent/ws"));
+    write(tmp.path(), "file", b"x");
+    run([
+        "pack",
+        "--workspace",
+        tmp.path().join("file").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ])
+    .fails(6, "not_a_directory");
+    run(["pack", "-o", out.to_str().unwrap()]).fails(2, "usage");
+    run(["frobnicate"]).fails(2, "usage");
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        "/nonexistent/dir/p.packet",
+    ])
+    .fails(6, "io");
+}
+
+#[test]
+fn help_explains_every_command_with_examples() {
+    for cmd in ["pack", "verify", "inspect", "digest", "unpack"] {
+        let out = Command::new(bin()).args([cmd, "--help"]).output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains("Example"),
+            "{cmd} --help has no example:\n{text}"
+        );
+    }
+}
+
+/// Packs a harness-only tree to check that the harness part is optional
+/// and that its kind is recorded.
+#[test]
+fn harness_part_and_kind_are_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let h = tmp.path().join("h");
+    write(&h, "history.jsonl", b"{}\n");
+    let out = tmp.path().join("p.packet");
+    run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--harness",
+        h.to_str().unwrap(),
+        "--harness-kind",
+        "claude",
+        "-o",
+        out.to_str().unwrap(),
+    ])
+    .ok();
+    let i = run(["inspect", out.to_str().unwrap()]);
+    let v = i.ok();
+    assert_eq!(v["harness"], "claude");
+    assert_eq!(v["parts"], serde_json::json!(["harness", "workspace"]));
+    let only_ws = tmp.path().join("w.packet");
+    pack(&ws, &only_ws, &[]);
+    let v = run(["inspect", only_ws.to_str().unwrap()]).ok().clone();
+    assert_eq!(v["parts"], serde_json::json!(["workspace"]));
+    assert!(v.get("harness").is_none());
+    let _ = Path::new("");
+}

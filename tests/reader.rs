@@ -1,0 +1,631 @@
+//! The strict reader: one crafted packet per refusal, through `verify`,
+//! `unpack`, `inspect` and `digest`, each with its own error kind, and the
+//! target left as it was.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use sessionfs::packet::format::Limits;
+use sessionfs::packet::layout::{Layout, manifest_header};
+use sessionfs::packet::manifest::Manifest;
+
+/// A valid packet of the sample tree, and its bytes.
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    bytes: Vec<u8>,
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_owned();
+    let ws = dir.join("ws");
+    sample_tree(&ws);
+    std::os::unix::fs::symlink("../../../outside", ws.join("src/escape")).unwrap();
+    let p = dir.join("good.packet");
+    pack(&ws, &p, &[]);
+    let bytes = fs::read(&p).unwrap();
+    Fixture {
+        _tmp: tmp,
+        dir,
+        bytes,
+    }
+}
+
+impl Fixture {
+    fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = self.dir.join(name);
+        fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    fn manifest_text(&self) -> String {
+        let size = manifest_size(&self.bytes);
+        String::from_utf8(self.bytes[512..512 + size].to_vec()).unwrap()
+    }
+
+    /// The packet with its manifest replaced by `edit(manifest)`, the rest
+    /// of the members unchanged.
+    fn with_manifest(&self, edit: impl FnOnce(String) -> String) -> Vec<u8> {
+        let size = manifest_size(&self.bytes);
+        let rest = &self.bytes[512 + size.next_multiple_of(512)..];
+        let text = edit(self.manifest_text());
+        let mut out = manifest_header(text.len() as u64).to_vec();
+        out.extend_from_slice(text.as_bytes());
+        out.resize(out.len().next_multiple_of(512), 0);
+        out.extend_from_slice(rest);
+        out
+    }
+
+    fn layout(&self) -> (Manifest, Layout) {
+        let m = Manifest::parse(self.manifest_text().as_bytes(), &Limits::DEFAULT).unwrap();
+        let l = Layout::compute(&m, manifest_size(&self.bytes) as u64);
+        (m, l)
+    }
+
+    /// Offset of the (last) header block of the entry at `path`.
+    fn header_of(&self, path: &str) -> usize {
+        let (m, l) = self.layout();
+        let i = m.entries.iter().position(|e| &*e.path == path).unwrap();
+        (l.data_offset(i, &m.entries[i]) - 512) as usize
+    }
+
+    fn data_of(&self, path: &str) -> usize {
+        let (m, l) = self.layout();
+        let i = m.entries.iter().position(|e| &*e.path == path).unwrap();
+        l.data_offset(i, &m.entries[i]) as usize
+    }
+}
+
+type ManifestEdit = Box<dyn Fn(String) -> String>;
+type ByteEdit = Box<dyn Fn(&mut Vec<u8>)>;
+
+fn manifest_size(bytes: &[u8]) -> usize {
+    let h = tar::Header::from_byte_slice(&bytes[..512]);
+    h.entry_size().unwrap() as usize
+}
+
+/// Recomputes a header's checksum after an edit.
+fn reseal(bytes: &mut [u8], at: usize) {
+    let mut h = tar::Header::new_old();
+    h.as_mut_bytes().copy_from_slice(&bytes[at..at + 512]);
+    h.set_cksum();
+    bytes[at..at + 512].copy_from_slice(h.as_bytes());
+}
+
+/// Every command that reads content refuses `p` with `code`/`kind`, and a
+/// refused unpack leaves no target behind.
+#[track_caller]
+fn refused_everywhere(f: &Fixture, p: &Path, code: i32, kind: &str) {
+    run(["verify", p.to_str().unwrap()]).fails(code, kind);
+    let target = f.dir.join("target-dir");
+    run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        target.to_str().unwrap(),
+    ])
+    .fails(code, kind);
+    assert!(!target.exists(), "a refused unpack created the target");
+    let leftovers: Vec<_> = fs::read_dir(&f.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("sessionfs-unpack"))
+        .collect();
+    assert!(leftovers.is_empty(), "staging left behind: {leftovers:?}");
+}
+
+#[test]
+fn the_good_packet_verifies() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let v = run(["verify", p.to_str().unwrap()]);
+    assert_eq!(v.ok()["valid"], true);
+}
+
+#[test]
+fn manifest_refusals() {
+    let f = fixture();
+    let cases: Vec<(&str, ManifestEdit, i32, &str)> = vec![
+        (
+            "syntax",
+            Box::new(|t| t.replacen("\"entries\":[", "\"entries\":[[", 1)),
+            3,
+            "manifest_syntax",
+        ),
+        (
+            "whitespace",
+            Box::new(|t| t.replacen(",\"entries\"", ", \"entries\"", 1)),
+            3,
+            "manifest_not_canonical",
+        ),
+        (
+            "unknown-field",
+            Box::new(|t| {
+                t.replacen(
+                    "{\"path\":\"workspace\",\"type\":\"dir\"}",
+                    "{\"path\":\"workspace\",\"type\":\"dir\",\"uid\":0}",
+                    1,
+                )
+            }),
+            3,
+            "manifest_unknown_field",
+        ),
+        (
+            "null-field",
+            Box::new(|t| t.replacen("\"type\":\"dir\"}", "\"type\":\"dir\",\"target\":null}", 1)),
+            3,
+            "manifest_null_field",
+        ),
+        (
+            "missing-field",
+            Box::new(|t| {
+                let i = t.find(",\"sha256\"").unwrap();
+                format!("{}{}", &t[..i], &t[i + 76..])
+            }),
+            3,
+            "manifest_missing_field",
+        ),
+        (
+            "absolute",
+            Box::new(|t| t.replace("workspace/README.md", "/workspace/README.md")),
+            3,
+            "invalid_path",
+        ),
+        (
+            "dotdot",
+            Box::new(|t| t.replace("workspace/README.md", "workspace/../README.md")),
+            3,
+            "invalid_path",
+        ),
+        (
+            "dot",
+            Box::new(|t| t.replace("workspace/README.md", "workspace/./README.md")),
+            3,
+            "invalid_path",
+        ),
+        (
+            "empty-component",
+            Box::new(|t| t.replace("workspace/README.md", "workspace//README.md")),
+            3,
+            "invalid_path",
+        ),
+        (
+            "backslash",
+            Box::new(|t| t.replace("workspace/README.md", "workspace/a\\\\README.md")),
+            3,
+            "invalid_path",
+        ),
+        (
+            "control",
+            Box::new(|t| t.replace("workspace/README.md", "workspace/\\u001bREADME.md")),
+            3,
+            "invalid_path",
+        ),
+        (
+            "outside-parts",
+            Box::new(|t| t.replace("workspace/README.md", "etc/README.md")),
+            3,
+            "invalid_path",
+        ),
+        (
+            "unsorted",
+            Box::new(|t| t.replace("workspace/README.md", "workspace/zzz")),
+            3,
+            "not_sorted",
+        ),
+        (
+            "duplicate",
+            Box::new(|t| t.replace("workspace/README.md", "workspace/bin")),
+            3,
+            "duplicate_path",
+        ),
+        (
+            "case-collision",
+            Box::new(|t| t.replace("workspace/README.md", "workspace/Bin")),
+            3,
+            "path_collision",
+        ),
+        (
+            "under-a-file",
+            Box::new(|t| t.replace("\"workspace/emptydir\"", "\"workspace/empty/dir\"")),
+            3,
+            "bad_parent",
+        ),
+        (
+            "under-a-symlink",
+            Box::new(|t| {
+                t.replace(
+                    "\"path\":\"workspace/src\",\"type\":\"dir\"",
+                    "\"path\":\"workspace/link/x\",\"type\":\"dir\"",
+                )
+            }),
+            3,
+            "bad_parent",
+        ),
+        (
+            "bad-type",
+            Box::new(|t| t.replacen("\"type\":\"dir\"", "\"type\":\"fifo\"", 1)),
+            3,
+            "manifest_bad_value",
+        ),
+        (
+            "future-version",
+            Box::new(|t| t.replacen("sessionfs.packet/1", "sessionfs.packet/2", 1)),
+            4,
+            "unsupported_schema",
+        ),
+    ];
+    for (name, edit, code, kind) in cases {
+        let bytes = f.with_manifest(|t| {
+            let out = edit(t.clone());
+            assert_ne!(out, t, "{name}: edit did nothing");
+            out
+        });
+        let p = f.write(&format!("{name}.packet"), &bytes);
+        refused_everywhere(&f, &p, code, kind);
+    }
+}
+
+#[test]
+fn future_versions_are_inspectable_but_never_served() {
+    let f = fixture();
+    let bytes = f.with_manifest(|t| t.replacen("sessionfs.packet/1", "sessionfs.packet/2", 1));
+    let p = f.write("v2.packet", &bytes);
+    let v = run(["inspect", p.to_str().unwrap()]);
+    let v = v.ok();
+    assert_eq!(v["packet_schema"], "sessionfs.packet/2");
+    assert_eq!(v["supported"], false);
+    let e = run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        f.dir.join("x").to_str().unwrap(),
+    ]);
+    let msg = e.fails(4, "unsupported_schema")["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        msg.contains("sessionfs.packet/2") && msg.contains("sessionfs.packet/1"),
+        "{msg}"
+    );
+    // A future layout that moves the schema key is still recognized.
+    let moved = f.with_manifest(|t| {
+        t.replacen(
+            "{\"schema\":\"sessionfs.packet/1\",",
+            "{\"entries\":[],\"schema\":\"sessionfs.packet/3\",",
+            1,
+        )
+    });
+    let p3 = f.write("v3.packet", &moved);
+    run(["verify", p3.to_str().unwrap()]).fails(4, "unsupported_schema");
+    assert_eq!(
+        run(["inspect", p3.to_str().unwrap()]).ok()["packet_schema"],
+        "sessionfs.packet/3"
+    );
+}
+
+#[test]
+fn member_refusals() {
+    let f = fixture();
+    let file_hdr = f.header_of("workspace/README.md");
+    let cases: Vec<(&str, ByteEdit, &str)> = vec![
+        (
+            "hard-link",
+            Box::new(move |b| {
+                b[file_hdr + 156] = b'1';
+                reseal(b, file_hdr)
+            }),
+            "unsupported_member_type",
+        ),
+        (
+            "fifo",
+            Box::new(move |b| {
+                b[file_hdr + 156] = b'6';
+                reseal(b, file_hdr)
+            }),
+            "unsupported_member_type",
+        ),
+        (
+            "char-device",
+            Box::new(move |b| {
+                b[file_hdr + 156] = b'3';
+                reseal(b, file_hdr)
+            }),
+            "unsupported_member_type",
+        ),
+        (
+            "block-device",
+            Box::new(move |b| {
+                b[file_hdr + 156] = b'4';
+                reseal(b, file_hdr)
+            }),
+            "unsupported_member_type",
+        ),
+        (
+            "bad-checksum",
+            Box::new(move |b| b[file_hdr + 10] ^= 1),
+            "bad_header_checksum",
+        ),
+        (
+            "uid",
+            Box::new(move |b| {
+                b[file_hdr + 108..file_hdr + 116].copy_from_slice(b"0001750\0");
+                reseal(b, file_hdr)
+            }),
+            "non_canonical_header",
+        ),
+        (
+            "uname",
+            Box::new(move |b| {
+                b[file_hdr + 265..file_hdr + 269].copy_from_slice(b"root");
+                reseal(b, file_hdr)
+            }),
+            "non_canonical_header",
+        ),
+        (
+            "mode",
+            Box::new(move |b| {
+                b[file_hdr + 100..file_hdr + 108].copy_from_slice(b"0004755\0");
+                reseal(b, file_hdr)
+            }),
+            "non_canonical_header",
+        ),
+        (
+            "mtime",
+            Box::new(move |b| {
+                b[file_hdr + 146] = b'1';
+                reseal(b, file_hdr)
+            }),
+            "non_canonical_header",
+        ),
+        (
+            "renamed",
+            Box::new(move |b| {
+                b[file_hdr + 10] = b'X';
+                reseal(b, file_hdr)
+            }),
+            "member_mismatch",
+        ),
+        (
+            "size",
+            Box::new(move |b| {
+                b[file_hdr + 134] = b'7';
+                reseal(b, file_hdr)
+            }),
+            "size_mismatch",
+        ),
+        (
+            "gnu-magic",
+            Box::new(move |b| {
+                b[file_hdr + 257..file_hdr + 265].copy_from_slice(b"ustar  \0");
+                reseal(b, file_hdr)
+            }),
+            "non_canonical_header",
+        ),
+    ];
+    for (name, edit, kind) in cases {
+        let mut bytes = f.bytes.clone();
+        edit(&mut bytes);
+        let p = f.write(&format!("{name}.packet"), &bytes);
+        refused_everywhere(&f, &p, 3, kind);
+    }
+}
+
+#[test]
+fn content_tampering_is_caught_with_its_range() {
+    let f = fixture();
+    // A byte in the second chunk of the big file.
+    let at = f.data_of("workspace/data/big.bin") + 4 * 1024 * 1024 + 10;
+    let mut bytes = f.bytes.clone();
+    bytes[at] ^= 0xff;
+    let p = f.write("tampered.packet", &bytes);
+    refused_everywhere(&f, &p, 3, "content_mismatch");
+    let e = run(["verify", p.to_str().unwrap()]);
+    let msg = e.json["message"].as_str().unwrap();
+    assert!(
+        msg.contains("workspace/data/big.bin") && msg.contains("4194304..4198401"),
+        "{msg}"
+    );
+    // Padding after a file's data.
+    let mut bytes = f.bytes.clone();
+    let pad = f.data_of("workspace/README.md") + 20;
+    bytes[pad] = 1;
+    let p = f.write("padding.packet", &bytes);
+    refused_everywhere(&f, &p, 3, "bad_padding");
+    // The end marker.
+    let mut bytes = f.bytes.clone();
+    let n = bytes.len();
+    bytes[n - 3] = 1;
+    let p = f.write("end.packet", &bytes);
+    refused_everywhere(&f, &p, 3, "bad_end_marker");
+}
+
+#[test]
+fn truncation_and_trailing_bytes() {
+    let f = fixture();
+    for cut in [
+        f.bytes.len() - 512,
+        f.bytes.len() - 1,
+        f.bytes.len() / 2,
+        1024,
+        700,
+    ] {
+        let p = f.write("cut.packet", &f.bytes[..cut]);
+        refused_everywhere(&f, &p, 3, "truncated");
+    }
+    for extra in [1usize, 512, 1024] {
+        let mut bytes = f.bytes.clone();
+        bytes.extend(std::iter::repeat_n(0u8, extra));
+        let p = f.write("long.packet", &bytes);
+        refused_everywhere(&f, &p, 3, "trailing_bytes");
+    }
+}
+
+#[test]
+fn not_a_packet_at_all() {
+    let f = fixture();
+    let p = f.write("empty.packet", b"");
+    refused_everywhere(&f, &p, 3, "not_a_packet");
+    let p = f.write("text.packet", &[b'a'; 4096]);
+    refused_everywhere(&f, &p, 3, "not_a_packet");
+    // A plain tar whose first member is not the manifest.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.set_path("workspace/x").unwrap();
+    h.set_size(1);
+    h.set_cksum();
+    b.append(&h, &b"x"[..]).unwrap();
+    let p = f.write("plain.packet", &b.into_inner().unwrap());
+    refused_everywhere(&f, &p, 3, "manifest_missing");
+    run(["digest", p.to_str().unwrap()]).fails(3, "manifest_missing");
+    run(["verify", f.dir.join("nope.packet").to_str().unwrap()]).fails(6, "io");
+}
+
+#[test]
+fn digest_checks() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let d = run(["digest", p.to_str().unwrap()]).ok()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    run(["verify", p.to_str().unwrap(), "--digest", &d]).ok();
+    let other = format!("sha256:{}", "0".repeat(64));
+    run(["verify", p.to_str().unwrap(), "--digest", &other]).fails(3, "digest_mismatch");
+    let target = f.dir.join("t");
+    run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        target.to_str().unwrap(),
+        "--digest",
+        &other,
+    ])
+    .fails(3, "digest_mismatch");
+    assert!(!target.exists());
+    run(["verify", p.to_str().unwrap(), "--digest", "sha256:xyz"]).fails(2, "usage");
+}
+
+#[test]
+fn strict_symlinks_refuse_escapes() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let target = f.dir.join("strict");
+    let e = run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        target.to_str().unwrap(),
+        "--strict-symlinks",
+    ]);
+    assert_eq!(
+        e.fails(3, "symlink_escapes")["path"],
+        "workspace/src/escape"
+    );
+    assert!(!target.exists());
+    // Without the flag it restores, link verbatim.
+    run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        target.to_str().unwrap(),
+    ])
+    .ok();
+    assert_eq!(
+        fs::read_link(target.join("workspace/src/escape"))
+            .unwrap()
+            .to_str(),
+        Some("../../../outside")
+    );
+}
+
+#[test]
+fn unpack_targets() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let busy = f.dir.join("busy");
+    write(&busy, "keep.txt", b"mine");
+    run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        busy.to_str().unwrap(),
+    ])
+    .fails(7, "target_unusable");
+    assert_eq!(fs::read(busy.join("keep.txt")).unwrap(), b"mine");
+    // An empty directory is fine, and --part restores one part as the root.
+    let empty = f.dir.join("empty");
+    fs::create_dir(&empty).unwrap();
+    run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        empty.to_str().unwrap(),
+        "--part",
+        "workspace",
+    ])
+    .ok();
+    assert_eq!(fs::read(empty.join("README.md")).unwrap(), b"# sample\n");
+    // A symlink as target is refused, not followed.
+    let link = f.dir.join("link-target");
+    std::os::unix::fs::symlink(&empty, &link).unwrap();
+    run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        link.to_str().unwrap(),
+    ])
+    .fails(7, "target_unusable");
+    run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        f.dir.join("h").to_str().unwrap(),
+        "--part",
+        "harness",
+    ])
+    .fails(7, "target_unusable");
+}
+
+/// Every single-byte change outside the manifest makes verification fail:
+/// the manifest implies every other byte. (Inside the manifest, any change
+/// changes the digest.)
+#[test]
+fn every_byte_outside_the_manifest_is_checked() {
+    let f = fixture();
+    let start = 512 + manifest_size(&f.bytes).next_multiple_of(512);
+    // Sample offsets across the whole file: headers, data, padding, end.
+    let mut offsets: Vec<usize> = (start..f.bytes.len()).step_by(16381).collect();
+    offsets.extend([f.bytes.len() - 1, f.bytes.len() - 1024]);
+    // Every header: first name byte, mode, size, mtime, typeflag, checksum,
+    // magic, the last padding byte, and the first and last content bytes.
+    let (m, l) = f.layout();
+    for (i, e) in m.entries.iter().enumerate() {
+        let h = (l.data_offset(i, e) - 512) as usize;
+        offsets.extend([
+            h,
+            h + 101,
+            h + 130,
+            h + 140,
+            h + 150,
+            h + 156,
+            h + 258,
+            h + 511,
+        ]);
+        if e.size() > 0 {
+            offsets.extend([h + 512, h + 511 + e.size() as usize]);
+        }
+    }
+    for at in offsets {
+        let mut bytes = f.bytes.clone();
+        bytes[at] ^= 0x20;
+        let p = f.write("flip.packet", &bytes);
+        let r = run(["verify", p.to_str().unwrap()]);
+        assert_eq!(r.code, 3, "flipping byte {at} went unnoticed: {}", r.json);
+    }
+}
