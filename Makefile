@@ -43,6 +43,7 @@ fuzz:
 	scripts/fuzz.sh
 
 bench-pack: release
+	$(CARGO) build --release --bin sessionfs-bench
 	scripts/bench/pack.sh
 
 clean:

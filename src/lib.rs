@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod output;
 pub mod packet;
 pub mod restore;
 pub mod source;

@@ -82,6 +82,26 @@ fn open_beneath_by_components(
     openat(base, *last, flags, mode).map_err(io::Error::from)
 }
 
+/// Reserves the blocks of the first `len` bytes of `file` (fallocate), so a
+/// full disk is reported before writing starts. A filesystem that cannot
+/// reserve is not an error.
+pub fn reserve(file: &std::fs::File, len: u64) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::fcntl::{FallocateFlags, fallocate};
+        let len = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        match fallocate(file, FallocateFlags::FALLOC_FL_KEEP_SIZE, 0, len) {
+            Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, len);
+        Ok(())
+    }
+}
+
 /// The file type bits of a stat.
 pub fn file_type(st: &FileStat) -> SFlag {
     SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())

@@ -10,6 +10,5 @@ pub mod path;
 pub mod reader;
 pub mod resolve;
 pub mod verify;
-pub mod writer;
 
 pub use error::{Error, Result};

@@ -19,13 +19,13 @@ use serde::Serialize;
 use super::error::Error;
 use super::policy::Policy;
 use super::walk::{FoundFile, FoundKind, Root, ScanOptions, ScanReport, scan};
+use crate::output::Output;
 use crate::packet::digest::{ContentHasher, Digest, Sha256};
 use crate::packet::format::{HarnessKind, Limits, chunk_count};
 use crate::packet::layout::{self, Layout};
 use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::Part;
-use crate::packet::reader::{BATCH_BYTES, hash_file};
-use crate::packet::writer::Output;
+use crate::packet::reader::BATCH_BYTES;
 use crate::sys;
 
 /// What to pack.
@@ -156,9 +156,9 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         }
     }
     tracing::debug!(elapsed = ?t.elapsed(), "content written");
-    let (_, digest) = output.write_manifest(&manifest, manifest_len)?;
-    let file_sha256 = hash_file(output.file(), layout.total_len(), &|_| {})?;
-    tracing::debug!(elapsed = ?t.elapsed(), "file hashed");
+    let digest = output.write_manifest(&manifest, manifest_len)?;
+    let file_sha256 = output.hash_and_sync(layout.total_len())?;
+    tracing::debug!(elapsed = ?t.elapsed(), "file hashed and synced");
     output.commit(opts.mode)?;
     tracing::debug!(elapsed = ?t.elapsed(), "committed");
 
@@ -237,20 +237,22 @@ impl BatchWriter<'_> {
         buf: &mut Vec<u8>,
     ) -> Result<(Sha256, Vec<Sha256>), Error> {
         let e = &self.manifest.entries[i];
-        let mut headers = Vec::new();
-        layout::write_entry_headers(e, &mut headers);
-        self.output
-            .write_at(&headers, self.layout.member_start(i))?;
+        buf.clear();
+        layout::write_entry_headers(e, buf);
+        self.output.write_at(buf, self.layout.member_start(i))?;
         let mut file = self.open(&e.path, src)?;
         let mut h = ContentHasher::new(src.size);
         let base = self.layout.data_offset(i, e);
-        buf.resize(BATCH_BYTES as usize, 0);
         let mut done = 0;
         while done < src.size {
             let n = (src.size - done).min(BATCH_BYTES) as usize;
-            read_exact(&mut file, &mut buf[..n], &e.path)?;
-            h.update(&buf[..n]);
-            self.output.write_at(&buf[..n], base + done)?;
+            buf.clear();
+            buf.resize(n, 0);
+            read_exact(&mut file, buf, &e.path)?;
+            h.update(buf);
+            // The last piece carries the member's zero padding.
+            buf.resize(n.next_multiple_of(512), 0);
+            self.output.write_at(buf, base + done)?;
             done += n as u64;
             (self.progress)(n as u64);
         }

@@ -8,10 +8,12 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag, readlinkat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use super::error::Error;
@@ -211,40 +213,94 @@ pub struct Scan {
     pub report: ScanReport,
 }
 
-/// Walks each `(part, dir)`.
+/// Walks each `(part, dir)`: directories of one depth are read in parallel,
+/// level by level; limits are counted across all of them as they go.
 pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, Error> {
     let mut roots = Vec::new();
     for (part, dir) in parts {
         roots.push(Root::open(*part, dir)?);
     }
-    let mut walker = Walker {
+    let walker = Walker {
         opts,
-        found: Vec::new(),
-        report: ScanReport::default(),
-        bytes: 0,
+        roots: &roots,
+        entries: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
     };
+    let mut found = Vec::new();
+    let mut report = ScanReport::default();
+    let mut level = Vec::new();
     for (k, root) in roots.iter().enumerate() {
-        walker.walk(k, root)?;
+        let name = root.part.as_str().to_owned();
+        walker.count(&name, 0)?;
+        found.push(Found {
+            path: name.clone(),
+            kind: FoundKind::Dir,
+        });
+        level.push(DirTask {
+            root: k,
+            rel: PathBuf::new(),
+            ppath: name,
+            depth: 0,
+        });
+    }
+    while !level.is_empty() {
+        let outs: Vec<DirOut> = level
+            .into_par_iter()
+            .map(|t| walker.visit(t))
+            .collect::<Result<_, Error>>()?;
+        level = Vec::new();
+        for o in outs {
+            found.extend(o.found);
+            report.merge(o.report);
+            level.extend(o.subdirs);
+        }
     }
     // Reports in path order, so results are deterministic too.
-    let r = &mut walker.report;
-    r.excluded.sort_by(|a, b| a.path.cmp(&b.path));
-    r.dropped.sort_by(|a, b| a.path.cmp(&b.path));
-    r.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-    r.rebased_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-    r.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
+    report.excluded.sort_by(|a, b| a.path.cmp(&b.path));
+    report.dropped.sort_by(|a, b| a.path.cmp(&b.path));
+    report.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+    report.rebased_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+    report.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(Scan {
         roots,
-        found: walker.found,
-        report: walker.report,
+        found,
+        report,
     })
+}
+
+impl ScanReport {
+    fn merge(&mut self, o: ScanReport) {
+        self.excluded.extend(o.excluded);
+        self.dropped.extend(o.dropped);
+        self.external_symlinks.extend(o.external_symlinks);
+        self.rebased_symlinks.extend(o.rebased_symlinks);
+        self.clamped_mtimes.extend(o.clamped_mtimes);
+    }
 }
 
 struct Walker<'o, 'p> {
     opts: &'o ScanOptions<'p>,
+    roots: &'o [Root],
+    /// Entries found so far, across threads.
+    entries: AtomicU64,
+    /// Content bytes found so far.
+    bytes: AtomicU64,
+}
+
+/// A directory to read.
+struct DirTask {
+    root: usize,
+    rel: PathBuf,
+    ppath: String,
+    depth: usize,
+}
+
+/// What reading one directory found.
+#[derive(Default)]
+struct DirOut {
     found: Vec<Found>,
     report: ScanReport,
-    bytes: u64,
+    subdirs: Vec<DirTask>,
 }
 
 /// One name read from a directory, with its stat when needed.
@@ -255,122 +311,137 @@ struct Child {
 }
 
 impl Walker<'_, '_> {
-    fn push(&mut self, path: String, kind: FoundKind) -> Result<(), Error> {
+    /// Counts one entry of `size` content bytes against the limits.
+    fn count(&self, path: &str, size: u64) -> Result<(), Error> {
         let limits = &self.opts.limits;
-        if self.found.len() as u64 >= limits.max_entries {
-            return Err(LimitKind::Entries
-                .exceeded(self.found.len() as u64 + 1, limits, Some(&path))
-                .into());
+        let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
+        if n > limits.max_entries {
+            return Err(LimitKind::Entries.exceeded(n, limits, Some(path)).into());
         }
-        if let FoundKind::File(f) = &kind {
-            self.bytes = self.bytes.saturating_add(f.size);
-            if self.bytes > limits.max_bytes {
-                return Err(LimitKind::Bytes
-                    .exceeded(self.bytes, limits, Some(&path))
-                    .into());
+        if size > 0 {
+            let b = self
+                .bytes
+                .fetch_add(size, Ordering::Relaxed)
+                .saturating_add(size);
+            if b > limits.max_bytes {
+                return Err(LimitKind::Bytes.exceeded(b, limits, Some(path)).into());
             }
         }
-        self.found.push(Found { path, kind });
         Ok(())
     }
 
-    fn walk(&mut self, k: usize, root: &Root) -> Result<(), Error> {
+    /// Reads one directory: its entries, and the subdirectories to visit.
+    fn visit(&self, task: DirTask) -> Result<DirOut, Error> {
+        let root = &self.roots[task.root];
         let part = root.part;
-        self.push(part.as_str().to_owned(), FoundKind::Dir)?;
-        // (relative dir, packet path, depth below the root)
-        let mut stack: Vec<(PathBuf, String, usize)> =
-            vec![(PathBuf::new(), part.as_str().to_owned(), 0)];
-        while let Some((rel, ppath, depth)) = stack.pop() {
-            let shown = root.dir.join(&rel);
-            let fd = sys::open_beneath(
-                root.fd.as_fd(),
-                &rel,
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-                Mode::empty(),
-            )
-            .map_err(|e| Error::io(&shown, "cannot open directory", e))?;
-            let children = self.read_dir(fd, &shown, &ppath)?;
-            let (dirfd, children) = children;
-            let verdicts = self.judge_all(part, &ppath, &children);
-            for (child, verdict) in children.iter().zip(verdicts) {
-                let cpath = format!("{ppath}/{}", child.name);
-                let crel = rel.join(&child.name);
-                let kind_name = if child.ty == SFlag::S_IFDIR {
-                    "dir"
-                } else {
-                    "file"
-                };
-                match verdict {
-                    Verdict::Include => {}
-                    Verdict::Exclude(reason) => {
-                        tracing::debug!(path = %cpath, ?reason, "excluded");
-                        self.report.excluded.push(Excluded {
+        let DirTask {
+            rel, ppath, depth, ..
+        } = task;
+        let mut out = DirOut::default();
+        let shown = root.dir.join(&rel);
+        let fd = sys::open_beneath(
+            root.fd.as_fd(),
+            &rel,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::io(&shown, "cannot open directory", e))?;
+        let (dirfd, children) = self.read_dir(fd, &shown, &ppath)?;
+        let verdicts = self.judge_all(part, &ppath, &children);
+        for (child, verdict) in children.iter().zip(verdicts) {
+            let cpath = format!("{ppath}/{}", child.name);
+            let crel = rel.join(&child.name);
+            let kind_name = if child.ty == SFlag::S_IFDIR {
+                "dir"
+            } else {
+                "file"
+            };
+            match verdict {
+                Verdict::Include => {}
+                Verdict::Exclude(reason) => {
+                    tracing::debug!(path = %cpath, ?reason, "excluded");
+                    out.report.excluded.push(Excluded {
+                        path: cpath,
+                        kind: kind_name,
+                        reason,
+                    });
+                    continue;
+                }
+                Verdict::Refuse(reason) => {
+                    return Err(Error::Refused {
+                        path: cpath,
+                        kind: "credential_store",
+                        reason,
+                    });
+                }
+            }
+            check_path(&cpath, &self.opts.limits).map_err(Error::from_validation)?;
+            match child.ty {
+                SFlag::S_IFDIR => {
+                    self.count(&cpath, 0)?;
+                    out.found.push(Found {
+                        path: cpath.clone(),
+                        kind: FoundKind::Dir,
+                    });
+                    out.subdirs.push(DirTask {
+                        root: task.root,
+                        rel: crel,
+                        ppath: cpath,
+                        depth: depth + 1,
+                    });
+                }
+                SFlag::S_IFREG => {
+                    let Some(st) = child.st else { continue };
+                    if self.opts.skip.contains(&sys::dev_ino(&st)) {
+                        out.report.excluded.push(Excluded {
                             path: cpath,
-                            kind: kind_name,
-                            reason,
+                            kind: "file",
+                            reason: Reason::OutputFile,
                         });
                         continue;
                     }
-                    Verdict::Refuse(reason) => {
+                    let file = self.file(task.root, crel, &cpath, &st, &mut out.report)?;
+                    self.count(&cpath, file.size)?;
+                    out.found.push(Found {
+                        path: cpath,
+                        kind: FoundKind::File(file),
+                    });
+                }
+                SFlag::S_IFLNK => {
+                    let target = readlinkat(dirfd.as_fd(), child.name.as_str()).map_err(|e| {
+                        Error::io(&shown.join(&child.name), "cannot read symlink", e.into())
+                    })?;
+                    let Some(target) = target.to_str() else {
                         return Err(Error::Refused {
                             path: cpath,
-                            kind: "credential_store",
-                            reason,
+                            kind: "non_utf8_target",
+                            reason: format!(
+                                "symlink target `{}` is not UTF-8; packets hold UTF-8 only",
+                                target.to_string_lossy()
+                            ),
                         });
-                    }
+                    };
+                    let stored = self.link(root, depth, &cpath, target, &mut out.report)?;
+                    self.count(&cpath, 0)?;
+                    out.found.push(Found {
+                        path: cpath,
+                        kind: FoundKind::Symlink(stored),
+                    });
                 }
-                check_path(&cpath, &self.opts.limits).map_err(Error::from_validation)?;
-                match child.ty {
-                    SFlag::S_IFDIR => {
-                        self.push(cpath.clone(), FoundKind::Dir)?;
-                        stack.push((crel, cpath, depth + 1));
-                    }
-                    SFlag::S_IFREG => {
-                        let Some(st) = child.st else { continue };
-                        if self.opts.skip.contains(&sys::dev_ino(&st)) {
-                            self.report.excluded.push(Excluded {
-                                path: cpath,
-                                kind: "file",
-                                reason: Reason::OutputFile,
-                            });
-                            continue;
-                        }
-                        let file = self.file(k, crel, &cpath, &st)?;
-                        self.push(cpath, FoundKind::File(file))?;
-                    }
-                    SFlag::S_IFLNK => {
-                        let target =
-                            readlinkat(dirfd.as_fd(), child.name.as_str()).map_err(|e| {
-                                Error::io(&shown.join(&child.name), "cannot read symlink", e.into())
-                            })?;
-                        let Some(target) = target.to_str() else {
-                            return Err(Error::Refused {
-                                path: cpath,
-                                kind: "non_utf8_target",
-                                reason: format!(
-                                    "symlink target `{}` is not UTF-8; packets hold UTF-8 only",
-                                    target.to_string_lossy()
-                                ),
-                            });
-                        };
-                        let stored = self.link(root, depth, &cpath, target)?;
-                        self.push(cpath, FoundKind::Symlink(stored))?;
-                    }
-                    other => {
-                        let kind = match other {
-                            SFlag::S_IFIFO => "fifo",
-                            SFlag::S_IFSOCK => "socket",
-                            SFlag::S_IFCHR => "char_device",
-                            SFlag::S_IFBLK => "block_device",
-                            _ => "unknown",
-                        };
-                        tracing::debug!(path = %cpath, kind, "dropped special file");
-                        self.report.dropped.push(Dropped { path: cpath, kind });
-                    }
+                other => {
+                    let kind = match other {
+                        SFlag::S_IFIFO => "fifo",
+                        SFlag::S_IFSOCK => "socket",
+                        SFlag::S_IFCHR => "char_device",
+                        SFlag::S_IFBLK => "block_device",
+                        _ => "unknown",
+                    };
+                    tracing::debug!(path = %cpath, kind, "dropped special file");
+                    out.report.dropped.push(Dropped { path: cpath, kind });
                 }
             }
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Reads every name of a directory (UTF-8 only) with the stat each needs.
@@ -469,11 +540,12 @@ impl Walker<'_, '_> {
     }
 
     fn file(
-        &mut self,
+        &self,
         root: usize,
         rel: PathBuf,
         path: &str,
         st: &FileStat,
+        report: &mut ScanReport,
     ) -> Result<FoundFile, Error> {
         let size = st.st_size as u64;
         if size > MAX_FILE_SIZE {
@@ -491,7 +563,7 @@ impl Walker<'_, '_> {
         } else {
             let clamped = seen.clamp(0, i128::from(MAX_MTIME_NS));
             if clamped != seen {
-                self.report.clamped_mtimes.push(Clamped {
+                report.clamped_mtimes.push(Clamped {
                     path: path.into(),
                     mtime_ns: seen.to_string(),
                     recorded_ns: clamped as u64,
@@ -512,16 +584,17 @@ impl Walker<'_, '_> {
     }
 
     fn link(
-        &mut self,
+        &self,
         root: &Root,
         depth: usize,
         path: &str,
         target: &str,
+        report: &mut ScanReport,
     ) -> Result<String, Error> {
         let (stored, class) = rebase(target, depth, &root.spellings);
         match class {
             LinkClass::Internal => {}
-            LinkClass::Rebased => self.report.rebased_symlinks.push(Rebased {
+            LinkClass::Rebased => report.rebased_symlinks.push(Rebased {
                 path: path.into(),
                 from: target.into(),
                 to: stored.clone(),
@@ -536,7 +609,7 @@ impl Walker<'_, '_> {
                     ),
                 });
             }
-            LinkClass::External => self.report.external_symlinks.push(Link {
+            LinkClass::External => report.external_symlinks.push(Link {
                 path: path.into(),
                 target: stored.clone(),
             }),

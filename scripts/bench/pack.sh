@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# make bench-pack: pack and verify throughput on corpus S (100,000 files,
+# about 1 GiB, warm page cache) next to `tar -cf - | sha256sum` on the same
+# tree, in one run. Prints a markdown table; results in .bench/pack.jsonl.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+files=${BENCH_FILES:-100000}
+runs=${BENCH_RUNS:-5}
+dir=.bench
+bin=$PWD/target/release/sessionfs
+tool=$PWD/target/release/sessionfs-bench
+mkdir -p "$dir"
+corpus="$dir/S-$files"
+[ -d "$corpus" ] || "$tool" corpus --kind s --count "$files" --out "$corpus"
+out="$dir/pack.jsonl"; rm -f "$out"
+bytes=$(du -sb --apparent-size "$corpus" | cut -f1)
+warm="cat /dev/null" # the warm-up run fills the page cache
+m() { "$tool" measure --out "$out" --runs "$runs" --bytes "$bytes" --prepare "$warm" "$@"; }
+m --name "pack S" --tool "sessionfs pack" --cmd "$bin pack --workspace $corpus -o $dir/s.packet"
+m --name "pack S" --tool "tar -cf - | sha256sum" --cmd "tar -cf - -C $corpus . | sha256sum"
+m --name "pack S" --tool "tar -cf FILE && sha256sum FILE" --cmd "tar -cf $dir/s.tar -C $corpus . && sha256sum $dir/s.tar"
+m --name "verify S" --tool "sessionfs verify" --cmd "$bin verify $dir/s.packet"
+m --name "verify S" --tool "tar -cf - | sha256sum" --cmd "tar -cf - -C $corpus . | sha256sum"
+m --name "verify S" --tool "sha256sum FILE" --cmd "sha256sum $dir/s.tar"
+rm -f "$dir/s.tar"
+"$tool" report "$out" --baseline "tar -cf - | sha256sum"
