@@ -102,6 +102,24 @@ pub fn reserve(file: &std::fs::File, len: u64) -> io::Result<()> {
     }
 }
 
+/// `fallocate(2)` with raw `mode` flags (Linux); `EOPNOTSUPP` elsewhere.
+pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::fcntl::FallocateFlags;
+        let flags = FallocateFlags::from_bits(mode)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
+        let off = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        let len = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        nix::fcntl::fallocate(file, flags, off, len).map_err(io::Error::from)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, mode, offset, len);
+        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    }
+}
+
 /// The file type bits of a stat.
 pub fn file_type(st: &FileStat) -> SFlag {
     SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())

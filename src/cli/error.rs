@@ -23,6 +23,9 @@ pub mod exit {
     /// The input or destination was refused (names, collisions,
     /// credentials, external symlinks, a non-empty target).
     pub const REFUSED: u8 = 7;
+    /// A mount could not be made or reached (FUSE unavailable, mountpoint
+    /// unusable or busy, no daemon serving it).
+    pub const MOUNT: u8 = 8;
 }
 
 /// An error as printed: `sessionfs.error/1` on stdout, a line on stderr.
@@ -39,6 +42,9 @@ pub struct CliError {
     pub hint: &'static str,
     /// The process exit code.
     pub exit_code: u8,
+    /// An error object received whole (from a daemon), printed as is.
+    #[serde(skip)]
+    pub relayed: Option<Box<serde_json::Value>>,
 }
 
 impl CliError {
@@ -74,6 +80,10 @@ impl CliError {
                 exit::REFUSED,
                 "the input or destination holds something sessionfs will not take; the message says what and how to proceed",
             ),
+            Some(ErrorClass::Mount) => (
+                exit::MOUNT,
+                "check that fuse3 is installed, /dev/fuse exists and you may mount (root, or fusermount3), and that the mountpoint is an empty directory not already mounted",
+            ),
         };
         CliError {
             kind: kind.to_owned(),
@@ -81,6 +91,23 @@ impl CliError {
             path,
             hint,
             exit_code,
+            relayed: None,
+        }
+    }
+
+    /// An error object from a daemon, to print unchanged.
+    pub fn relayed(v: serde_json::Value) -> CliError {
+        let exit_code = v["exit_code"]
+            .as_u64()
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(exit::INTERNAL);
+        CliError {
+            kind: v["kind"].as_str().unwrap_or("internal").to_owned(),
+            message: v["message"].as_str().unwrap_or("").to_owned(),
+            path: v["path"].as_str().map(str::to_owned),
+            hint: "",
+            exit_code,
+            relayed: Some(Box::new(v)),
         }
     }
 
@@ -104,6 +131,17 @@ impl From<crate::packet::Error> for CliError {
 impl From<crate::source::Error> for CliError {
     fn from(e: crate::source::Error) -> CliError {
         CliError::new(e.class(), e.kind(), chain(&e), e.path().map(str::to_owned))
+    }
+}
+
+impl From<crate::overlay::Error> for CliError {
+    fn from(e: crate::overlay::Error) -> CliError {
+        let path = match &e {
+            crate::overlay::Error::Packet(p) => p.entry_path().map(str::to_owned),
+            crate::overlay::Error::Corrupt { path, .. } => Some(path.clone()),
+            _ => None,
+        };
+        CliError::new(Some(e.class()), e.kind(), chain(&e), path)
     }
 }
 

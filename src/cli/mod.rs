@@ -5,8 +5,11 @@ mod args;
 mod digest;
 pub mod error;
 mod inspect;
+mod mount;
 mod pack;
 mod progress;
+mod status;
+mod umount;
 mod unpack;
 mod verify;
 
@@ -22,12 +25,13 @@ const AFTER_HELP: &str = "\
 Every command prints exactly one JSON object on stdout (`schema` names its \
 version) and logs to stderr. Exit codes: 0 ok, 1 internal error, 2 usage, \
 3 invalid or tampered packet, 4 unsupported packet version, 5 limit \
-exceeded, 6 I/O error, 7 refused input.
+exceeded, 6 I/O error, 7 refused input, 8 mount failed.
 
 Examples:
   sessionfs pack --workspace ./repo -o session.packet
   sessionfs verify session.packet --digest sha256:…
-  sessionfs unpack session.packet --into ./restored";
+  sessionfs unpack session.packet --into ./restored
+  sessionfs mount session.packet /workspace --upper ./upper --part workspace && agent";
 
 /// sessionfs: deterministic, verified session packets for AI coding agents.
 #[derive(Parser, Debug)]
@@ -47,30 +51,42 @@ enum Command {
     Inspect(inspect::Args),
     Digest(digest::Args),
     Unpack(unpack::Args),
+    Mount(mount::Args),
+    Umount(umount::Args),
+    Status(status::Args),
 }
 
-/// What a subcommand returns: the result object's schema name and fields.
-pub struct Output {
-    schema: &'static str,
-    fields: Map<String, Value>,
-}
+/// What a subcommand returns: its one result object, or word that it has
+/// already printed it (a foreground mount prints when ready, then serves).
+pub struct Output(Option<Value>);
 
 impl Output {
     /// A result of `schema` (e.g. `sessionfs.pack-result/1`) from a
     /// serializable struct whose fields become the object's fields.
     pub fn new(schema: &'static str, body: impl serde::Serialize) -> Output {
-        let fields = match serde_json::to_value(body) {
-            Ok(Value::Object(m)) => m,
-            _ => Map::new(),
-        };
-        Output { schema, fields }
+        let mut m = Map::new();
+        m.insert("schema".into(), Value::String(schema.into()));
+        if let Ok(Value::Object(fields)) = serde_json::to_value(body) {
+            m.extend(fields);
+        }
+        Output(Some(Value::Object(m)))
     }
 
-    fn into_value(self) -> Value {
-        let mut m = Map::new();
-        m.insert("schema".into(), Value::String(self.schema.into()));
-        m.extend(self.fields);
-        Value::Object(m)
+    /// A result object received whole (from a daemon).
+    pub fn raw(v: Value) -> Output {
+        Output(Some(v))
+    }
+
+    /// The result was printed already.
+    pub fn printed() -> Output {
+        Output(None)
+    }
+}
+
+/// Prints a result object now (for commands that keep running after it).
+pub fn print_output(out: Output) {
+    if let Some(v) = out.0 {
+        print_json(&v);
     }
 }
 
@@ -91,10 +107,13 @@ pub fn main() -> ExitCode {
         Command::Inspect(a) => inspect::run(a),
         Command::Digest(a) => digest::run(a),
         Command::Unpack(a) => unpack::run(a),
+        Command::Mount(a) => mount::run(a),
+        Command::Umount(a) => umount::run(a),
+        Command::Status(a) => status::run(a),
     };
     match result {
         Ok(out) => {
-            print_json(&out.into_value());
+            print_output(out);
             ExitCode::from(exit::OK)
         }
         Err(e) => report(e),
@@ -105,6 +124,10 @@ pub fn main() -> ExitCode {
 pub fn report(e: CliError) -> ExitCode {
     tracing::error!("{}", e.message);
     let code = e.exit_code;
+    if let Some(raw) = &e.relayed {
+        print_json(raw);
+        return ExitCode::from(code);
+    }
     let mut v = serde_json::to_value(&e).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         let mut ordered = Map::new();

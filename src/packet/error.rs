@@ -23,6 +23,9 @@ pub enum ErrorClass {
     /// a name that is not UTF-8, a path collision, an external symlink under
     /// `--reject-external-symlinks`, a credential store.
     Refused,
+    /// A mount could not be made or reached: FUSE unavailable, mountpoint
+    /// unusable, no daemon serving it.
+    Mount,
 }
 
 /// A packet-layer error.

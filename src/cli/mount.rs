@@ -1,0 +1,305 @@
+//! `sessionfs mount`: serve a packet with a copy-on-write upper directory.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::Output;
+use super::args::{LimitArgs, parse_digest};
+use super::error::CliError;
+use crate::fuse::{control, daemon};
+use crate::overlay::{Options, Overlay};
+use crate::packet::digest::Digest;
+use crate::packet::error::ErrorClass;
+use crate::packet::path::Part;
+use crate::packet::reader::Packet;
+
+/// Mount a packet read-only with a copy-on-write upper directory.
+///
+/// Checks the manifest (and --digest) in time proportional to the manifest,
+/// replays the upper directory's journal, mounts, and returns once the
+/// mount is ready, leaving a daemon serving it (so `sessionfs mount … &&
+/// agent` works). File content is verified lazily, chunk by chunk, as it is
+/// read. Every change goes to the upper directory; the packet is never
+/// modified. Unmount with `sessionfs umount MOUNTPOINT` (or SIGTERM to the
+/// daemon, or fusermount3 -u).
+///
+/// Examples:
+///   sessionfs mount session.packet /workspace --upper /var/lib/s/upper --part workspace
+///   sessionfs mount session.packet ./mnt --upper ./upper --digest sha256:… --foreground
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The packet file.
+    packet: PathBuf,
+    /// An empty directory to mount on.
+    mountpoint: PathBuf,
+    /// The upper directory (created if absent; must belong to this packet).
+    #[arg(long, value_name = "DIR")]
+    upper: PathBuf,
+    /// Require this packet digest.
+    #[arg(long, value_parser = parse_digest)]
+    digest: Option<Digest>,
+    /// Mount one part as the root (what a pod wants at /workspace).
+    #[arg(long, value_enum)]
+    part: Option<PartArg>,
+    /// Owner shown for the packet's files (default: the mounting user).
+    #[arg(long, value_name = "N")]
+    uid: Option<u32>,
+    /// Group shown for the packet's files (default: the mounting group).
+    #[arg(long, value_name = "N")]
+    gid: Option<u32>,
+    /// Let other users use the mount (needs root, or user_allow_other in /etc/fuse.conf).
+    #[arg(long)]
+    allow_other: bool,
+    /// Serve in this process until unmounted, instead of returning once ready.
+    #[arg(long)]
+    foreground: bool,
+    /// FUSE dispatch threads.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    threads: usize,
+    /// Internal: this process is the daemon started by `mount`.
+    #[arg(long, hide = true)]
+    daemon_child: bool,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum PartArg {
+    Workspace,
+    Harness,
+}
+
+#[derive(Serialize)]
+struct MountResult {
+    mountpoint: PathBuf,
+    packet: PathBuf,
+    digest: Digest,
+    upper: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    part: Option<Part>,
+    pid: u32,
+    control_socket: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log: Option<PathBuf>,
+    uid: u32,
+    gid: u32,
+    entries: u64,
+    replayed_records: u64,
+    seconds: f64,
+}
+
+fn mount_error(kind: &str, message: String, path: &Path) -> CliError {
+    CliError::new(
+        Some(ErrorClass::Mount),
+        kind,
+        message,
+        Some(path.display().to_string()),
+    )
+}
+
+/// Refuses a mountpoint that is not an empty directory, or already served.
+fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
+    let meta = std::fs::metadata(mp)
+        .map_err(|e| mount_error("mountpoint_unusable", format!("{}: {e}", mp.display()), mp))?;
+    if !meta.is_dir() {
+        return Err(mount_error(
+            "mountpoint_unusable",
+            format!("{}: not a directory", mp.display()),
+            mp,
+        ));
+    }
+    if control::request(
+        mp,
+        &serde_json::json!({"op": "status"}),
+        Some(std::time::Duration::from_secs(2)),
+    )
+    .is_ok()
+    {
+        return Err(mount_error(
+            "already_mounted",
+            format!(
+                "{}: a sessionfs mount is already served here; unmount it first",
+                mp.display()
+            ),
+            mp,
+        ));
+    }
+    let mut entries = std::fs::read_dir(mp)
+        .map_err(|e| mount_error("mountpoint_unusable", format!("{}: {e}", mp.display()), mp))?;
+    if entries.next().is_some() {
+        return Err(mount_error(
+            "mountpoint_not_empty",
+            format!(
+                "{}: not empty; mount on an empty directory (nothing under it would be visible)",
+                mp.display()
+            ),
+            mp,
+        ));
+    }
+    Ok(())
+}
+
+pub fn run(a: Args) -> Result<Output, CliError> {
+    let started = std::time::Instant::now();
+    let limits = a.limits.limits()?;
+    check_mountpoint(&a.mountpoint)?;
+    if !a.foreground && !a.daemon_child {
+        return spawn_daemon(&a.mountpoint);
+    }
+    let packet = Packet::open(&a.packet, &limits)?;
+    packet.check_digest(a.digest.as_ref())?;
+    let digest = packet.digest;
+    let entries = packet.manifest.entries.len() as u64;
+    let part = a.part.map(|p| match p {
+        PartArg::Workspace => Part::Workspace,
+        PartArg::Harness => Part::Harness,
+    });
+    let uid = a.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());
+    let gid = a.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw());
+    let overlay = Arc::new(Overlay::mount(
+        packet,
+        &a.upper,
+        Options { uid, gid, part },
+    )?);
+    raise_fd_limit();
+    let replayed = overlay.records();
+    let opts = daemon::ServeOptions {
+        mountpoint: a.mountpoint.clone(),
+        allow_other: a.allow_other,
+        threads: a.threads,
+    };
+    let log = a
+        .daemon_child
+        .then(|| control::log_path(&a.mountpoint).ok())
+        .flatten();
+    let result = std::cell::RefCell::new(None);
+    let served = daemon::serve(
+        overlay,
+        &opts,
+        |ready| {
+            let out = Output::new(
+                "sessionfs.mount-result/1",
+                MountResult {
+                    mountpoint: a.mountpoint.clone(),
+                    packet: a.packet.clone(),
+                    digest,
+                    upper: a.upper.clone(),
+                    part,
+                    pid: std::process::id(),
+                    control_socket: ready.socket.clone(),
+                    log: log.clone(),
+                    uid,
+                    gid,
+                    entries,
+                    replayed_records: replayed,
+                    seconds: started.elapsed().as_secs_f64(),
+                },
+            );
+            // The result goes out now: with --foreground the process keeps
+            // serving after it, and a daemon's parent is waiting for it.
+            super::print_output(out);
+            *result.borrow_mut() = Some(());
+        },
+        |_, _| None,
+    );
+    match served {
+        Ok(()) => Ok(Output::printed()),
+        Err(e) if result.borrow().is_none() => Err(mount_error(
+            "mount_failed",
+            format!(
+                "cannot mount on {}: {e} (is fuse3 installed, /dev/fuse present, and may this user mount?)",
+                a.mountpoint.display()
+            ),
+            &a.mountpoint,
+        )),
+        Err(e) => {
+            tracing::error!(error = %e, "the FUSE session ended with an error");
+            Ok(Output::printed())
+        }
+    }
+}
+
+/// Starts this same command as a daemon (new process group, stderr to the
+/// log) and relays its first line: the mount result or the error.
+fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
+    let exe = std::env::current_exe().map_err(|e| {
+        mount_error(
+            "mount_failed",
+            format!("cannot find this executable: {e}"),
+            mountpoint,
+        )
+    })?;
+    let log_path = control::log_path(mountpoint).map_err(|e| {
+        mount_error(
+            "mount_failed",
+            format!("runtime directory: {e}"),
+            mountpoint,
+        )
+    })?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| {
+            mount_error(
+                "mount_failed",
+                format!("{}: {e}", log_path.display()),
+                mountpoint,
+            )
+        })?;
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    args.push("--daemon-child".into());
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| {
+            mount_error(
+                "mount_failed",
+                format!("cannot start the daemon: {e}"),
+                mountpoint,
+            )
+        })?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    let v: serde_json::Value = match serde_json::from_str(&line) {
+        Ok(v) => v,
+        Err(_) => {
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            return Err(mount_error(
+                "mount_failed",
+                format!(
+                    "the daemon exited before the mount was ready ({status}); see {}",
+                    log_path.display()
+                ),
+                mountpoint,
+            ));
+        }
+    };
+    if v["schema"] == "sessionfs.error/1" {
+        let _ = child.wait();
+        return Err(CliError::relayed(v));
+    }
+    Ok(Output::raw(v))
+}
+
+/// Lifts the open-file soft limit to the hard limit: the daemon keeps a
+/// bounded cache of data files, but many files may be open at once.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! The control socket of a running mount: how `sessionfs umount`, `status`
+//! and `seal` reach the daemon from the mountpoint alone.
+//!
+//! Location: `$XDG_RUNTIME_DIR/sessionfs/` when set, else
+//! `/run/user/<uid>/sessionfs/` when that exists, else `/tmp/sessionfs-<uid>/`;
+//! the directory is created mode 0700 and must be owned by the user. In it,
+//! `<h>.sock` is the socket of the mount whose canonical mountpoint path
+//! hashes (SHA-256, first 16 hex digits) to `<h>`, and `<h>.log` its
+//! daemon's log. Only the mounting user (and root) may connect: the daemon
+//! checks the peer's credentials.
+//!
+//! Protocol: one JSON object per line in each direction; a request has an
+//! `op` (`status`, `unmount`, `seal`), a response is a result object as the
+//! CLI prints it, or a `sessionfs.error/1` object.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::Digest as _;
+
+/// The directory holding control sockets and daemon logs for this user.
+pub fn runtime_dir() -> io::Result<PathBuf> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d).join("sessionfs"),
+        None => {
+            let run = PathBuf::from(format!("/run/user/{uid}"));
+            if run.is_dir() {
+                run.join("sessionfs")
+            } else {
+                PathBuf::from(format!("/tmp/sessionfs-{uid}"))
+            }
+        }
+    };
+    match std::fs::symlink_metadata(&dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        Err(e) => return Err(e),
+        Ok(m) => {
+            if !m.is_dir() || m.uid() != uid {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} is not a directory owned by uid {uid}; remove it",
+                        dir.display()
+                    ),
+                ));
+            }
+            if m.mode() & 0o077 != 0 {
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+        }
+    }
+    Ok(dir)
+}
+
+/// The base name (without extension) for a mountpoint's socket and log.
+pub fn key(mountpoint: &Path) -> io::Result<String> {
+    let canon = std::fs::canonicalize(mountpoint)?;
+    let digest = sha2::Sha256::digest(canon.as_os_str().as_encoded_bytes());
+    Ok(hex::encode(&digest[..8]))
+}
+
+/// Socket path of the mount at `mountpoint`.
+pub fn socket_path(mountpoint: &Path) -> io::Result<PathBuf> {
+    Ok(runtime_dir()?.join(format!("{}.sock", key(mountpoint)?)))
+}
+
+/// Log path of the daemon of the mount at `mountpoint`.
+pub fn log_path(mountpoint: &Path) -> io::Result<PathBuf> {
+    Ok(runtime_dir()?.join(format!("{}.log", key(mountpoint)?)))
+}
+
+/// Binds the socket for `mountpoint`, replacing a stale one (a socket file
+/// nobody listens on), refusing if a daemon already answers on it.
+pub fn bind(mountpoint: &Path) -> io::Result<(UnixListener, PathBuf)> {
+    let path = socket_path(mountpoint)?;
+    if path.exists() {
+        if UnixStream::connect(&path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "a sessionfs daemon already serves {} ({})",
+                    mountpoint.display(),
+                    path.display()
+                ),
+            ));
+        }
+        std::fs::remove_file(&path)?;
+    }
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok((listener, path))
+}
+
+/// Serves requests until the process exits; `handle` answers each one.
+pub fn serve(listener: UnixListener, handle: impl Fn(&Value) -> Value + Send + Sync + 'static) {
+    let handle = std::sync::Arc::new(handle);
+    let me = nix::unistd::geteuid().as_raw();
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let allowed =
+            nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
+                .map(|c| c.uid() == me || c.uid() == 0)
+                .unwrap_or(false);
+        if !allowed {
+            tracing::warn!("control connection from another user refused");
+            continue;
+        }
+        let handle = handle.clone();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(&conn);
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                return;
+            }
+            let reply = match serde_json::from_str::<Value>(&line) {
+                Ok(req) => handle(&req),
+                Err(e) => serde_json::json!({
+                    "schema": "sessionfs.error/1", "kind": "usage",
+                    "message": format!("bad control request: {e}"), "exit_code": 2
+                }),
+            };
+            let mut w = &conn;
+            let _ = w.write_all(format!("{reply}\n").as_bytes());
+        });
+    }
+}
+
+/// Sends one request to the daemon of `mountpoint` and returns its answer.
+/// `timeout` bounds the wait for the answer (a seal of a large tree takes a
+/// while: pass `None` to wait as long as it takes).
+pub fn request(mountpoint: &Path, req: &Value, timeout: Option<Duration>) -> io::Result<Value> {
+    let path = socket_path(mountpoint)?;
+    let conn = UnixStream::connect(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "no sessionfs daemon answers for {} (control socket {}): {e}",
+                mountpoint.display(),
+                path.display()
+            ),
+        )
+    })?;
+    conn.set_read_timeout(timeout)?;
+    (&conn).write_all(format!("{req}\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}

@@ -1,0 +1,153 @@
+//! Running a mount: the FUSE session, signals, and the control socket.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use nix::sys::signal::{SigSet, Signal};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use super::control;
+use super::fs::SessionFs;
+use crate::overlay::Overlay;
+
+/// How to serve.
+pub struct ServeOptions {
+    /// Where.
+    pub mountpoint: PathBuf,
+    /// Let other users in (`allow_other`).
+    pub allow_other: bool,
+    /// Dispatch threads.
+    pub threads: usize,
+}
+
+/// What the daemon reports once the mount is ready.
+pub struct Ready {
+    /// The control socket.
+    pub socket: PathBuf,
+}
+
+/// Mounts and serves until unmounted (by `sessionfs umount`, a signal, or
+/// `fusermount3 -u`). `ready` runs once the kernel has completed the FUSE
+/// handshake: the mount is usable from then on. `handler` answers control
+/// requests other than `status` and `unmount` (`seal`).
+pub fn serve(
+    overlay: Arc<Overlay>,
+    opts: &ServeOptions,
+    ready: impl FnOnce(&Ready),
+    handler: impl Fn(&Overlay, &Value) -> Option<Value> + Send + Sync + 'static,
+) -> io::Result<()> {
+    // Signals are taken by a dedicated thread; block them in this one first
+    // so every thread spawned from here inherits the mask.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().map_err(io::Error::from)?;
+
+    let (listener, socket) = control::bind(&opts.mountpoint)?;
+    let digest = overlay.packet().digest.to_string();
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("sessionfs:{}", &digest[7..19])),
+        MountOption::Subtype("sessionfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::RW,
+        MountOption::NoAtime,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+    ];
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    if cfg!(target_os = "linux") {
+        config.n_threads = Some(opts.threads.max(1));
+        config.clone_fd = true;
+    }
+    let fs = SessionFs::new(overlay.clone());
+    let mut session = match Session::new(fs, &opts.mountpoint, &config) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
+    let unmounter = Arc::new(Mutex::new(session.unmount_callable()));
+
+    {
+        let unmounter = unmounter.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                if let Ok(sig) = signals.wait() {
+                    tracing::info!(?sig, "unmounting on signal");
+                    if let Err(e) = unmounter.lock().unmount() {
+                        tracing::error!(error = %e, "unmount failed");
+                    }
+                }
+            })?;
+    }
+    {
+        let unmounter = unmounter.clone();
+        let overlay = overlay.clone();
+        let mountpoint = opts.mountpoint.clone();
+        std::thread::Builder::new().name("control".into()).spawn(move || {
+            control::serve(listener, move |req| match req["op"].as_str() {
+                Some("status") => status(&overlay, &mountpoint),
+                Some("unmount") => {
+                    let r = unmounter.lock().unmount();
+                    match r {
+                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true}),
+                        Err(e) => error("io", &format!("cannot unmount: {e}")),
+                    }
+                }
+                _ => handler(&overlay, req).unwrap_or_else(|| error("usage", "unknown control request")),
+            })
+        })?;
+    }
+    ready(&Ready {
+        socket: socket.clone(),
+    });
+    let result = session.run();
+    let _ = std::fs::remove_file(&socket);
+    if let Err(e) = overlay.fsyncdir() {
+        tracing::warn!(error = %e, "cannot sync the journal at exit");
+    }
+    tracing::info!("unmounted");
+    result
+}
+
+/// A control-protocol error object.
+pub fn error(kind: &str, message: &str) -> Value {
+    let exit = match kind {
+        "usage" => 2,
+        _ => 6,
+    };
+    json!({"schema": "sessionfs.error/1", "kind": kind, "message": message, "exit_code": exit})
+}
+
+fn status(o: &Overlay, mountpoint: &Path) -> Value {
+    let s = &o.stats;
+    let opened: Vec<u64> = s.opened.lock().clone();
+    json!({
+        "schema": "sessionfs.status-result/1",
+        "mountpoint": mountpoint,
+        "packet": o.packet().path(),
+        "digest": o.packet().digest.to_string(),
+        "upper": o.upper_dir(),
+        "pid": std::process::id(),
+        "records": o.records(),
+        "opens": s.opens.load(Ordering::Relaxed),
+        "reads": s.reads.load(Ordering::Relaxed),
+        "read_bytes": s.read_bytes.load(Ordering::Relaxed),
+        "writes": s.writes.load(Ordering::Relaxed),
+        "copy_ups": s.copy_ups.load(Ordering::Relaxed),
+        "verified_bytes": o.verified_bytes(),
+        "opened_inodes": opened,
+    })
+}

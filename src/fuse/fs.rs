@@ -1,0 +1,585 @@
+//! The `fuser::Filesystem` adapter: for each request, a span, a call into
+//! the overlay, a conversion, a reply. Failures are logged once, here.
+
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::errno::errno;
+use crate::overlay::{Attr, Caller, Error, Kind, Overlay, SetAttr, SetTime};
+
+/// How long the kernel may cache entries and attributes. Every change goes
+/// through this daemon and the kernel updates or invalidates what the
+/// operations it forwards touch, so long timeouts are safe; the daemon
+/// notifies the kernel of changes it makes on its own.
+pub const TTL: Duration = Duration::from_secs(3600);
+
+/// Largest read and write the kernel sends in one request.
+const MAX_IO: u32 = 1 << 20;
+
+/// The filesystem served over FUSE.
+pub struct SessionFs {
+    overlay: Arc<Overlay>,
+}
+
+impl SessionFs {
+    /// Wraps an overlay.
+    pub fn new(overlay: Arc<Overlay>) -> SessionFs {
+        SessionFs { overlay }
+    }
+}
+
+thread_local! {
+    /// Read buffer reused across requests on each dispatch thread.
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn system_time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::Dir => FileType::Directory,
+        Kind::File => FileType::RegularFile,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: system_time(a.atime),
+        mtime: system_time(a.mtime),
+        ctime: system_time(a.ctime),
+        crtime: system_time(a.ctime),
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        // The kernel's 32-bit device encoding, passed through as received.
+        rdev: a.rdev as u32,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(st) => SetTime::At(match st.duration_since(UNIX_EPOCH) {
+            Ok(d) => d.as_nanos().min(i64::MAX as u128) as i64,
+            Err(e) => -(e.duration().as_nanos().min(i64::MAX as u128) as i64),
+        }),
+    }
+}
+
+/// Logs a failed request once: routine "no such entry" at debug, the rest
+/// at warn (corruption at error, in the overlay).
+fn failed(op: &'static str, ino: u64, e: &Error) -> Errno {
+    let code = errno(e);
+    match e {
+        Error::NotFound | Error::Exists | Error::NotEmpty | Error::NoData => {
+            tracing::debug!(op, ino, errno = code.code(), "{e}")
+        }
+        Error::Upper { .. } | Error::PacketIo(_) | Error::Corrupt { .. } | Error::PacketChanged => {
+            tracing::warn!(op, ino, errno = code.code(), "{e}")
+        }
+        _ => tracing::debug!(op, ino, errno = code.code(), "{e}"),
+    }
+    code
+}
+
+fn entry(reply: ReplyEntry, r: Result<Attr, Error>, op: &'static str, ino: u64) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(a.generation)),
+        Err(e) => reply.error(failed(op, ino, &e)),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), Error>, op: &'static str, ino: u64) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(failed(op, ino, &e)),
+    }
+}
+
+impl Filesystem for SessionFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_AUTO_INVAL_DATA;
+        let have = config.capabilities();
+        let _ = config.add_capabilities(wanted & have);
+        let _ = config.set_max_write(MAX_IO);
+        let _ = config.set_max_readahead(MAX_IO);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _s = tracing::trace_span!("lookup", parent = parent.0).entered();
+        entry(
+            reply,
+            self.overlay.lookup(parent.0, name.as_bytes()),
+            "lookup",
+            parent.0,
+        );
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.overlay.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.overlay.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(failed("getattr", ino.0, &e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let req = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+        };
+        match self.overlay.setattr(ino.0, req) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(failed("setattr", ino.0, &e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.overlay.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(failed("readlink", ino.0, &e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.overlay.mknod(
+            parent.0,
+            name.as_bytes(),
+            mode,
+            u64::from(rdev),
+            caller(req),
+        );
+        entry(reply, r, "mknod", parent.0);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .overlay
+            .mkdir(parent.0, name.as_bytes(), mode, caller(req));
+        entry(reply, r, "mkdir", parent.0);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(
+            reply,
+            self.overlay.unlink(parent.0, name.as_bytes()),
+            "unlink",
+            parent.0,
+        );
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(
+            reply,
+            self.overlay.rmdir(parent.0, name.as_bytes()),
+            "rmdir",
+            parent.0,
+        );
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.overlay.symlink(
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            caller(req),
+        );
+        entry(reply, r, "symlink", parent.0);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(failed("rename", parent.0, &Error::Invalid));
+        }
+        let r = self.overlay.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.contains(RenameFlags::RENAME_NOREPLACE),
+            flags.contains(RenameFlags::RENAME_EXCHANGE),
+        );
+        empty(reply, r, "rename", parent.0);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.overlay.link(ino.0, newparent.0, newname.as_bytes()),
+            "link",
+            ino.0,
+        );
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let acc = flags.0 & libc::O_ACCMODE;
+        let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        match self.overlay.open(ino.0, write, truncate) {
+            // Lower content never changes and upper content changes only
+            // through this mount: the kernel's page cache stays valid.
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(failed("open", ino.0, &e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        READ_BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            match self.overlay.read(fh.0, offset, size, &mut buf) {
+                Ok(()) => reply.data(&buf),
+                Err(e) => reply.error(failed("read", ino.0, &e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.overlay.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(failed("write", ino.0, &e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.overlay.release(fh.0), "release", ino.0);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.overlay.fsync(fh.0, datasync), "fsync", ino.0);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.overlay.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(failed("opendir", ino.0, &e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.overlay.readdir(fh.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(failed("readdir", ino.0, &e)),
+        };
+        for (k, e) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(e.ino), k as u64 + 1, file_type(e.kind), &*e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = match self.overlay.readdir(fh.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(failed("readdirplus", ino.0, &e)),
+        };
+        for (k, e) in entries.iter().enumerate().skip(offset as usize) {
+            let dot = &*e.name == "." || &*e.name == "..";
+            let Ok(a) = self.overlay.entry_attr(e.ino, !dot) else {
+                continue; // removed since the listing was taken
+            };
+            if reply.add(
+                INodeNo(e.ino),
+                k as u64 + 1,
+                &*e.name,
+                &TTL,
+                &file_attr(&a),
+                Generation(a.generation),
+            ) {
+                if !dot {
+                    self.overlay.forget(e.ino, 1); // not sent after all
+                }
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.overlay.release(fh.0), "releasedir", ino.0);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.overlay.fsyncdir(), "fsyncdir", ino.0);
+    }
+
+    // The statvfs field types differ between platforms: the casts are for macOS.
+    #[allow(clippy::unnecessary_cast)]
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        match self.overlay.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks() as u64,
+                s.blocks_free() as u64,
+                s.blocks_available() as u64,
+                s.files() as u64,
+                s.files_free() as u64,
+                s.block_size() as u32,
+                crate::packet::format::MAX_COMPONENT_BYTES as u32,
+                s.fragment_size() as u32,
+            ),
+            Err(e) => reply.error(failed("statfs", ino.0, &e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(failed("setxattr", ino.0, &Error::NotSupported));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        reply.error(failed("getxattr", ino.0, &Error::NoData));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(failed("removexattr", ino.0, &Error::NotSupported));
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // `default_permissions`: the kernel checks modes itself.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let acc = flags & libc::O_ACCMODE;
+        let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
+        match self
+            .overlay
+            .create(parent.0, name.as_bytes(), mode, write, caller(req))
+        {
+            Ok((a, fh)) => reply.created(
+                &TTL,
+                &file_attr(&a),
+                Generation(a.generation),
+                FileHandle(fh),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(failed("create", parent.0, &e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            reply,
+            self.overlay.fallocate(fh.0, offset, length, mode),
+            "fallocate",
+            ino.0,
+        );
+    }
+}

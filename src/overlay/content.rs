@@ -1,0 +1,165 @@
+//! Reading lower content: lazily verified, chunk by chunk.
+//!
+//! Each lower file is a run of chunks (4 MiB, or the whole file when it has
+//! no `chunks`); one bit per chunk records that it was hashed and matched
+//! the manifest. The first read touching a chunk reads and hashes all of it
+//! (serving the request from the same buffer); later reads go straight to
+//! the packet file. Bits only go from 0 to 1, so readers need no lock.
+
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::error::{Error, Result};
+use super::index::Idx;
+use crate::packet::digest::Sha256;
+use crate::packet::format::CHUNK_SIZE;
+use crate::packet::manifest::{EntryKind, Manifest};
+use crate::packet::reader::Packet;
+
+/// What identifies the packet file's content at open time.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Identity {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+fn identity(p: &Packet) -> std::io::Result<Identity> {
+    let m = p.file().metadata()?;
+    Ok(Identity {
+        len: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
+}
+
+/// Verified-chunk bitmap and counters.
+pub struct Verifier {
+    /// First bit of each entry (files only).
+    base: Vec<u64>,
+    bits: Vec<AtomicU64>,
+    at_open: Identity,
+    /// Bytes hashed to verify chunks.
+    pub hashed: AtomicU64,
+    /// Chunks verified.
+    pub chunks: AtomicU64,
+}
+
+/// Number of chunks of a file of `size` bytes as verified by a mount.
+fn chunks_of(size: u64, chunked: bool) -> u64 {
+    match (size, chunked) {
+        (0, _) => 0,
+        (_, false) => 1,
+        (s, true) => s.div_ceil(CHUNK_SIZE),
+    }
+}
+
+impl Verifier {
+    /// A bitmap for every chunk of `packet`'s files, all unverified.
+    pub fn new(packet: &Packet) -> std::io::Result<Verifier> {
+        let m: &Manifest = &packet.manifest;
+        let mut base = Vec::with_capacity(m.entries.len());
+        let mut total = 0u64;
+        for e in &m.entries {
+            base.push(total);
+            if let EntryKind::File(f) = &e.kind {
+                total += chunks_of(f.size, !f.chunks.is_empty());
+            }
+        }
+        let bits = (0..total.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        Ok(Verifier {
+            base,
+            bits,
+            at_open: identity(packet)?,
+            hashed: AtomicU64::new(0),
+            chunks: AtomicU64::new(0),
+        })
+    }
+
+    fn is_verified(&self, bit: u64) -> bool {
+        self.bits[(bit / 64) as usize].load(Ordering::Acquire) & (1 << (bit % 64)) != 0
+    }
+
+    fn mark(&self, bit: u64) {
+        self.bits[(bit / 64) as usize].fetch_or(1 << (bit % 64), Ordering::AcqRel);
+    }
+
+    /// Whether every chunk of entry `i` has been verified.
+    pub fn all_verified(&self, packet: &Packet, i: Idx) -> bool {
+        let Some(f) = packet.manifest.entries[i as usize].file() else {
+            return true;
+        };
+        let b = self.base[i as usize];
+        (0..chunks_of(f.size, !f.chunks.is_empty())).all(|k| self.is_verified(b + k))
+    }
+
+    /// Appends to `out` the bytes `offset..offset + len` of lower file `i`
+    /// (clamped to its size), verifying every chunk they touch first.
+    pub fn read(
+        &self,
+        packet: &Packet,
+        i: Idx,
+        offset: u64,
+        len: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let e = &packet.manifest.entries[i as usize];
+        let Some(f) = e.file() else {
+            return Err(Error::IsDir);
+        };
+        if offset >= f.size || len == 0 {
+            return Ok(());
+        }
+        if identity(packet).map_err(Error::PacketIo)? != self.at_open {
+            tracing::error!(packet = %packet.path().display(), "the packet file changed while mounted");
+            return Err(Error::PacketChanged);
+        }
+        let end = f.size.min(offset.saturating_add(len));
+        let chunked = !f.chunks.is_empty();
+        let csize = if chunked { CHUNK_SIZE } else { f.size };
+        let mut pos = offset;
+        let mut chunk_buf: Vec<u8> = Vec::new();
+        while pos < end {
+            let k = pos / csize;
+            let cstart = k * csize;
+            let cend = (cstart + csize).min(f.size);
+            let take_end = end.min(cend);
+            let bit = self.base[i as usize] + k;
+            if self.is_verified(bit) {
+                let at = out.len();
+                out.resize(at + (take_end - pos) as usize, 0);
+                packet
+                    .read_content_at(i as usize, pos, &mut out[at..])
+                    .map_err(Error::PacketIo)?;
+            } else {
+                chunk_buf.resize((cend - cstart) as usize, 0);
+                packet
+                    .read_content_at(i as usize, cstart, &mut chunk_buf)
+                    .map_err(Error::PacketIo)?;
+                let got = Sha256::of(&chunk_buf);
+                let want = if chunked {
+                    f.chunks[k as usize]
+                } else {
+                    f.sha256
+                };
+                self.hashed
+                    .fetch_add(chunk_buf.len() as u64, Ordering::Relaxed);
+                if got != want {
+                    tracing::error!(path = %e.path, start = cstart, end = cend, "lower content does not match the manifest; failing the read");
+                    return Err(Error::Corrupt {
+                        path: e.path.to_string(),
+                        start: cstart,
+                        end: cend,
+                    });
+                }
+                self.mark(bit);
+                self.chunks.fetch_add(1, Ordering::Relaxed);
+                out.extend_from_slice(
+                    &chunk_buf[(pos - cstart) as usize..(take_end - cstart) as usize],
+                );
+            }
+            pos = take_end;
+        }
+        Ok(())
+    }
+}

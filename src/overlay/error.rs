@@ -1,0 +1,142 @@
+//! Errors of the overlay: what a filesystem operation can fail with (each
+//! mapped to exactly one errno by the FUSE adapter's table), and what
+//! opening a mount can fail with.
+
+use std::io;
+
+use crate::packet;
+use crate::packet::error::ErrorClass;
+
+/// An overlay error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No such entry.
+    #[error("no such file or directory")]
+    NotFound,
+    /// The name exists.
+    #[error("file exists")]
+    Exists,
+    /// A directory was needed.
+    #[error("not a directory")]
+    NotDir,
+    /// A non-directory was needed.
+    #[error("is a directory")]
+    IsDir,
+    /// The directory has entries.
+    #[error("directory not empty")]
+    NotEmpty,
+    /// A name longer than 255 bytes.
+    #[error("file name too long")]
+    NameTooLong,
+    /// A name that is not UTF-8: packets (and the journal) hold UTF-8 only.
+    #[error("file name is not UTF-8")]
+    NotUtf8,
+    /// An argument that makes no sense (moving a directory into itself).
+    #[error("invalid argument")]
+    Invalid,
+    /// Not allowed here (the packet root holds only the two parts).
+    #[error("operation not permitted")]
+    NotPermitted,
+    /// Not supported by this filesystem (setting xattrs).
+    #[error("operation not supported")]
+    NotSupported,
+    /// No such attribute.
+    #[error("no data")]
+    NoData,
+    /// Too many links.
+    #[error("too many links")]
+    TooManyLinks,
+    /// Past the largest file a packet can hold.
+    #[error("file too large")]
+    TooBig,
+    /// Bad file handle.
+    #[error("bad file handle")]
+    BadHandle,
+    /// Lower content failed verification.
+    #[error("{path}: content at bytes {start}..{end} does not match the packet's manifest")]
+    Corrupt {
+        /// The lower entry.
+        path: String,
+        /// Chunk start within the file.
+        start: u64,
+        /// Chunk end.
+        end: u64,
+    },
+    /// The packet file changed after it was opened.
+    #[error("the packet file changed while mounted; lower content is no longer served")]
+    PacketChanged,
+    /// An operation on the upper directory failed.
+    #[error("{context}: {source}")]
+    Upper {
+        /// What and where.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the packet failed.
+    #[error("reading the packet: {0}")]
+    PacketIo(#[source] io::Error),
+    /// The upper directory cannot be used.
+    #[error("{path}: {reason}")]
+    UpperRefused {
+        /// The upper directory.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The upper directory belongs to another packet.
+    #[error(
+        "{path}: this upper directory belongs to packet {upper}, not {packet}; mount it over that packet, or use a new upper directory"
+    )]
+    UpperMismatch {
+        /// The upper directory.
+        path: String,
+        /// The digest it records.
+        upper: String,
+        /// The packet being mounted.
+        packet: String,
+    },
+    /// The journal does not apply to this packet (a damaged upper directory).
+    #[error("journal record {index} does not apply: {reason}")]
+    Replay {
+        /// Record number, from 1.
+        index: usize,
+        /// Why.
+        reason: String,
+    },
+    /// The packet was refused.
+    #[error(transparent)]
+    Packet(#[from] packet::Error),
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Stable kind, for errors reported by commands.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Packet(e) => e.kind(),
+            Error::UpperRefused { .. } => "upper_refused",
+            Error::UpperMismatch { .. } => "upper_mismatch",
+            Error::Replay { .. } => "upper_damaged",
+            Error::Upper { .. } | Error::PacketIo(_) => "io",
+            Error::Corrupt { .. } => "content_mismatch",
+            Error::PacketChanged => "packet_changed",
+            _ => "filesystem",
+        }
+    }
+
+    /// Exit-code class, for errors reported by commands.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Packet(e) => e.class(),
+            Error::UpperRefused { .. } | Error::UpperMismatch { .. } | Error::Replay { .. } => {
+                ErrorClass::Refused
+            }
+            Error::Corrupt { .. } | Error::PacketChanged => ErrorClass::Invalid,
+            _ => ErrorClass::Io,
+        }
+    }
+}

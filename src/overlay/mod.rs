@@ -1,0 +1,1177 @@
+//! The merged view of a packet (lower, read-only, verified lazily) and an
+//! upper directory (every change): the filesystem operations a mount needs,
+//! with typed results and no FUSE in sight. `docs/SEMANTICS.md` is the
+//! contract; `docs/upper-format.md` the on-disk format.
+//!
+//! Every change is a [`journal::Record`]: checked against the state,
+//! appended to the journal with one `write`, then applied with
+//! [`state::State::apply`], the same function that replays the journal at
+//! mount. Data writes go straight to the upper data files.
+
+pub mod content;
+pub mod error;
+pub mod index;
+pub mod ino;
+pub mod journal;
+pub mod node;
+pub mod state;
+pub mod upper;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+
+pub use error::{Error, Result};
+use index::LowerIndex;
+pub use ino::Ino;
+use ino::{InoAllocator, ROOT};
+use journal::{Nanos, Record};
+pub use node::Kind;
+use node::{Content, Node};
+use state::{Lower, Ref, Root, State};
+
+use crate::packet::format::{MAX_COMPONENT_BYTES, MAX_FILE_SIZE};
+use crate::packet::manifest::EntryKind;
+use crate::packet::path::Part;
+use crate::packet::reader::Packet;
+
+/// Largest link count (as ext4).
+pub const LINK_MAX: u32 = 65_000;
+
+/// Attributes of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: Ino,
+    /// Generation.
+    pub generation: u64,
+    /// File type.
+    pub kind: Kind,
+    /// Size in bytes.
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Access time (ns since the epoch).
+    pub atime: Nanos,
+    /// Modification time.
+    pub mtime: Nanos,
+    /// Change time.
+    pub ctime: Nanos,
+    /// Permission bits (mode & 0o7777).
+    pub perm: u16,
+    /// Link count.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number.
+    pub rdev: u64,
+}
+
+/// Who is asking: the credentials of the calling process.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    /// User.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+}
+
+/// A time to set.
+#[derive(Clone, Copy, Debug)]
+pub enum SetTime {
+    /// The current time.
+    Now,
+    /// This time.
+    At(Nanos),
+}
+
+/// A `setattr` request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    /// New mode (permission bits are used).
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size.
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<SetTime>,
+    /// New modification time.
+    pub mtime: Option<SetTime>,
+}
+
+/// One directory entry.
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    /// Name.
+    pub name: Box<str>,
+    /// Inode.
+    pub ino: Ino,
+    /// Type.
+    pub kind: Kind,
+}
+
+/// An open file or directory.
+enum Handle {
+    File { ino: Ino, write: bool },
+    Dir { entries: Arc<Vec<DirEntry>> },
+}
+
+/// Counters, for `status` and tests.
+#[derive(Default)]
+pub struct Stats {
+    /// Files opened (lower and upper).
+    pub opens: AtomicU64,
+    /// Read requests.
+    pub reads: AtomicU64,
+    /// Bytes read.
+    pub read_bytes: AtomicU64,
+    /// Write requests.
+    pub writes: AtomicU64,
+    /// Copy-ups.
+    pub copy_ups: AtomicU64,
+    /// Journal records appended.
+    pub records: AtomicU64,
+    /// Inodes opened, in order (capped), for tests that check which files
+    /// a tool read.
+    pub opened: Mutex<Vec<Ino>>,
+}
+
+/// How many opened inodes [`Stats::opened`] remembers.
+const OPENED_LOG: usize = 1 << 16;
+
+/// Options of [`Overlay::open`].
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Owner shown for lower entries.
+    pub uid: u32,
+    /// Group shown for lower entries.
+    pub gid: u32,
+    /// Mount one part as the root.
+    pub part: Option<Part>,
+}
+
+/// A mounted view: packet + upper directory.
+pub struct Overlay {
+    lower: Lower,
+    verifier: content::Verifier,
+    upper: upper::Upper,
+    state: RwLock<State>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    /// Counters.
+    pub stats: Stats,
+}
+
+/// Now, in nanoseconds since the epoch.
+pub fn now() -> Nanos {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().min(i64::MAX as u128) as Nanos)
+}
+
+fn name_str(name: &[u8]) -> Result<&str> {
+    if name.len() > MAX_COMPONENT_BYTES {
+        return Err(Error::NameTooLong);
+    }
+    std::str::from_utf8(name).map_err(|_| Error::NotUtf8)
+}
+
+impl Overlay {
+    /// Opens the merged view of `packet` and the upper directory at
+    /// `upper_dir` (created if absent): checks the upper directory belongs
+    /// to this packet, replays its journal, and removes data files the
+    /// journal does not reference. Reads no file content.
+    pub fn mount(packet: Packet, upper_dir: &Path, opts: Options) -> Result<Overlay> {
+        let mut inos = InoAllocator::default();
+        let index = LowerIndex::build(&packet.manifest, &mut inos);
+        let root = match opts.part {
+            None => Root::Packet,
+            Some(part) => {
+                let i = index
+                    .roots()
+                    .iter()
+                    .copied()
+                    .find(|&i| &*packet.manifest.entries[i as usize].path == part.as_str())
+                    .ok_or_else(|| Error::UpperRefused {
+                        path: packet.path().display().to_string(),
+                        reason: format!("the packet has no {part} part to mount"),
+                    })?;
+                Root::Part(i)
+            }
+        };
+        let dir_time = packet
+            .manifest
+            .entries
+            .iter()
+            .filter_map(|e| e.file().map(|f| f.mtime_ns as Nanos))
+            .max()
+            .unwrap_or(0);
+        let verifier = content::Verifier::new(&packet).map_err(Error::PacketIo)?;
+        let opened = upper::Upper::open(upper_dir, &packet.digest)?;
+        let lower = Lower {
+            packet,
+            index,
+            root,
+            uid: opts.uid,
+            gid: opts.gid,
+            dir_time,
+        };
+        let mut state = State::new(&lower, inos);
+        for (k, rec) in opened.records.iter().enumerate() {
+            state.apply(&lower, rec).map_err(|e| match e {
+                Error::Replay { reason, .. } => Error::Replay {
+                    index: k + 1,
+                    reason,
+                },
+                Error::NotFound | Error::NotDir => Error::Replay {
+                    index: k + 1,
+                    reason: "it names an inode or directory that does not exist".into(),
+                },
+                other => other,
+            })?;
+        }
+        let up = opened.upper;
+        // Data files no node references are left from an interrupted change.
+        let referenced: std::collections::HashSet<u64> = state
+            .nodes
+            .values()
+            .filter_map(|n| match n.content {
+                Content::Upper(id) => Some(id),
+                _ => None,
+            })
+            .collect();
+        for id in up.list_data()? {
+            if !referenced.contains(&id) {
+                tracing::info!(id, "removing a data file no journal record references");
+                up.remove_data(id);
+            }
+            state.next_data = state.next_data.max(id + 1);
+        }
+        tracing::info!(
+            records = opened.records.len(),
+            nodes = state.nodes.len(),
+            "upper directory replayed"
+        );
+        Ok(Overlay {
+            lower,
+            verifier,
+            upper: up,
+            state: RwLock::new(state),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The packet.
+    pub fn packet(&self) -> &Packet {
+        &self.lower.packet
+    }
+
+    /// The upper directory.
+    pub fn upper_dir(&self) -> &Path {
+        self.upper.root()
+    }
+
+    /// Bytes hashed so far verifying lower chunks.
+    pub fn verified_bytes(&self) -> u64 {
+        self.verifier.hashed.load(Ordering::Relaxed)
+    }
+
+    /// Records applied (replayed and new).
+    pub fn records(&self) -> u64 {
+        self.state.read().applied
+    }
+
+    // -- attributes ----------------------------------------------------------
+
+    fn attr_of(&self, st: &State, ino: Ino) -> Result<Attr> {
+        match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+            Ref::Node(n) => self.node_attr(ino, n),
+            Ref::Lower(i) => Ok(self.lower_attr(ino, i)),
+        }
+    }
+
+    fn lower_attr(&self, ino: Ino, i: index::Idx) -> Attr {
+        let e = &self.lower.manifest().entries[i as usize];
+        let t = self.lower.dir_time;
+        let (kind, size, perm, time, nlink) = match &e.kind {
+            EntryKind::Dir => (Kind::Dir, 4096, 0o755, t, 2 + self.lower.index.subdirs(i)),
+            EntryKind::File(f) => (
+                Kind::File,
+                f.size,
+                if f.executable { 0o755 } else { 0o644 },
+                f.mtime_ns as Nanos,
+                1,
+            ),
+            EntryKind::Symlink(s) => (Kind::Symlink, s.len() as u64, 0o777, t, 1),
+        };
+        Attr {
+            ino,
+            generation: 1,
+            kind,
+            size,
+            blocks: size.div_ceil(512),
+            atime: time,
+            mtime: time,
+            ctime: time,
+            perm,
+            nlink,
+            uid: self.lower.uid,
+            gid: self.lower.gid,
+            rdev: 0,
+        }
+    }
+
+    fn node_attr(&self, ino: Ino, n: &Node) -> Result<Attr> {
+        let nlink = match n.kind {
+            Kind::Dir if n.nlink == 0 => 0,
+            Kind::Dir => 2 + n.subdirs,
+            _ => n.nlink,
+        };
+        let mut a = Attr {
+            ino,
+            generation: n.generation,
+            kind: n.kind,
+            size: 0,
+            blocks: 0,
+            atime: n.atime,
+            mtime: n.mtime,
+            ctime: n.ctime,
+            perm: n.perm,
+            nlink,
+            uid: n.uid,
+            gid: n.gid,
+            rdev: n.rdev,
+        };
+        match (n.kind, n.content) {
+            (Kind::File, Content::Upper(id)) => match self.upper.stat_data(id) {
+                Ok(st) => {
+                    a.size = st.st_size as u64;
+                    a.blocks = st.st_blocks as u64;
+                    a.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
+                    a.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+                    a.ctime = a.ctime.max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+                }
+                // An unlinked file nothing has open any more: its data is gone.
+                Err(_) if n.nlink == 0 => {}
+                Err(e) => return Err(e),
+            },
+            (Kind::File, Content::Lower(i)) => {
+                a.size = self.lower.manifest().entries[i as usize].size();
+                a.blocks = a.size.div_ceil(512);
+            }
+            (Kind::Symlink, _) => a.size = self.target_of(n).len() as u64,
+            (Kind::Dir, _) => {
+                a.size = 4096;
+                a.blocks = 8;
+            }
+            _ => {}
+        }
+        Ok(a)
+    }
+
+    fn target_of<'a>(&'a self, n: &'a Node) -> &'a str {
+        if let Some(t) = &n.target {
+            return t;
+        }
+        match n
+            .lower
+            .map(|i| &self.lower.manifest().entries[i as usize].kind)
+        {
+            Some(EntryKind::Symlink(t)) => t,
+            _ => "",
+        }
+    }
+
+    /// `getattr`.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let st = self.state.read();
+        self.attr_of(&st, ino)
+    }
+
+    /// Whether `ino` is a pristine lower entry (its attributes and content
+    /// never change while it stays pristine).
+    pub fn is_pristine(&self, ino: Ino) -> bool {
+        let st = self.state.read();
+        matches!(st.get(&self.lower, ino), Some(Ref::Lower(_)))
+    }
+
+    // -- namespace reads -----------------------------------------------------
+
+    /// `lookup`: the child's attributes; counts a kernel reference.
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let name = name_str(name)?;
+        let st = self.state.read();
+        let ino = st
+            .child(&self.lower, parent, name)?
+            .ok_or(Error::NotFound)?;
+        let a = self.attr_of(&st, ino)?;
+        if let Some(n) = st.nodes.get(&ino) {
+            n_lookup(n, 1);
+        }
+        Ok(a)
+    }
+
+    /// `forget`: the kernel dropped `count` references.
+    pub fn forget(&self, ino: Ino, count: u64) {
+        let drop_now = {
+            let st = self.state.read();
+            match st.nodes.get(&ino) {
+                Some(n) => {
+                    n_lookup(n, -(count as i64));
+                    n.droppable()
+                }
+                None => false,
+            }
+        };
+        if drop_now {
+            let data = self.state.write().drop_if_unused(ino);
+            if let Some(id) = data {
+                self.upper.remove_data(id);
+            }
+        }
+    }
+
+    /// `readlink`.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let st = self.state.read();
+        match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+            Ref::Node(n) if n.kind == Kind::Symlink => Ok(self.target_of(n).as_bytes().to_vec()),
+            Ref::Lower(i) => match &self.lower.manifest().entries[i as usize].kind {
+                EntryKind::Symlink(t) => Ok(t.as_bytes().to_vec()),
+                _ => Err(Error::Invalid),
+            },
+            Ref::Node(_) => Err(Error::Invalid),
+        }
+    }
+
+    /// `opendir`: a snapshot of the listing, `.` and `..` first.
+    pub fn opendir(&self, ino: Ino) -> Result<u64> {
+        let st = self.state.read();
+        let parent = match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+            _ if ino == ROOT => ROOT,
+            Ref::Node(n) if n.kind != Kind::Dir => return Err(Error::NotDir),
+            Ref::Node(n) => n.parent,
+            Ref::Lower(i) if self.lower.kind(i) != Kind::Dir => return Err(Error::NotDir),
+            Ref::Lower(i) => self.lower.parent_ino(i),
+        };
+        let list = st.list(&self.lower, ino)?;
+        let mut entries = Vec::with_capacity(list.len() + 2);
+        entries.push(DirEntry {
+            name: ".".into(),
+            ino,
+            kind: Kind::Dir,
+        });
+        entries.push(DirEntry {
+            name: "..".into(),
+            ino: parent,
+            kind: Kind::Dir,
+        });
+        for (name, child) in list {
+            let kind = st.kind(&self.lower, child).unwrap_or(Kind::File);
+            entries.push(DirEntry {
+                name,
+                ino: child,
+                kind,
+            });
+        }
+        drop(st);
+        Ok(self.new_handle(Handle::Dir {
+            entries: Arc::new(entries),
+        }))
+    }
+
+    /// The entries of an open directory from `offset` on.
+    pub fn readdir(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
+        match self.handles.lock().get(&fh) {
+            Some(Handle::Dir { entries }) => Ok(entries.clone()),
+            _ => Err(Error::BadHandle),
+        }
+    }
+
+    /// For `readdirplus`: an entry's attributes, counting a kernel
+    /// reference (`.` and `..` are not counted by the kernel).
+    pub fn entry_attr(&self, ino: Ino, count: bool) -> Result<Attr> {
+        let st = self.state.read();
+        let a = self.attr_of(&st, ino)?;
+        if count {
+            if let Some(n) = st.nodes.get(&ino) {
+                n_lookup(n, 1);
+            }
+        }
+        Ok(a)
+    }
+
+    /// `releasedir` and `release`.
+    pub fn release(&self, fh: u64) -> Result<()> {
+        let h = self.handles.lock().remove(&fh).ok_or(Error::BadHandle)?;
+        if let Handle::File { ino, .. } = h {
+            let data = {
+                let mut st = self.state.write();
+                if let Some(n) = st.nodes.get_mut(&ino) {
+                    n.opens = n.opens.saturating_sub(1);
+                }
+                st.drop_if_unused(ino)
+            };
+            if let Some(id) = data {
+                self.upper.remove_data(id);
+            }
+        }
+        Ok(())
+    }
+
+    fn new_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, h);
+        fh
+    }
+
+    // -- changes -------------------------------------------------------------
+
+    /// Appends `rec` and applies it (with the state locked by the caller).
+    fn commit(&self, st: &mut State, rec: Record) -> Result<state::Applied> {
+        self.upper.append(&rec)?;
+        self.stats.records.fetch_add(1, Ordering::Relaxed);
+        st.apply(&self.lower, &rec)
+    }
+
+    /// Drops inodes that lost their last reference, removing their data.
+    fn reap(&self, st: &mut State, ino: Option<Ino>) {
+        if let Some(id) = ino.and_then(|i| st.drop_if_unused(i)) {
+            self.upper.remove_data(id);
+        }
+    }
+
+    /// Refuses changes directly in the packet root (it holds the parts).
+    fn check_mutable_dir(&self, st: &State, dir: Ino) -> Result<()> {
+        if dir == ROOT && self.lower.root == Root::Packet {
+            return Err(Error::NotPermitted);
+        }
+        match st.get(&self.lower, dir).ok_or(Error::NotFound)? {
+            Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
+            Ref::Node(n) if n.nlink == 0 => Err(Error::NotFound),
+            Ref::Lower(i) if self.lower.kind(i) != Kind::Dir => Err(Error::NotDir),
+            _ => Ok(()),
+        }
+    }
+
+    /// Creates an inode of `kind` at `parent`/`name`.
+    #[allow(clippy::too_many_arguments)]
+    fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: Kind,
+        mode: u32,
+        rdev: u64,
+        target: Option<&str>,
+        caller: Caller,
+    ) -> Result<Attr> {
+        let name = name_str(name)?;
+        let mut st = self.state.write();
+        self.check_mutable_dir(&st, parent)?;
+        if st.child(&self.lower, parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        let (pgid, psetgid) = {
+            let pa = self.attr_of(&st, parent)?;
+            (pa.gid, pa.perm & 0o2000 != 0)
+        };
+        let gid = if psetgid { pgid } else { caller.gid };
+        let mut perm = (mode & 0o7777) as u16;
+        if kind == Kind::Dir && psetgid {
+            perm |= 0o2000;
+        }
+        let (ino, generation) = st.new_ino(&self.lower, parent, name);
+        let data = if kind == Kind::File {
+            let id = st.next_data;
+            st.next_data += 1;
+            self.upper.create_data(id)?;
+            Some(id)
+        } else {
+            None
+        };
+        let rec = Record::Mknode {
+            t: now(),
+            ino,
+            generation,
+            parent,
+            name: name.into(),
+            kind,
+            perm,
+            uid: caller.uid,
+            gid,
+            rdev,
+            data,
+            target: target.map(Into::into),
+        };
+        if let Err(e) = self.commit(&mut st, rec) {
+            st.inos.release(ino);
+            if let Some(id) = data {
+                self.upper.remove_data(id);
+            }
+            return Err(e);
+        }
+        let a = self.attr_of(&st, ino)?;
+        if let Some(n) = st.nodes.get(&ino) {
+            n_lookup(n, 1);
+        }
+        Ok(a)
+    }
+
+    /// `mknod` (regular files, FIFOs, sockets, devices).
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        caller: Caller,
+    ) -> Result<Attr> {
+        let kind = match mode & 0o170000 {
+            0 | 0o100000 => Kind::File,
+            0o010000 => Kind::Fifo,
+            0o140000 => Kind::Socket,
+            0o020000 => Kind::CharDev,
+            0o060000 => Kind::BlockDev,
+            _ => return Err(Error::Invalid),
+        };
+        let rdev = if matches!(kind, Kind::CharDev | Kind::BlockDev) {
+            rdev
+        } else {
+            0
+        };
+        self.make(parent, name, kind, mode, rdev, None, caller)
+    }
+
+    /// `mkdir`.
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
+        self.make(parent, name, Kind::Dir, mode, 0, None, caller)
+    }
+
+    /// `symlink`.
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
+        let target = std::str::from_utf8(target).map_err(|_| Error::NotUtf8)?;
+        if target.is_empty() || target.contains('\0') {
+            return Err(Error::Invalid);
+        }
+        self.make(parent, name, Kind::Symlink, 0o777, 0, Some(target), caller)
+    }
+
+    /// `create`: a new regular file, opened.
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        write: bool,
+        caller: Caller,
+    ) -> Result<(Attr, u64)> {
+        let a = self.make(parent, name, Kind::File, mode, 0, None, caller)?;
+        let fh = self.open_handle(a.ino, write);
+        Ok((a, fh))
+    }
+
+    /// `unlink`.
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let name = name_str(name)?;
+        let mut st = self.state.write();
+        self.check_mutable_dir(&st, parent)?;
+        let ino = st
+            .child(&self.lower, parent, name)?
+            .ok_or(Error::NotFound)?;
+        if st.kind(&self.lower, ino) == Some(Kind::Dir) {
+            return Err(Error::IsDir);
+        }
+        let applied = self.commit(
+            &mut st,
+            Record::Unlink {
+                t: now(),
+                parent,
+                name: name.into(),
+            },
+        )?;
+        self.reap(&mut st, applied.unlinked);
+        Ok(())
+    }
+
+    /// `rmdir`.
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let name = name_str(name)?;
+        let mut st = self.state.write();
+        self.check_mutable_dir(&st, parent)?;
+        let ino = st
+            .child(&self.lower, parent, name)?
+            .ok_or(Error::NotFound)?;
+        if st.kind(&self.lower, ino) != Some(Kind::Dir) {
+            return Err(Error::NotDir);
+        }
+        if !st.is_empty_dir(&self.lower, ino)? {
+            return Err(Error::NotEmpty);
+        }
+        let applied = self.commit(
+            &mut st,
+            Record::Unlink {
+                t: now(),
+                parent,
+                name: name.into(),
+            },
+        )?;
+        self.reap(&mut st, applied.unlinked);
+        Ok(())
+    }
+
+    /// Whether directory `dir` is `ancestor` or below it.
+    fn is_within(&self, st: &State, dir: Ino, ancestor: Ino) -> bool {
+        let mut cur = dir;
+        for _ in 0..=65_536 {
+            if cur == ancestor {
+                return true;
+            }
+            if cur == ROOT {
+                return false;
+            }
+            cur = match st.get(&self.lower, cur) {
+                Some(Ref::Node(n)) => n.parent,
+                Some(Ref::Lower(i)) => self.lower.parent_ino(i),
+                None => return false,
+            };
+        }
+        false
+    }
+
+    /// `rename`, with `RENAME_NOREPLACE` and `RENAME_EXCHANGE`.
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> Result<()> {
+        let name = name_str(name)?;
+        let newname = name_str(newname)?;
+        if noreplace && exchange {
+            return Err(Error::Invalid);
+        }
+        let mut st = self.state.write();
+        self.check_mutable_dir(&st, parent)?;
+        self.check_mutable_dir(&st, newparent)?;
+        let src = st
+            .child(&self.lower, parent, name)?
+            .ok_or(Error::NotFound)?;
+        let dst = st.child(&self.lower, newparent, newname)?;
+        let src_dir = st.kind(&self.lower, src) == Some(Kind::Dir);
+        if src_dir && self.is_within(&st, newparent, src) {
+            return Err(Error::Invalid);
+        }
+        match (dst, exchange) {
+            (None, true) => return Err(Error::NotFound),
+            (Some(d), true) => {
+                if st.kind(&self.lower, d) == Some(Kind::Dir) && self.is_within(&st, parent, d) {
+                    return Err(Error::Invalid);
+                }
+            }
+            (Some(_), false) if noreplace => return Err(Error::Exists),
+            (Some(d), false) => {
+                if d == src {
+                    return Ok(()); // the same file: nothing to do
+                }
+                let dst_dir = st.kind(&self.lower, d) == Some(Kind::Dir);
+                match (src_dir, dst_dir) {
+                    (true, false) => return Err(Error::NotDir),
+                    (false, true) => return Err(Error::IsDir),
+                    (true, true) if !st.is_empty_dir(&self.lower, d)? => {
+                        return Err(Error::NotEmpty);
+                    }
+                    _ => {}
+                }
+            }
+            (None, false) => {}
+        }
+        let applied = self.commit(
+            &mut st,
+            Record::Rename {
+                t: now(),
+                parent,
+                name: name.into(),
+                newparent,
+                newname: newname.into(),
+                exchange,
+            },
+        )?;
+        self.reap(&mut st, applied.unlinked);
+        Ok(())
+    }
+
+    /// `link`: a new name for a file (lower files too: no copy).
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        let newname = name_str(newname)?;
+        let mut st = self.state.write();
+        self.check_mutable_dir(&st, newparent)?;
+        let a = self.attr_of(&st, ino)?;
+        if a.kind == Kind::Dir {
+            return Err(Error::NotPermitted);
+        }
+        if a.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        if a.nlink >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        if st.child(&self.lower, newparent, newname)?.is_some() {
+            return Err(Error::Exists);
+        }
+        self.commit(
+            &mut st,
+            Record::Link {
+                t: now(),
+                ino,
+                parent: newparent,
+                name: newname.into(),
+            },
+        )?;
+        let a = self.attr_of(&st, ino)?;
+        if let Some(n) = st.nodes.get(&ino) {
+            n_lookup(n, 1);
+        }
+        Ok(a)
+    }
+
+    /// `setattr`: mode, owner, size (copying up a lower file), times.
+    pub fn setattr(&self, ino: Ino, req: SetAttr) -> Result<Attr> {
+        if let Some(size) = req.size {
+            if size > MAX_FILE_SIZE {
+                return Err(Error::TooBig);
+            }
+            match self.getattr(ino)?.kind {
+                Kind::File => {}
+                Kind::Dir => return Err(Error::IsDir),
+                _ => return Err(Error::Invalid),
+            }
+            let id = self.copy_up(ino, Some(size))?;
+            self.upper
+                .data(id)?
+                .set_len(size)
+                .map_err(|e| Error::Upper {
+                    context: "truncate".into(),
+                    source: e,
+                })?;
+        }
+        let t = now();
+        let resolve = |s: SetTime| match s {
+            SetTime::Now => t,
+            SetTime::At(v) => v,
+        };
+        let mut st = self.state.write();
+        let upper_data = match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+            Ref::Node(n) => match n.content {
+                Content::Upper(id) => Some(id),
+                _ => None,
+            },
+            Ref::Lower(_) => None,
+        };
+        let (mut atime, mut mtime) = (req.atime.map(resolve), req.mtime.map(resolve));
+        if let Some(id) = upper_data {
+            if atime.is_some() || mtime.is_some() {
+                set_file_times(&*self.upper.data(id)?, atime, mtime)?;
+            }
+            atime = None;
+            mtime = None;
+        }
+        let perm = req.mode.map(|m| (m & 0o7777) as u16);
+        if perm.is_some()
+            || req.uid.is_some()
+            || req.gid.is_some()
+            || atime.is_some()
+            || mtime.is_some()
+        {
+            self.commit(
+                &mut st,
+                Record::Setattr {
+                    t,
+                    ino,
+                    perm,
+                    uid: req.uid,
+                    gid: req.gid,
+                    atime,
+                    mtime,
+                },
+            )?;
+        }
+        self.attr_of(&st, ino)
+    }
+
+    /// Copies a lower file up (if it still is one) and returns its data
+    /// file. `keep` limits the bytes copied (for truncation; 0 copies none).
+    /// The copy runs without the state lock; if another thread copied the
+    /// same file first, its copy wins and this one is discarded.
+    fn copy_up(&self, ino: Ino, keep: Option<u64>) -> Result<u64> {
+        let (idx, id, mtime, atime) = {
+            let mut st = self.state.write();
+            let (content, mtime, atime) = match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+                Ref::Node(n) => (n.content, n.mtime, n.atime),
+                Ref::Lower(i) => {
+                    let a = self.lower_attr(ino, i);
+                    (Content::Lower(i), a.mtime, a.atime)
+                }
+            };
+            match content {
+                Content::Upper(id) => return Ok(id),
+                Content::Lower(i) => {
+                    let id = st.next_data;
+                    st.next_data += 1;
+                    (i, id, mtime, atime)
+                }
+                Content::None => return Err(Error::IsDir),
+            }
+        };
+        let size = self.lower.manifest().entries[idx as usize].size();
+        let copy = keep.map_or(size, |k| k.min(size));
+        let file = self.upper.create_data(id)?;
+        let result = (|| -> Result<()> {
+            let mut buf = Vec::with_capacity(crate::packet::format::CHUNK_SIZE as usize);
+            let mut pos = 0;
+            while pos < copy {
+                buf.clear();
+                let n = (copy - pos).min(crate::packet::format::CHUNK_SIZE);
+                self.verifier
+                    .read(&self.lower.packet, idx, pos, n, &mut buf)?;
+                upper::write_sparse(&file, &buf, pos).map_err(|e| Error::Upper {
+                    context: "copy-up".into(),
+                    source: e,
+                })?;
+                pos += n;
+            }
+            file.set_len(copy).map_err(|e| Error::Upper {
+                context: "copy-up".into(),
+                source: e,
+            })?;
+            set_file_times(&file, Some(atime), Some(mtime))
+        })();
+        if let Err(e) = result {
+            self.upper.remove_data(id);
+            return Err(e);
+        }
+        let mut st = self.state.write();
+        let still_lower = match st.get(&self.lower, ino) {
+            Some(Ref::Node(n)) => n.content == Content::Lower(idx),
+            Some(Ref::Lower(_)) => true,
+            None => false,
+        };
+        if !still_lower {
+            drop(st);
+            self.upper.remove_data(id);
+            return match self.state.read().get(&self.lower, ino) {
+                Some(Ref::Node(n)) => match n.content {
+                    Content::Upper(other) => Ok(other),
+                    _ => Err(Error::NotFound),
+                },
+                _ => Err(Error::NotFound),
+            };
+        }
+        if let Err(e) = self.commit(
+            &mut st,
+            Record::CopyUp {
+                t: now(),
+                ino,
+                data: id,
+            },
+        ) {
+            drop(st);
+            self.upper.remove_data(id);
+            return Err(e);
+        }
+        self.stats.copy_ups.fetch_add(1, Ordering::Relaxed);
+        Ok(id)
+    }
+
+    // -- file I/O ------------------------------------------------------------
+
+    fn open_handle(&self, ino: Ino, write: bool) -> u64 {
+        if let Some(n) = self.state.write().nodes.get_mut(&ino) {
+            n.opens += 1;
+        }
+        self.stats.opens.fetch_add(1, Ordering::Relaxed);
+        let mut log = self.stats.opened.lock();
+        if log.len() < OPENED_LOG {
+            log.push(ino);
+        }
+        drop(log);
+        self.new_handle(Handle::File { ino, write })
+    }
+
+    /// `open`. Opening for writing (or with `O_TRUNC`) copies a lower file
+    /// up first; truncation copies nothing.
+    pub fn open(&self, ino: Ino, write: bool, truncate: bool) -> Result<u64> {
+        match self.getattr(ino)?.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(Error::IsDir),
+            _ => return Err(Error::Invalid),
+        }
+        if write || truncate {
+            let id = self.copy_up(ino, truncate.then_some(0))?;
+            if truncate {
+                self.upper.data(id)?.set_len(0).map_err(|e| Error::Upper {
+                    context: "truncate".into(),
+                    source: e,
+                })?;
+            }
+        }
+        Ok(self.open_handle(ino, write))
+    }
+
+    fn handle_ino(&self, fh: u64) -> Result<(Ino, bool)> {
+        match self.handles.lock().get(&fh) {
+            Some(Handle::File { ino, write }) => Ok((*ino, *write)),
+            _ => Err(Error::BadHandle),
+        }
+    }
+
+    fn content(&self, ino: Ino) -> Result<Content> {
+        let st = self.state.read();
+        match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+            Ref::Node(n) => Ok(n.content),
+            Ref::Lower(i) => Ok(Content::Lower(i)),
+        }
+    }
+
+    /// `read`: appends up to `size` bytes at `offset` to `out`.
+    pub fn read(&self, fh: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
+        let (ino, _) = self.handle_ino(fh)?;
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        match self.content(ino)? {
+            Content::Lower(i) => {
+                self.verifier
+                    .read(&self.lower.packet, i, offset, u64::from(size), out)?
+            }
+            Content::Upper(id) => {
+                let f = self.upper.data(id)?;
+                let at = out.len();
+                out.resize(at + size as usize, 0);
+                let mut got = 0;
+                while got < size as usize {
+                    match f.read_at(&mut out[at + got..], offset + got as u64) {
+                        Ok(0) => break,
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            return Err(Error::Upper {
+                                context: "read".into(),
+                                source: e,
+                            });
+                        }
+                    }
+                }
+                out.truncate(at + got);
+            }
+            Content::None => return Err(Error::IsDir),
+        }
+        self.stats
+            .read_bytes
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `write`: to the upper data file.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let (ino, _) = self.handle_ino(fh)?;
+        if offset.saturating_add(data.len() as u64) > MAX_FILE_SIZE {
+            return Err(Error::TooBig);
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        let id = match self.content(ino)? {
+            Content::Upper(id) => id,
+            // A shared mapping of a file opened read-only: copy up now.
+            Content::Lower(_) => self.copy_up(ino, None)?,
+            Content::None => return Err(Error::IsDir),
+        };
+        self.upper
+            .data(id)?
+            .write_all_at(data, offset)
+            .map_err(|e| Error::Upper {
+                context: "write".into(),
+                source: e,
+            })?;
+        Ok(data.len() as u32)
+    }
+
+    /// `fsync` / `fdatasync`: the file's data and the journal.
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        let (ino, _) = self.handle_ino(fh)?;
+        if let Content::Upper(id) = self.content(ino)? {
+            let f = self.upper.data(id)?;
+            let r = if datasync {
+                f.sync_data()
+            } else {
+                f.sync_all()
+            };
+            r.map_err(|e| Error::Upper {
+                context: "fsync".into(),
+                source: e,
+            })?;
+        }
+        self.upper.sync_journal()
+    }
+
+    /// `fsyncdir`: the journal.
+    pub fn fsyncdir(&self) -> Result<()> {
+        self.upper.sync_journal()
+    }
+
+    /// `fallocate` on an open file (modes 0, `KEEP_SIZE`, `PUNCH_HOLE`).
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        let (ino, _) = self.handle_ino(fh)?;
+        if offset.saturating_add(length) > MAX_FILE_SIZE {
+            return Err(Error::TooBig);
+        }
+        let id = self.copy_up(ino, None)?;
+        crate::sys::fallocate(&*self.upper.data(id)?, mode, offset, length).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                Error::NotSupported
+            } else {
+                Error::Upper {
+                    context: "fallocate".into(),
+                    source: e,
+                }
+            }
+        })
+    }
+
+    /// `statfs` of the upper directory's filesystem.
+    pub fn statfs(&self) -> Result<nix::sys::statvfs::Statvfs> {
+        self.upper.statfs()
+    }
+}
+
+/// Adjusts a node's kernel reference count (it is atomic-free under a read
+/// lock only because counts are kept in a cell per node).
+fn n_lookup(n: &Node, delta: i64) {
+    n.lookups_cell().add(delta);
+}
+
+fn set_file_times(f: &File, atime: Option<Nanos>, mtime: Option<Nanos>) -> Result<()> {
+    use nix::sys::stat::futimens;
+    use nix::sys::time::TimeSpec;
+    let ts = |v: Option<Nanos>| match v {
+        Some(ns) => TimeSpec::new(ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000)),
+        None => TimeSpec::UTIME_OMIT,
+    };
+    futimens(f, &ts(atime), &ts(mtime)).map_err(|e| Error::Upper {
+        context: "set times".into(),
+        source: e.into(),
+    })
+}

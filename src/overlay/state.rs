@@ -1,0 +1,603 @@
+//! The merged view in memory: the lower index plus the nodes that differ
+//! from it, and the one function that changes it, [`State::apply`], used
+//! both live (after the record is in the journal) and when replaying.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::error::{Error, Result};
+use super::index::{Idx, LowerIndex};
+use super::ino::{Ino, InoAllocator, ROOT};
+use super::journal::{Nanos, Record};
+use super::node::{Content, Kind, Node};
+use crate::packet::format::{MODE_DIR, MODE_EXEC, MODE_FILE, MODE_SYMLINK};
+use crate::packet::manifest::{EntryKind, Manifest};
+use crate::packet::path::file_name;
+use crate::packet::reader::Packet;
+
+/// What the mount's root is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Root {
+    /// The packet root: a directory holding the parts, which cannot change.
+    Packet,
+    /// One part's root directory (its lower entry).
+    Part(Idx),
+}
+
+/// The read-only lower layer, shared by every thread.
+pub struct Lower {
+    /// The packet.
+    pub packet: Packet,
+    /// Its tree.
+    pub index: LowerIndex,
+    /// The mount root.
+    pub root: Root,
+    /// Owner shown for lower entries.
+    pub uid: u32,
+    /// Group shown for lower entries.
+    pub gid: u32,
+    /// Time shown for lower directories and symlinks: the newest file mtime.
+    pub dir_time: Nanos,
+}
+
+impl Lower {
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.packet.manifest
+    }
+
+    /// Inode number of lower entry `i` in this mount (the mount root is 1).
+    pub fn ino(&self, i: Idx) -> Ino {
+        if self.root == Root::Part(i) {
+            ROOT
+        } else {
+            self.index.ino(i)
+        }
+    }
+
+    /// The lower entry an inode number names, ignoring changes.
+    pub fn idx(&self, ino: Ino) -> Option<Idx> {
+        match (ino, self.root) {
+            (ROOT, Root::Part(i)) => Some(i),
+            (ROOT, Root::Packet) => None,
+            _ => self
+                .index
+                .by_ino(ino)
+                .filter(|&i| self.root != Root::Part(i)),
+        }
+    }
+
+    /// Kind of lower entry `i`.
+    pub fn kind(&self, i: Idx) -> Kind {
+        super::index::entry_kind(&self.manifest().entries[i as usize])
+    }
+
+    /// A pristine node for lower entry `i` (not yet in the state).
+    pub fn node(&self, i: Idx, parent: Ino) -> Node {
+        let e = &self.manifest().entries[i as usize];
+        let (kind, perm, time, content) = match &e.kind {
+            EntryKind::Dir => (Kind::Dir, MODE_DIR, self.dir_time, Content::None),
+            EntryKind::File(f) => (
+                Kind::File,
+                if f.executable { MODE_EXEC } else { MODE_FILE },
+                f.mtime_ns as Nanos,
+                Content::Lower(i),
+            ),
+            EntryKind::Symlink(_) => (Kind::Symlink, MODE_SYMLINK, self.dir_time, Content::None),
+        };
+        Node {
+            kind,
+            generation: 1,
+            lower: Some(i),
+            content,
+            target: None,
+            rdev: 0,
+            perm: perm as u16,
+            uid: self.uid,
+            gid: self.gid,
+            atime: time,
+            mtime: time,
+            ctime: time,
+            nlink: 1,
+            children: None,
+            subdirs: self.index.subdirs(i),
+            parent,
+            name: file_name(&e.path).into(),
+            lookups: Default::default(),
+            opens: 0,
+            immortal: true,
+        }
+    }
+
+    /// The parent inode of lower entry `i` in the pristine tree.
+    pub fn parent_ino(&self, i: Idx) -> Ino {
+        match self.index.parent(i) {
+            Some(p) => self.ino(p),
+            None => ROOT,
+        }
+    }
+}
+
+/// A resolved inode: a node, or a pristine lower entry.
+#[derive(Clone, Copy)]
+pub enum Ref<'a> {
+    /// In the state.
+    Node(&'a Node),
+    /// Pristine.
+    Lower(Idx),
+}
+
+/// The mutable merged view.
+pub struct State {
+    /// Inodes that differ from the lower layer.
+    pub nodes: HashMap<Ino, Node>,
+    /// Inode numbers in use.
+    pub inos: InoAllocator,
+    /// Last generation handed out per reused number.
+    gens: HashMap<Ino, u64>,
+    /// Next data file id.
+    pub next_data: u64,
+    /// Records applied since mount (replayed ones included).
+    pub applied: u64,
+}
+
+impl State {
+    /// The initial state over `lower`, its inode numbers claimed.
+    pub fn new(lower: &Lower, inos: InoAllocator) -> State {
+        let mut nodes = HashMap::new();
+        if lower.root == Root::Packet {
+            let children: BTreeMap<Box<str>, Ino> = lower
+                .index
+                .roots()
+                .iter()
+                .map(|&i| {
+                    (
+                        file_name(&lower.manifest().entries[i as usize].path).into(),
+                        lower.ino(i),
+                    )
+                })
+                .collect();
+            let subdirs = children.len() as u32;
+            nodes.insert(
+                ROOT,
+                Node {
+                    kind: Kind::Dir,
+                    generation: 1,
+                    lower: None,
+                    content: Content::None,
+                    target: None,
+                    rdev: 0,
+                    perm: MODE_DIR as u16,
+                    uid: lower.uid,
+                    gid: lower.gid,
+                    atime: lower.dir_time,
+                    mtime: lower.dir_time,
+                    ctime: lower.dir_time,
+                    nlink: 1,
+                    children: Some(children),
+                    subdirs,
+                    parent: ROOT,
+                    name: "".into(),
+                    lookups: Default::default(),
+                    opens: 0,
+                    immortal: true,
+                },
+            );
+        }
+        State {
+            nodes,
+            inos,
+            gens: HashMap::new(),
+            next_data: 1,
+            applied: 0,
+        }
+    }
+
+    /// Resolves an inode number.
+    pub fn get<'a>(&'a self, lower: &Lower, ino: Ino) -> Option<Ref<'a>> {
+        if let Some(n) = self.nodes.get(&ino) {
+            return Some(Ref::Node(n));
+        }
+        lower.idx(ino).map(Ref::Lower)
+    }
+
+    /// The kind of an inode.
+    pub fn kind(&self, lower: &Lower, ino: Ino) -> Option<Kind> {
+        match self.get(lower, ino)? {
+            Ref::Node(n) => Some(n.kind),
+            Ref::Lower(i) => Some(lower.kind(i)),
+        }
+    }
+
+    /// The child `name` of directory `dir`.
+    pub fn child(&self, lower: &Lower, dir: Ino, name: &str) -> Result<Option<Ino>> {
+        match self.get(lower, dir).ok_or(Error::NotFound)? {
+            Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
+            Ref::Node(n) => Ok(match (&n.children, n.lower) {
+                (Some(map), _) => map.get(name).copied(),
+                (None, Some(i)) => lower
+                    .index
+                    .child(lower.manifest(), i, name)
+                    .map(|c| lower.ino(c)),
+                (None, None) => None,
+            }),
+            Ref::Lower(i) if lower.kind(i) != Kind::Dir => Err(Error::NotDir),
+            Ref::Lower(i) => Ok(lower
+                .index
+                .child(lower.manifest(), i, name)
+                .map(|c| lower.ino(c))),
+        }
+    }
+
+    /// Every `(name, ino)` of directory `dir`, in name order.
+    pub fn list(&self, lower: &Lower, dir: Ino) -> Result<Vec<(Box<str>, Ino)>> {
+        let from_lower = |i: Idx| -> Vec<(Box<str>, Ino)> {
+            lower
+                .index
+                .children(i)
+                .iter()
+                .map(|&c| {
+                    (
+                        file_name(&lower.manifest().entries[c as usize].path).into(),
+                        lower.ino(c),
+                    )
+                })
+                .collect()
+        };
+        match self.get(lower, dir).ok_or(Error::NotFound)? {
+            Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
+            Ref::Node(n) => Ok(match (&n.children, n.lower) {
+                (Some(map), _) => map.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                (None, Some(i)) => from_lower(i),
+                (None, None) => Vec::new(),
+            }),
+            Ref::Lower(i) if lower.kind(i) != Kind::Dir => Err(Error::NotDir),
+            Ref::Lower(i) => Ok(from_lower(i)),
+        }
+    }
+
+    /// Whether directory `dir` has no entries.
+    pub fn is_empty_dir(&self, lower: &Lower, dir: Ino) -> Result<bool> {
+        match self.get(lower, dir).ok_or(Error::NotFound)? {
+            Ref::Node(n) => Ok(match (&n.children, n.lower) {
+                (Some(map), _) => map.is_empty(),
+                (None, Some(i)) => lower.index.children(i).is_empty(),
+                (None, None) => true,
+            }),
+            Ref::Lower(i) => Ok(lower.index.children(i).is_empty()),
+        }
+    }
+
+    /// The node of `ino`, materialized from the lower layer if pristine.
+    pub fn node_mut(&mut self, lower: &Lower, ino: Ino) -> Result<&mut Node> {
+        match self.nodes.entry(ino) {
+            std::collections::hash_map::Entry::Occupied(o) => Ok(o.into_mut()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let i = lower.idx(ino).ok_or(Error::NotFound)?;
+                Ok(v.insert(lower.node(i, lower.parent_ino(i))))
+            }
+        }
+    }
+
+    /// The listing of directory `dir`, materialized from the lower layer.
+    fn listing_mut(&mut self, lower: &Lower, dir: Ino) -> Result<&mut BTreeMap<Box<str>, Ino>> {
+        let n = self.node_mut(lower, dir)?;
+        if n.kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        if n.children.is_none() {
+            let map = match n.lower {
+                Some(i) => lower
+                    .index
+                    .children(i)
+                    .iter()
+                    .map(|&c| {
+                        (
+                            file_name(&lower.manifest().entries[c as usize].path).into(),
+                            lower.ino(c),
+                        )
+                    })
+                    .collect(),
+                None => BTreeMap::new(),
+            };
+            n.children = Some(map);
+        }
+        n.children.as_mut().ok_or(Error::NotDir)
+    }
+
+    /// The packet path a directory has now, for numbering new inodes. Paths
+    /// are those of the packet (`workspace/...`), whichever part is mounted.
+    pub fn path_of_dir(&self, lower: &Lower, dir: Ino) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        let mut cur = dir;
+        for _ in 0..4096 {
+            if cur == ROOT {
+                if let Root::Part(i) = lower.root {
+                    parts.push(lower.manifest().entries[i as usize].path.to_string());
+                }
+                break;
+            }
+            match self.get(lower, cur) {
+                Some(Ref::Node(n)) => {
+                    parts.push(n.name.to_string());
+                    cur = n.parent;
+                }
+                Some(Ref::Lower(i)) => {
+                    parts.push(file_name(&lower.manifest().entries[i as usize].path).to_string());
+                    cur = lower.parent_ino(i);
+                }
+                None => break,
+            }
+        }
+        parts.reverse();
+        parts.join("/")
+    }
+
+    /// A number and generation for a new inode at `dir`/`name`.
+    pub fn new_ino(&mut self, lower: &Lower, dir: Ino, name: &str) -> (Ino, u64) {
+        let dp = self.path_of_dir(lower, dir);
+        let path = if dp.is_empty() {
+            name.to_string()
+        } else {
+            format!("{dp}/{name}")
+        };
+        let ino = self.inos.allocate(&path);
+        let generation = self.gens.get(&ino).map_or(1, |g| g + 1);
+        self.gens.insert(ino, generation);
+        (ino, generation)
+    }
+
+    /// Forgets a node nothing refers to; returns its data file, if any, for
+    /// the caller to remove.
+    pub fn drop_if_unused(&mut self, ino: Ino) -> Option<u64> {
+        let n = self.nodes.get(&ino)?;
+        if !n.droppable() {
+            return None;
+        }
+        let n = self.nodes.remove(&ino)?;
+        self.inos.release(ino);
+        match n.content {
+            Content::Upper(id) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// Applies one record. Live operations check everything first, so a
+    /// failure here means a journal that does not match its packet.
+    pub fn apply(&mut self, lower: &Lower, rec: &Record) -> Result<Applied> {
+        self.applied += 1;
+        let mut out = Applied::default();
+        match rec {
+            Record::Mknode {
+                t,
+                ino,
+                generation,
+                parent,
+                name,
+                kind,
+                perm,
+                uid,
+                gid,
+                rdev,
+                data,
+                target,
+            } => {
+                let listing = self.listing_mut(lower, *parent)?;
+                if listing.contains_key(name.as_str()) {
+                    return Err(replay("create over an existing name"));
+                }
+                listing.insert(name.as_str().into(), *ino);
+                let p = self.node_mut(lower, *parent)?;
+                p.mtime = *t;
+                p.ctime = *t;
+                if *kind == Kind::Dir {
+                    p.subdirs += 1;
+                }
+                let content = match (kind, data) {
+                    (Kind::File, Some(id)) => {
+                        self.next_data = self.next_data.max(id + 1);
+                        Content::Upper(*id)
+                    }
+                    (Kind::File, None) => return Err(replay("file without a data file")),
+                    _ => Content::None,
+                };
+                self.inos.claim(*ino);
+                self.gens.insert(*ino, *generation);
+                self.nodes.insert(
+                    *ino,
+                    Node {
+                        kind: *kind,
+                        generation: *generation,
+                        lower: None,
+                        content,
+                        target: target.as_deref().map(Into::into),
+                        rdev: *rdev,
+                        perm: *perm & 0o7777,
+                        uid: *uid,
+                        gid: *gid,
+                        atime: *t,
+                        mtime: *t,
+                        ctime: *t,
+                        nlink: 1,
+                        children: (*kind == Kind::Dir).then(BTreeMap::new),
+                        subdirs: 0,
+                        parent: *parent,
+                        name: name.as_str().into(),
+                        lookups: Default::default(),
+                        opens: 0,
+                        immortal: false,
+                    },
+                );
+            }
+            Record::Link {
+                t,
+                ino,
+                parent,
+                name,
+            } => {
+                let listing = self.listing_mut(lower, *parent)?;
+                if listing.contains_key(name.as_str()) {
+                    return Err(replay("link over an existing name"));
+                }
+                listing.insert(name.as_str().into(), *ino);
+                let p = self.node_mut(lower, *parent)?;
+                p.mtime = *t;
+                p.ctime = *t;
+                let n = self.node_mut(lower, *ino)?;
+                n.nlink += 1;
+                n.ctime = *t;
+            }
+            Record::Unlink { t, parent, name } => {
+                let ino = self
+                    .listing_mut(lower, *parent)?
+                    .remove(name.as_str())
+                    .ok_or_else(|| replay("unlink of a missing name"))?;
+                let was_dir = self.unlink_inode(lower, ino, *t)?;
+                let p = self.node_mut(lower, *parent)?;
+                p.mtime = *t;
+                p.ctime = *t;
+                if was_dir {
+                    p.subdirs = p.subdirs.saturating_sub(1);
+                }
+                out.unlinked = Some(ino);
+            }
+            Record::Rename {
+                t,
+                parent,
+                name,
+                newparent,
+                newname,
+                exchange,
+            } => {
+                let src = self
+                    .listing_mut(lower, *parent)?
+                    .get(name.as_str())
+                    .copied()
+                    .ok_or_else(|| replay("rename of a missing name"))?;
+                let dst = self
+                    .listing_mut(lower, *newparent)?
+                    .get(newname.as_str())
+                    .copied();
+                let src_dir = self.kind(lower, src) == Some(Kind::Dir);
+                if *exchange {
+                    let dst = dst.ok_or_else(|| replay("exchange with a missing name"))?;
+                    let dst_dir = self.kind(lower, dst) == Some(Kind::Dir);
+                    self.listing_mut(lower, *parent)?
+                        .insert(name.as_str().into(), dst);
+                    self.listing_mut(lower, *newparent)?
+                        .insert(newname.as_str().into(), src);
+                    if src_dir != dst_dir && parent != newparent {
+                        let (from, to) = if src_dir {
+                            (*parent, *newparent)
+                        } else {
+                            (*newparent, *parent)
+                        };
+                        let f = self.node_mut(lower, from)?;
+                        f.subdirs = f.subdirs.saturating_sub(1);
+                        self.node_mut(lower, to)?.subdirs += 1;
+                    }
+                    for (ino, p, nm) in [(src, *newparent, newname), (dst, *parent, name)] {
+                        let n = self.node_mut(lower, ino)?;
+                        n.ctime = *t;
+                        if n.kind == Kind::Dir {
+                            n.parent = p;
+                            n.name = nm.as_str().into();
+                        }
+                    }
+                } else {
+                    if let Some(d) = dst {
+                        if d == src {
+                            return Ok(out);
+                        }
+                        let was_dir = self.unlink_inode(lower, d, *t)?;
+                        if was_dir {
+                            let np = self.node_mut(lower, *newparent)?;
+                            np.subdirs = np.subdirs.saturating_sub(1);
+                        }
+                        out.unlinked = Some(d);
+                    }
+                    self.listing_mut(lower, *parent)?.remove(name.as_str());
+                    self.listing_mut(lower, *newparent)?
+                        .insert(newname.as_str().into(), src);
+                    if src_dir && parent != newparent {
+                        let p = self.node_mut(lower, *parent)?;
+                        p.subdirs = p.subdirs.saturating_sub(1);
+                        self.node_mut(lower, *newparent)?.subdirs += 1;
+                    }
+                    let n = self.node_mut(lower, src)?;
+                    n.ctime = *t;
+                    if n.kind == Kind::Dir {
+                        n.parent = *newparent;
+                        n.name = newname.as_str().into();
+                    }
+                }
+                for p in [*parent, *newparent] {
+                    let pn = self.node_mut(lower, p)?;
+                    pn.mtime = *t;
+                    pn.ctime = *t;
+                }
+            }
+            Record::Setattr {
+                t,
+                ino,
+                perm,
+                uid,
+                gid,
+                atime,
+                mtime,
+            } => {
+                let n = self.node_mut(lower, *ino)?;
+                if let Some(p) = perm {
+                    n.perm = *p & 0o7777;
+                }
+                if let Some(u) = uid {
+                    n.uid = *u;
+                }
+                if let Some(g) = gid {
+                    n.gid = *g;
+                }
+                if let Some(a) = atime {
+                    n.atime = *a;
+                }
+                if let Some(m) = mtime {
+                    n.mtime = *m;
+                }
+                n.ctime = *t;
+            }
+            Record::CopyUp { ino, data, .. } => {
+                let n = self.node_mut(lower, *ino)?;
+                if !matches!(n.content, Content::Lower(_)) {
+                    return Err(replay("copy-up of a file that is not lower"));
+                }
+                n.content = Content::Upper(*data);
+                self.next_data = self.next_data.max(data + 1);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops one name of `ino`; returns whether it was a directory.
+    fn unlink_inode(&mut self, lower: &Lower, ino: Ino, t: Nanos) -> Result<bool> {
+        let n = self.node_mut(lower, ino)?;
+        n.nlink = n.nlink.saturating_sub(1);
+        n.ctime = t;
+        let dir = n.kind == Kind::Dir;
+        if dir {
+            n.nlink = 0;
+        }
+        Ok(dir)
+    }
+}
+
+/// Side effects of applying a record, for the live caller.
+#[derive(Default, Debug)]
+pub struct Applied {
+    /// An inode that lost a name (it may now be droppable).
+    pub unlinked: Option<Ino>,
+}
+
+fn replay(reason: &str) -> Error {
+    Error::Replay {
+        index: 0,
+        reason: reason.into(),
+    }
+}

@@ -1,0 +1,443 @@
+//! The upper directory on disk: its header, the journal, and the data files.
+//! See docs/upper-format.md for the contract.
+//!
+//! Every path the daemon opens in it is a name it generates, opened beneath
+//! a directory handle with `O_NOFOLLOW`: nothing in the upper directory can
+//! make the daemon follow a symlink.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::num::NonZeroUsize;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lru::LruCache;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, fstatat, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::error::{Error, Result};
+use super::journal::{self, Record};
+use crate::packet::digest::Digest;
+
+/// Name of the header file.
+pub const HEADER: &str = "sessionfs-upper.json";
+/// Name of the journal.
+pub const JOURNAL: &str = "journal";
+/// Name of the data directory.
+pub const DATA: &str = "data";
+/// Schema of the header.
+pub const SCHEMA: &str = "sessionfs.upper/1";
+
+/// Open data files kept at once (the rest are reopened on demand), so the
+/// daemon never holds a descriptor per inode.
+const OPEN_FILES: usize = 256;
+
+/// The header: which packet this upper directory belongs to.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    schema: String,
+    packet: String,
+}
+
+/// An open upper directory, locked for one daemon.
+pub struct Upper {
+    /// The exclusive lock on the journal, held while the daemon runs.
+    _lock: nix::fcntl::Flock<File>,
+    root: PathBuf,
+    data: OwnedFd,
+    journal: File,
+    /// Bytes of the journal, to roll back a failed append.
+    journal_len: Mutex<u64>,
+    fds: Mutex<LruCache<u64, Arc<File>>>,
+}
+
+/// What opening found in the journal.
+pub struct Opened {
+    /// The directory.
+    pub upper: Upper,
+    /// The journal's records.
+    pub records: Vec<Record>,
+}
+
+fn io_at(path: &Path, what: &str) -> impl FnOnce(io::Error) -> Error + use<> {
+    let context = format!("{}: {what}", path.display());
+    move |e| Error::Upper { context, source: e }
+}
+
+fn nix_at(path: &Path, what: &str) -> impl FnOnce(nix::Error) -> Error + use<> {
+    let f = io_at(path, what);
+    move |e| f(e.into())
+}
+
+impl Upper {
+    /// Opens (creating if absent or empty) the upper directory for the
+    /// packet `digest`, takes its lock, and reads its journal.
+    pub fn open(root: &Path, digest: &Digest) -> Result<Opened> {
+        match std::fs::symlink_metadata(root) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::fs::DirBuilder::new()
+                    .mode_0700()
+                    .create(root)
+                    .map_err(io_at(root, "cannot create the upper directory"))?;
+            }
+            Err(e) => return Err(io_at(root, "cannot stat the upper directory")(e)),
+            Ok(m) if !m.is_dir() => {
+                return Err(Error::UpperRefused {
+                    path: root.display().to_string(),
+                    reason: "not a directory (a symlink is not followed)".into(),
+                });
+            }
+            Ok(_) => {}
+        }
+        let dir = nix::fcntl::open(
+            root,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(nix_at(root, "cannot open the upper directory"))?;
+        let header_path = root.join(HEADER);
+        let has_header = fstatat(&dir, HEADER, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok();
+        if !has_header {
+            let empty = std::fs::read_dir(root)
+                .map_err(io_at(root, "cannot read the upper directory"))?
+                .next()
+                .is_none();
+            if !empty {
+                return Err(Error::UpperRefused {
+                    path: root.display().to_string(),
+                    reason: format!("not empty and has no {HEADER}: not an upper directory"),
+                });
+            }
+            write_header(&dir, root, digest)?;
+        } else {
+            let mut text = String::new();
+            let fd = openat(
+                &dir,
+                HEADER,
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(nix_at(&header_path, "cannot open"))?;
+            File::from(fd)
+                .take(64 * 1024)
+                .read_to_string(&mut text)
+                .map_err(io_at(&header_path, "cannot read"))?;
+            let h: Header = serde_json::from_str(&text).map_err(|e| Error::UpperRefused {
+                path: header_path.display().to_string(),
+                reason: format!("not a valid upper header: {e}"),
+            })?;
+            if h.schema != SCHEMA {
+                return Err(Error::UpperRefused {
+                    path: header_path.display().to_string(),
+                    reason: format!(
+                        "upper schema `{}` is not supported (this sessionfs uses {SCHEMA})",
+                        h.schema
+                    ),
+                });
+            }
+            if h.packet != digest.to_string() {
+                return Err(Error::UpperMismatch {
+                    path: root.display().to_string(),
+                    upper: h.packet,
+                    packet: digest.to_string(),
+                });
+            }
+        }
+        let jfd = openat(
+            &dir,
+            JOURNAL,
+            OFlag::O_RDWR | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(nix_at(&root.join(JOURNAL), "cannot open the journal"))?;
+        let mut journal = File::from(jfd);
+        let clone = journal
+            .try_clone()
+            .map_err(io_at(root, "cannot lock the journal"))?;
+        let lock = match nix::fcntl::Flock::lock(clone, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        {
+            Ok(lock) => lock,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(Error::UpperRefused {
+                    path: root.display().to_string(),
+                    reason: "in use by another sessionfs mount (its journal is locked)".into(),
+                });
+            }
+            Err((_, errno)) => return Err(io_at(root, "cannot lock the journal")(errno.into())),
+        };
+        let mut bytes = Vec::new();
+        journal
+            .read_to_end(&mut bytes)
+            .map_err(io_at(&root.join(JOURNAL), "cannot read the journal"))?;
+        let parsed = journal::parse(&bytes).map_err(|reason| Error::UpperRefused {
+            path: root.join(JOURNAL).display().to_string(),
+            reason,
+        })?;
+        if parsed.valid_len < bytes.len() {
+            tracing::warn!(
+                dropped = bytes.len() - parsed.valid_len,
+                "the journal ends with a record cut short by a crash; dropping it"
+            );
+            journal
+                .set_len(parsed.valid_len as u64)
+                .map_err(io_at(&root.join(JOURNAL), "cannot truncate the journal"))?;
+        }
+        if let Err(e) = mkdirat(&dir, DATA, Mode::from_bits_truncate(0o700)) {
+            if e != nix::errno::Errno::EEXIST {
+                return Err(nix_at(&root.join(DATA), "cannot create")(e));
+            }
+        }
+        let data = openat(
+            &dir,
+            DATA,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(nix_at(
+            &root.join(DATA),
+            "cannot open (it must be a directory, not a symlink)",
+        ))?;
+        Ok(Opened {
+            upper: Upper {
+                _lock: lock,
+                root: root.to_owned(),
+                data,
+                journal,
+                journal_len: Mutex::new(parsed.valid_len as u64),
+                fds: Mutex::new(LruCache::new(
+                    NonZeroUsize::new(OPEN_FILES).unwrap_or(NonZeroUsize::MIN),
+                )),
+            },
+            records: parsed.records,
+        })
+    }
+
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Appends one record with a single `write`. On failure the journal is
+    /// cut back to its previous length, so no partial line remains.
+    pub fn append(&self, rec: &Record) -> Result<()> {
+        let line = rec.to_line();
+        let mut len = self.journal_len.lock();
+        match (&self.journal).write(&line) {
+            Ok(n) if n == line.len() => {
+                *len += n as u64;
+                Ok(())
+            }
+            other => {
+                let _ = self.journal.set_len(*len);
+                let e = match other {
+                    Ok(_) => io::Error::new(io::ErrorKind::WriteZero, "short write"),
+                    Err(e) => e,
+                };
+                Err(io_at(
+                    &self.root.join(JOURNAL),
+                    "cannot append to the journal",
+                )(e))
+            }
+        }
+    }
+
+    /// Makes the journal durable.
+    pub fn sync_journal(&self) -> Result<()> {
+        self.journal
+            .sync_data()
+            .map_err(io_at(&self.root.join(JOURNAL), "cannot fsync the journal"))
+    }
+
+    /// Creates data file `id` (empty, mode 0600, `O_EXCL`).
+    pub fn create_data(&self, id: u64) -> Result<Arc<File>> {
+        let name = data_name(id);
+        let fd = openat(
+            &self.data,
+            name.as_str(),
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| self.data_err(id, "cannot create")(e.into()))?;
+        let f = Arc::new(File::from(fd));
+        self.fds.lock().put(id, f.clone());
+        Ok(f)
+    }
+
+    /// An open handle on data file `id` (from the cache, or opened).
+    pub fn data(&self, id: u64) -> Result<Arc<File>> {
+        if let Some(f) = self.fds.lock().get(&id) {
+            return Ok(f.clone());
+        }
+        let fd = openat(
+            &self.data,
+            data_name(id).as_str(),
+            OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| self.data_err(id, "cannot open")(e.into()))?;
+        let f = Arc::new(File::from(fd));
+        self.fds.lock().put(id, f.clone());
+        Ok(f)
+    }
+
+    /// Stat of data file `id`.
+    pub fn stat_data(&self, id: u64) -> Result<FileStat> {
+        if let Some(f) = self.fds.lock().peek(&id) {
+            return nix::sys::stat::fstat(f.as_fd())
+                .map_err(|e| self.data_err(id, "cannot stat")(e.into()));
+        }
+        fstatat(
+            &self.data,
+            data_name(id).as_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| self.data_err(id, "cannot stat")(e.into()))
+    }
+
+    /// Removes data file `id` (its last name is gone and nothing has it open).
+    pub fn remove_data(&self, id: u64) {
+        self.fds.lock().pop(&id);
+        if let Err(e) = unlinkat(
+            &self.data,
+            data_name(id).as_str(),
+            UnlinkatFlags::NoRemoveDir,
+        ) {
+            tracing::warn!(id, error = %e, "cannot remove an unused data file; it will be removed at the next mount");
+        }
+    }
+
+    /// Ids of every data file present (names that are not ids are ignored).
+    pub fn list_data(&self) -> Result<Vec<u64>> {
+        let fd = openat(
+            &self.data,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(nix_at(&self.root.join(DATA), "cannot open"))?;
+        let mut dir =
+            nix::dir::Dir::from_fd(fd).map_err(nix_at(&self.root.join(DATA), "cannot read"))?;
+        let mut ids = Vec::new();
+        for ent in dir.iter() {
+            let ent = ent.map_err(nix_at(&self.root.join(DATA), "cannot read"))?;
+            if let Some(id) = parse_data_name(ent.file_name().to_bytes()) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Numbers of the upper directory's filesystem.
+    pub fn statfs(&self) -> Result<nix::sys::statvfs::Statvfs> {
+        nix::sys::statvfs::fstatvfs(&self.data).map_err(nix_at(&self.root, "cannot statfs"))
+    }
+
+    fn data_err(&self, id: u64, what: &str) -> impl FnOnce(io::Error) -> Error + use<> {
+        let path = self.root.join(DATA).join(data_name(id));
+        io_at(&path, what)
+    }
+}
+
+/// Writes `bytes` at `offset` of `file`, leaving holes where a 4 KiB block
+/// (aligned to the file) is all zeros. Returns bytes written.
+pub fn write_sparse(file: &File, bytes: &[u8], offset: u64) -> io::Result<()> {
+    const BLOCK: usize = 4096;
+    let mut i = 0;
+    while i < bytes.len() {
+        // Align block boundaries to the file offset.
+        let to_boundary = BLOCK - ((offset as usize + i) % BLOCK);
+        let end = (i + to_boundary).min(bytes.len());
+        let chunk = &bytes[i..end];
+        if chunk.iter().any(|&b| b != 0) {
+            file.write_all_at(chunk, offset + i as u64)?;
+        }
+        i = end;
+    }
+    Ok(())
+}
+
+/// File name of data file `id`: 16 lowercase hex digits.
+pub fn data_name(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+fn parse_data_name(name: &[u8]) -> Option<u64> {
+    if name.len() != 16 || !name.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(name).ok()?, 16).ok()
+}
+
+fn write_header(dir: &OwnedFd, root: &Path, digest: &Digest) -> Result<()> {
+    let header = Header {
+        schema: SCHEMA.into(),
+        packet: digest.to_string(),
+    };
+    let mut text = serde_json::to_vec(&header).unwrap_or_default();
+    text.push(b'\n');
+    let tmp = format!("{HEADER}.tmp");
+    let fd = openat(
+        dir,
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(nix_at(&root.join(&tmp), "cannot create"))?;
+    let mut f = File::from(fd);
+    f.write_all(&text)
+        .and_then(|_| f.sync_all())
+        .map_err(io_at(&root.join(&tmp), "cannot write"))?;
+    nix::fcntl::renameat(dir, tmp.as_str(), dir, HEADER)
+        .map_err(nix_at(&root.join(HEADER), "cannot create"))?;
+    nix::unistd::fsync(dir).map_err(nix_at(root, "cannot fsync"))
+}
+
+trait DirBuilderExt {
+    fn mode_0700(&mut self) -> &mut Self;
+}
+
+impl DirBuilderExt for std::fs::DirBuilder {
+    fn mode_0700(&mut self) -> &mut Self {
+        use std::os::unix::fs::DirBuilderExt as _;
+        self.mode(0o700)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_names() {
+        assert_eq!(data_name(255), "00000000000000ff");
+        assert_eq!(parse_data_name(b"00000000000000ff"), Some(255));
+        assert_eq!(parse_data_name(b"00000000000000FF"), None);
+        assert_eq!(parse_data_name(b"ff"), None);
+    }
+
+    #[test]
+    fn sparse_writes_leave_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let f = tempfile::tempfile().unwrap();
+        let mut data = vec![0u8; 1 << 20];
+        data[100] = 1;
+        data[(1 << 20) - 1] = 2;
+        write_sparse(&f, &data, 0).unwrap();
+        f.set_len(1 << 20).unwrap();
+        let m = f.metadata().unwrap();
+        assert!(
+            m.blocks() * 512 < 64 * 1024,
+            "{} blocks allocated",
+            m.blocks()
+        );
+        let mut back = vec![0u8; 1 << 20];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert_eq!(back, data);
+    }
+}
