@@ -1,10 +1,9 @@
 //! The lower layer as a tree: a compact index over the manifest, built once
 //! at mount in time linear in the entries, without touching file content.
 //!
-//! Entries are sorted by path bytes, so every directory's descendants are a
-//! contiguous run after it and its children, in that run, come in name
-//! order: children lists are filled in one pass with a stack, and a name is
-//! found by binary search.
+//! Entries are sorted by path bytes, so a directory's children, taken in
+//! entry order, come in name order: children lists are filled in one pass,
+//! and a name is found by binary search.
 
 use std::collections::HashMap;
 
@@ -46,21 +45,11 @@ impl LowerIndex {
         let mut counts = vec![0u32; n + 1];
         let mut subdirs = vec![0u32; n];
         let mut roots = Vec::new();
-        // Stack of open directories: each entry's parent is the deepest open
-        // directory whose path is a prefix of it followed by `/`.
-        let mut stack: Vec<Idx> = Vec::new();
+        // Parents by path: a directory's descendants are contiguous in byte
+        // order, but not always right after it (`a`, `a-b`, `a.txt`, `a/b`).
+        let mut dirs: HashMap<&str, Idx> = HashMap::new();
         for (i, e) in m.entries.iter().enumerate() {
-            while let Some(&top) = stack.last() {
-                let tp: &str = &m.entries[top as usize].path;
-                if e.path.len() > tp.len()
-                    && e.path.starts_with(tp)
-                    && e.path.as_bytes()[tp.len()] == b'/'
-                {
-                    break;
-                }
-                stack.pop();
-            }
-            match stack.last() {
+            match e.path.rfind('/').and_then(|k| dirs.get(&e.path[..k])) {
                 Some(&p) => {
                     parent[i] = p;
                     counts[p as usize] += 1;
@@ -71,7 +60,7 @@ impl LowerIndex {
                 None => roots.push(i as Idx),
             }
             if e.is_dir() {
-                stack.push(i as Idx);
+                dirs.insert(&e.path, i as Idx);
             }
         }
         // Prefix sums, then fill in entry order (which is name order within
