@@ -3,7 +3,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build release deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
+# Third-party suites are installed by their scripts when missing.
+.PHONY: suites build release deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
 
 build:
 	$(CARGO) build --all-targets
@@ -15,8 +16,8 @@ deps:
 	scripts/deps.sh
 
 test: deps fmt-check clippy
-	$(CARGO) test --all-targets
-	$(MAKE) schema-check
+	SESSIONFS_REQUIRE_FUSE=1 $(CARGO) test --all-targets
+	$(MAKE) schema-check suites
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
 
 check: test doc
@@ -35,6 +36,11 @@ doc:
 
 schema-check: release
 	scripts/check-schema.sh
+
+# Third-party suites against real mounts: pjdfstest (POSIX) and fsx (I/O).
+suites: release
+	scripts/suites/pjdfstest.sh
+	scripts/suites/fsx.sh
 
 demo: release
 	scripts/demo.sh

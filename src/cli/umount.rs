@@ -13,12 +13,17 @@ use crate::packet::error::ErrorClass;
 /// Unmount a sessionfs mount: asks its daemon (found from the mountpoint
 /// through its control socket) to unmount cleanly, and waits until the
 /// mount is gone. Without a daemon to ask, falls back to `fusermount3 -u`.
+/// A mount with open files is busy (exit 8) unless `--lazy`.
 ///
 /// Example: sessionfs umount /workspace
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The mountpoint.
     mountpoint: PathBuf,
+    /// Detach now even if busy; the daemon exits once the last open file
+    /// on the mount is closed.
+    #[arg(long)]
+    lazy: bool,
 }
 
 #[derive(Serialize)]

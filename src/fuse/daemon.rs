@@ -103,6 +103,13 @@ pub fn serve(
                     let r = unmounter.lock().unmount();
                     match r {
                         Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true}),
+                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
+                            "busy",
+                            &format!(
+                                "{}: cannot unmount: files on it are open or a process works in it; close them, or use `sessionfs umount --lazy`",
+                                mountpoint.display()
+                            ),
+                        ),
                         Err(e) => error("io", &format!("cannot unmount: {e}")),
                     }
                 }
@@ -126,6 +133,7 @@ pub fn serve(
 pub fn error(kind: &str, message: &str) -> Value {
     let exit = match kind {
         "usage" => 2,
+        "busy" => 8,
         _ => 6,
     };
     json!({"schema": "sessionfs.error/1", "kind": kind, "message": message, "exit_code": exit})

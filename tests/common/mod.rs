@@ -211,3 +211,97 @@ pub fn pack(ws: &Path, out: &Path, extra: &[&str]) -> Value {
     args.extend(extra.iter().map(|s| s.to_string()));
     run(&args).ok().clone()
 }
+
+/// Whether FUSE can be used here. Without /dev/fuse the mount tests print
+/// why they skip, except under `SESSIONFS_REQUIRE_FUSE=1` (set by
+/// `make test`), where a missing FUSE fails them.
+pub fn fuse_available() -> bool {
+    if Path::new("/dev/fuse").exists() {
+        return true;
+    }
+    if std::env::var_os("SESSIONFS_REQUIRE_FUSE").is_some() {
+        panic!("/dev/fuse is missing but SESSIONFS_REQUIRE_FUSE is set: FUSE tests must run");
+    }
+    eprintln!("SKIPPED: /dev/fuse does not exist on this machine, so no FUSE mount can be made");
+    false
+}
+
+/// A mounted packet, unmounted on drop.
+pub struct Mounted {
+    pub mnt: PathBuf,
+    pub upper: PathBuf,
+    pub packet: PathBuf,
+    pub result: Value,
+    mounted: bool,
+}
+
+impl Mounted {
+    /// Mounts `packet` at `mnt` (created) with upper directory `upper`.
+    #[track_caller]
+    pub fn new(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str]) -> Mounted {
+        fs::create_dir_all(mnt).unwrap();
+        let mut args: Vec<String> = vec![
+            "mount".into(),
+            packet.display().to_string(),
+            mnt.display().to_string(),
+            "--upper".into(),
+            upper.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let r = run(&args);
+        let result = r.ok().clone();
+        assert_eq!(result["schema"], "sessionfs.mount-result/1");
+        Mounted {
+            mnt: mnt.to_owned(),
+            upper: upper.to_owned(),
+            packet: packet.to_owned(),
+            result,
+            mounted: true,
+        }
+    }
+
+    /// Path `rel` inside the mount.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.mnt.clone()
+        } else {
+            self.mnt.join(rel)
+        }
+    }
+
+    /// The daemon's `status` object.
+    pub fn status(&self) -> Value {
+        run(["status", self.mnt.to_str().unwrap()]).ok().clone()
+    }
+
+    /// Unmounts, asserting success.
+    #[track_caller]
+    pub fn umount(mut self) {
+        self.mounted = false;
+        run(["umount", self.mnt.to_str().unwrap()]).ok();
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> i32 {
+        self.result["pid"].as_i64().unwrap() as i32
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new(bin()).arg("umount").arg(&self.mnt).output();
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.mnt)
+                .output();
+        }
+    }
+}
+
+/// Packs `ws` (extra pack args) into `dir/name.packet` and returns its path.
+pub fn packet_of(ws: &Path, dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let p = dir.join(format!("{name}.packet"));
+    pack(ws, &p, extra);
+    p
+}

@@ -1,0 +1,648 @@
+//! The claims of docs/SEMANTICS.md, checked on real FUSE mounts, one test
+//! per claim (quoted in each test's comment).
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use sessionfs::overlay::ino::candidate;
+
+/// A workspace with files, an executable, a big multi-chunk file, a mostly
+/// empty file, nested directories, a symlink; packed; and a temp dir.
+fn setup() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    sample_tree(&ws);
+    write(&ws, "dir/sub/file.txt", b"in a subdirectory\n");
+    let mut sparse = vec![0u8; 8 << 20];
+    sparse[5] = 1;
+    sparse[(8 << 20) - 1] = 2;
+    write(&ws, "sparse.bin", &sparse);
+    let p = packet_of(&ws, tmp.path(), "p", &[]);
+    (tmp, p)
+}
+
+fn mount_ws(tmp: &Path, packet: &Path, extra: &[&str]) -> Mounted {
+    let mut args = vec!["--part", "workspace"];
+    args.extend_from_slice(extra);
+    Mounted::new(packet, &tmp.join("mnt"), &tmp.join("upper"), &args)
+}
+
+fn data_files(m: &Mounted) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = fs::read_dir(m.upper.join("data"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().len(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().unwrap()
+}
+
+#[test]
+fn lower_entries_show_manifest_metadata_and_nothing_is_read_at_mount() {
+    // "The mount is then ready: no file content has been read yet."
+    // "lower files show the manifest's mtime with ctime equal to it, and the
+    // owner is the mounting user (or --uid/--gid)."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &["--uid", "4321", "--gid", "8765"]);
+    assert_eq!(m.status()["verified_bytes"], 0);
+    let ws = tmp.path().join("ws");
+    assert_eq!(snapshot(&ws), snapshot(&m.mnt));
+    for rel in ["README.md", "bin/run.sh", "data/big.bin"] {
+        let a = fs::metadata(ws.join(rel)).unwrap();
+        let b = fs::metadata(m.path(rel)).unwrap();
+        assert_eq!(
+            (a.mtime(), a.mtime_nsec()),
+            (b.mtime(), b.mtime_nsec()),
+            "{rel}"
+        );
+        assert_eq!(
+            (b.ctime(), b.ctime_nsec()),
+            (b.mtime(), b.mtime_nsec()),
+            "{rel}: ctime = mtime"
+        );
+        assert_eq!((b.uid(), b.gid()), (4321, 8765));
+        // "a path gets the same inode number in every mount of every packet"
+        assert_eq!(b.ino(), candidate(&format!("workspace/{rel}"), 0), "{rel}");
+    }
+    assert_eq!(
+        fs::metadata(m.path("bin/run.sh"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755
+    );
+    assert_eq!(
+        fs::read_link(m.path("link")).unwrap().to_str(),
+        Some("src/main.rs")
+    );
+    assert_eq!(fs::metadata(&m.mnt).unwrap().ino(), 1);
+    m.umount();
+}
+
+#[test]
+fn copy_up_on_first_write_keeps_the_inode_and_never_touches_the_packet() {
+    // "The first write to a lower file copies it up into the upper
+    // directory"; "the packet itself is never modified"; "Inode numbers are
+    // stable for the life of the mount, across copy-up".
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let before = fs::read(&p).unwrap();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let ino = fs::metadata(m.path("README.md")).unwrap().ino();
+    assert!(data_files(&m).is_empty());
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("README.md"))
+        .unwrap();
+    f.write_all(b"more\n").unwrap();
+    drop(f);
+    assert_eq!(fs::read(m.path("README.md")).unwrap(), b"# sample\nmore\n");
+    assert_eq!(fs::metadata(m.path("README.md")).unwrap().ino(), ino);
+    assert_eq!(data_files(&m).len(), 1);
+    m.umount();
+    assert_eq!(fs::read(&p).unwrap(), before, "the packet file changed");
+}
+
+#[test]
+fn renaming_lower_entries_copies_no_data() {
+    // "Renaming a lower file or directory is a metadata operation recorded
+    // in the upper directory: it copies no file data and is O(1) in the
+    // file's size"; inode numbers survive rename.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let big_ino = fs::metadata(m.path("data/big.bin")).unwrap().ino();
+    let want = fs::read(tmp.path().join("ws/data/big.bin")).unwrap();
+    fs::rename(m.path("data"), m.path("moved")).unwrap();
+    fs::rename(m.path("moved/big.bin"), m.path("big-renamed.bin")).unwrap();
+    assert!(
+        data_files(&m).is_empty(),
+        "a rename copied data: {:?}",
+        data_files(&m)
+    );
+    assert_eq!(
+        fs::metadata(m.path("big-renamed.bin")).unwrap().ino(),
+        big_ino
+    );
+    assert_eq!(fs::read(m.path("big-renamed.bin")).unwrap(), want);
+    assert!(!m.path("data").exists());
+    // Replace-by-rename of a lower file is atomic and leaves no trace.
+    fs::write(m.path("README.tmp"), b"new readme\n").unwrap();
+    fs::rename(m.path("README.tmp"), m.path("README.md")).unwrap();
+    assert_eq!(fs::read(m.path("README.md")).unwrap(), b"new readme\n");
+    assert!(!m.path("README.tmp").exists());
+    m.umount();
+}
+
+#[test]
+fn hard_links_to_lower_files_work_without_exdev() {
+    // "Hard links to lower files work too (no EXDEV)."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    fs::hard_link(m.path("README.md"), m.path("dir/readme-link")).unwrap();
+    let a = fs::metadata(m.path("README.md")).unwrap();
+    let b = fs::metadata(m.path("dir/readme-link")).unwrap();
+    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2));
+    assert!(data_files(&m).is_empty(), "a link copied data");
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("dir/readme-link"))
+        .unwrap()
+        .write_all(b"x")
+        .unwrap();
+    assert_eq!(fs::read(m.path("README.md")).unwrap(), b"# sample\nx");
+    fs::remove_file(m.path("README.md")).unwrap();
+    assert_eq!(fs::metadata(m.path("dir/readme-link")).unwrap().nlink(), 1);
+    m.umount();
+}
+
+#[test]
+fn whiteouts_opaque_directories_and_no_reserved_names() {
+    // "Deleting or renaming away a lower entry leaves a whiteout; a
+    // directory removed and recreated becomes opaque." "The encoding
+    // reserves no names."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    fs::remove_file(m.path("dir/sub/file.txt")).unwrap();
+    fs::remove_dir(m.path("dir/sub")).unwrap();
+    assert!(!m.path("dir/sub").exists());
+    fs::create_dir(m.path("dir/sub")).unwrap();
+    assert_eq!(
+        fs::read_dir(m.path("dir/sub")).unwrap().count(),
+        0,
+        "a recreated directory is opaque"
+    );
+    assert_eq!(errno_of(fs::remove_dir(m.path("src"))), libc::ENOTEMPTY);
+    fs::write(m.path(".wh.README.md"), b"an ordinary name").unwrap();
+    assert!(m.path("README.md").exists());
+    nix::sys::stat::mknod(
+        &m.path("char00"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        0,
+    )
+    .unwrap();
+    assert!(
+        fs::symlink_metadata(m.path("char00"))
+            .unwrap()
+            .file_type()
+            .is_char_device_like()
+    );
+    m.umount();
+}
+
+trait CharDev {
+    fn is_char_device_like(&self) -> bool;
+}
+
+impl CharDev for fs::FileType {
+    fn is_char_device_like(&self) -> bool {
+        use std::os::unix::fs::FileTypeExt;
+        self.is_char_device()
+    }
+}
+
+#[test]
+fn special_files_exist_on_the_mount() {
+    // "FIFOs, sockets and character/block devices exist on the mount."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    use std::os::unix::fs::FileTypeExt;
+    nix::unistd::mkfifo(
+        &m.path("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    assert!(
+        fs::symlink_metadata(m.path("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    // A FIFO on the mount carries data between processes.
+    let path = m.path("fifo");
+    let writer = std::thread::spawn(move || fs::write(path, b"through the pipe").unwrap());
+    assert_eq!(fs::read(m.path("fifo")).unwrap(), b"through the pipe");
+    writer.join().unwrap();
+    let sock = std::os::unix::net::UnixListener::bind(m.path("sock")).unwrap();
+    assert!(
+        fs::symlink_metadata(m.path("sock"))
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+    drop(sock);
+    nix::sys::stat::mknod(
+        &m.path("blk"),
+        nix::sys::stat::SFlag::S_IFBLK,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        nix::sys::stat::makedev(7, 3),
+    )
+    .unwrap();
+    let md = fs::symlink_metadata(m.path("blk")).unwrap();
+    assert!(md.file_type().is_block_device());
+    assert_eq!(md.rdev(), nix::sys::stat::makedev(7, 3));
+    m.umount();
+}
+
+#[test]
+fn unlinked_open_files_stay_usable_with_nlink_zero() {
+    // "an open file stays readable and writable until closed, with st_nlink 0"
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("tmpfile"))
+        .unwrap();
+    f.write_all(b"scratch").unwrap();
+    fs::remove_file(m.path("tmpfile")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "scratch");
+    drop(f);
+    // The data file goes once the last handle closes.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(data_files(&m).is_empty(), "{:?}", data_files(&m));
+    // A lower file too.
+    let mut g = fs::File::open(m.path("README.md")).unwrap();
+    fs::remove_file(m.path("README.md")).unwrap();
+    assert_eq!(g.metadata().unwrap().nlink(), 0);
+    let mut s = String::new();
+    g.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "# sample\n");
+    drop(g);
+    m.umount();
+}
+
+#[test]
+fn rename_noreplace_and_exchange() {
+    // "RENAME_NOREPLACE and RENAME_EXCHANGE are supported".
+    if !fuse_available() {
+        return;
+    }
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let r = renameat2(
+        AT_FDCWD,
+        &m.path("README.md"),
+        AT_FDCWD,
+        &m.path("empty"),
+        RenameFlags::RENAME_NOREPLACE,
+    );
+    assert_eq!(r, Err(nix::errno::Errno::EEXIST));
+    renameat2(
+        AT_FDCWD,
+        &m.path("README.md"),
+        AT_FDCWD,
+        &m.path("src"),
+        RenameFlags::RENAME_EXCHANGE,
+    )
+    .unwrap();
+    assert!(m.path("README.md").is_dir());
+    assert_eq!(fs::read(m.path("src")).unwrap(), b"# sample\n");
+    assert_eq!(
+        fs::read(m.path("README.md/main.rs")).unwrap(),
+        b"fn main() { println!(\"hi\"); }\n"
+    );
+    // Moving a directory into itself.
+    assert_eq!(
+        errno_of(fs::rename(m.path("dir"), m.path("dir/sub/x"))),
+        libc::EINVAL
+    );
+    // Onto a non-empty directory; a directory over a file and back.
+    assert_eq!(
+        errno_of(fs::rename(m.path("data"), m.path("dir"))),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(
+        errno_of(fs::rename(m.path("data"), m.path("empty"))),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno_of(fs::rename(m.path("empty"), m.path("emptydir"))),
+        libc::EISDIR
+    );
+    m.umount();
+}
+
+#[test]
+fn open_flags_appends_truncation_and_holes() {
+    // "O_EXCL honoured"; "O_TRUNC at open ... copies nothing"; "writes past
+    // the end leave holes".
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let excl = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.path("README.md"));
+    assert_eq!(errno_of(excl), libc::EEXIST);
+    let mut a = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("src/main.rs"))
+        .unwrap();
+    a.write_all(b"// one\n").unwrap();
+    a.write_all(b"// two\n").unwrap();
+    drop(a);
+    assert!(
+        fs::read_to_string(m.path("src/main.rs"))
+            .unwrap()
+            .ends_with("// one\n// two\n")
+    );
+    // O_TRUNC of the 4 MiB file: the upper copy starts empty.
+    fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.path("data/big.bin"))
+        .unwrap()
+        .write_all(b"small")
+        .unwrap();
+    assert_eq!(fs::read(m.path("data/big.bin")).unwrap(), b"small");
+    assert!(
+        data_files(&m).iter().all(|(_, len)| *len < 1024),
+        "{:?}",
+        data_files(&m)
+    );
+    // A write 100 MiB past the end leaves a hole.
+    let mut h = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("holey"))
+        .unwrap();
+    h.write_all(b"start").unwrap();
+    h.seek(SeekFrom::Start(100 << 20)).unwrap();
+    h.write_all(b"end").unwrap();
+    drop(h);
+    let md = fs::metadata(m.path("holey")).unwrap();
+    assert_eq!(md.len(), (100 << 20) + 3);
+    assert!(
+        md.blocks() * 512 < (1 << 20),
+        "{} blocks for a sparse file",
+        md.blocks()
+    );
+    m.umount();
+}
+
+#[test]
+fn copy_up_keeps_holes() {
+    // "Copy-up keeps holes: a sparse or mostly-empty file does not become dense."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("sparse.bin"))
+        .unwrap()
+        .write_all(b"!")
+        .unwrap();
+    let (name, len) = data_files(&m).pop().unwrap();
+    assert_eq!(len, (8 << 20) + 1);
+    let blocks = fs::metadata(m.upper.join("data").join(name))
+        .unwrap()
+        .blocks();
+    assert!(
+        blocks * 512 <= 64 * 1024,
+        "copy-up wrote {} bytes of blocks for a mostly empty file",
+        blocks * 512
+    );
+    let data = fs::read(m.path("sparse.bin")).unwrap();
+    assert_eq!((data[5], data[(8 << 20) - 1], data[8 << 20]), (1, 2, b'!'));
+    m.umount();
+}
+
+#[test]
+fn metadata_changes_of_lower_files_copy_no_data() {
+    // "Metadata-only changes (chmod, chown, utimens) of a lower file do not copy data".
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let before = fs::metadata(m.path("data/big.bin")).unwrap();
+    fs::set_permissions(m.path("data/big.bin"), fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(m.path("data/big.bin"), Some(1234), Some(5678)).unwrap();
+    set_mtime(&m.path("data/big.bin"), 1_000_000_000_000_000_042);
+    let after = fs::metadata(m.path("data/big.bin")).unwrap();
+    assert_eq!(after.permissions().mode() & 0o7777, 0o600);
+    assert_eq!((after.uid(), after.gid()), (1234, 5678));
+    assert_eq!((after.mtime(), after.mtime_nsec()), (1_000_000_000, 42));
+    assert!(
+        after.ctime() >= before.ctime()
+            && (after.ctime(), after.ctime_nsec()) != (before.ctime(), before.ctime_nsec())
+    );
+    assert!(data_files(&m).is_empty(), "metadata changes copied data");
+    m.umount();
+}
+
+#[test]
+fn names_roots_xattrs_and_statfs() {
+    // "ENAMETOOLONG for a name over 255 bytes"; "xattrs: getxattr and
+    // listxattr report none; setxattr ... fail with ENOTSUP"; "statfs: the
+    // upper directory's filesystem numbers; f_namemax 255"; the packet root
+    // holds only the parts.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = Mounted::new(&p, &tmp.path().join("mnt"), &tmp.path().join("upper"), &[]);
+    let long = "n".repeat(256);
+    assert_eq!(
+        errno_of(fs::write(m.path(&format!("workspace/{long}")), b"x")),
+        libc::ENAMETOOLONG
+    );
+    fs::write(m.path(&format!("workspace/{}", "n".repeat(255))), b"x").unwrap();
+    use std::os::unix::ffi::OsStrExt;
+    let bad = m
+        .path("workspace")
+        .join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    assert_eq!(errno_of(fs::write(bad, b"x")), libc::EILSEQ);
+    assert_eq!(errno_of(fs::write(m.path("stray"), b"x")), libc::EPERM);
+    assert_eq!(
+        errno_of(fs::rename(m.path("workspace"), m.path("w2"))),
+        libc::EPERM
+    );
+    let xs = Command::new("setfattr")
+        .args(["-n", "user.k", "-v", "v"])
+        .arg(m.path("workspace/README.md"))
+        .output();
+    if let Ok(out) = xs {
+        assert!(!out.status.success(), "setxattr must fail");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("not supported"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let s = nix::sys::statvfs::statvfs(&m.mnt).unwrap();
+    let u = nix::sys::statvfs::statvfs(&m.upper).unwrap();
+    assert!(s.blocks() > 0 && s.files() > 0);
+    assert_eq!((s.blocks(), s.block_size()), (u.blocks(), u.block_size()));
+    assert_eq!(s.name_max(), 255);
+    m.umount();
+}
+
+#[test]
+fn mmap_shared_and_private_mappings() {
+    // "mmap: shared and private, read and write".
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let script = r#"
+import mmap, sys
+p = sys.argv[1]
+with open(p, "r+b") as f:
+    mm = mmap.mmap(f.fileno(), 0)          # shared
+    mm[0:8] = b"SHARED!!"
+    mm.flush(); mm.close()
+with open(p, "rb") as f:
+    pm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)   # private
+    pm[0:8] = b"private."
+    assert pm[0:8] == b"private."
+    pm.close()
+print(open(p, "rb").read(12).decode())
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(m.path("README.md"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "SHARED!!");
+    assert_eq!(&fs::read(m.path("README.md")).unwrap()[..8], b"SHARED!!");
+    m.umount();
+}
+
+#[test]
+fn flock_and_fcntl_locks_between_processes() {
+    // "file locks (flock/fcntl) ... are handled by the kernel for this mount".
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let script = r#"
+import fcntl, os, subprocess, sys
+p = sys.argv[1]
+f = open(p, "r+")
+fcntl.flock(f, fcntl.LOCK_EX)
+other = "import fcntl,sys\nf=open(sys.argv[1],'r+')\ntry:\n fcntl.flock(f, fcntl.LOCK_EX|fcntl.LOCK_NB); print('got')\nexcept BlockingIOError: print('busy')"
+print(subprocess.run([sys.executable, "-c", other, p], capture_output=True, text=True).stdout.strip())
+fcntl.flock(f, fcntl.LOCK_UN)
+fcntl.lockf(f, fcntl.LOCK_EX)
+other2 = other.replace("fcntl.flock(f, fcntl.LOCK_EX|fcntl.LOCK_NB)", "fcntl.lockf(f, fcntl.LOCK_EX|fcntl.LOCK_NB)")
+print(subprocess.run([sys.executable, "-c", other2, p], capture_output=True, text=True).stdout.strip())
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(m.path("README.md"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "busy\nbusy");
+    m.umount();
+}
+
+#[test]
+fn new_files_are_numbered_by_path_and_remounts_show_the_same_state() {
+    // "a path gets the same inode number ... new files numbered the same
+    // way"; "a re-mount of the same packet and upper shows exactly the state
+    // the application saw".
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    fs::create_dir_all(m.path("new/deep")).unwrap();
+    fs::write(m.path("new/deep/file"), b"new").unwrap();
+    assert_eq!(
+        fs::metadata(m.path("new/deep/file")).unwrap().ino(),
+        candidate("workspace/new/deep/file", 0)
+    );
+    fs::rename(m.path("src"), m.path("source")).unwrap();
+    fs::write(m.path("source/added.rs"), b"// added\n").unwrap();
+    assert_eq!(
+        fs::metadata(m.path("source/added.rs")).unwrap().ino(),
+        candidate("workspace/source/added.rs", 0)
+    );
+    fs::remove_file(m.path("empty")).unwrap();
+    std::os::unix::fs::symlink("source/added.rs", m.path("newlink")).unwrap();
+    fs::set_permissions(m.path("README.md"), fs::Permissions::from_mode(0o640)).unwrap();
+    let before = snapshot(&m.mnt);
+    let inos: Vec<u64> = before
+        .iter()
+        .map(|(rel, _)| fs::symlink_metadata(m.path(rel)).unwrap().ino())
+        .collect();
+    let mnt = m.mnt.clone();
+    m.umount();
+    let m2 = Mounted::new(
+        &p,
+        &mnt,
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    assert_eq!(snapshot(&m2.mnt), before);
+    let inos2: Vec<u64> = before
+        .iter()
+        .map(|(rel, _)| fs::symlink_metadata(m2.path(rel)).unwrap().ino())
+        .collect();
+    assert_eq!(inos, inos2, "inode numbers changed across a remount");
+    m2.umount();
+}
