@@ -791,6 +791,10 @@ impl Overlay {
                     return Ok(()); // the same file: nothing to do
                 }
                 let dst_dir = st.kind(&self.lower, d) == Some(Kind::Dir);
+                // Onto an ancestor of the source: the kernel says ENOTEMPTY.
+                if dst_dir && self.is_within(&st, parent, d) {
+                    return Err(Error::NotEmpty);
+                }
                 match (src_dir, dst_dir) {
                     (true, false) => return Err(Error::NotDir),
                     (false, true) => return Err(Error::IsDir),
@@ -822,6 +826,10 @@ impl Overlay {
         let newname = name_str(newname)?;
         let mut st = self.state.write();
         self.check_mutable_dir(&st, newparent)?;
+        // The order of the kernel's own checks: the new name first.
+        if st.child(&self.lower, newparent, newname)?.is_some() {
+            return Err(Error::Exists);
+        }
         let a = self.attr_of(&st, ino)?;
         if a.kind == Kind::Dir {
             return Err(Error::NotPermitted);
@@ -831,9 +839,6 @@ impl Overlay {
         }
         if a.nlink >= LINK_MAX {
             return Err(Error::TooManyLinks);
-        }
-        if st.child(&self.lower, newparent, newname)?.is_some() {
-            return Err(Error::Exists);
         }
         self.commit(
             &mut st,
@@ -1060,6 +1065,11 @@ impl Overlay {
             }
             Content::Upper(id) => {
                 let f = self.upper.data(id)?;
+                let len = f.metadata().map_err(|e| Error::Upper {
+                    context: "read".into(),
+                    source: e,
+                })?;
+                let size = u64::from(size).min(len.len().saturating_sub(offset)) as u32;
                 let at = out.len();
                 out.resize(at + size as usize, 0);
                 let mut got = 0;

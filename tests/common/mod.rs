@@ -2,6 +2,8 @@
 //! one JSON object, and build trees on disk.
 #![allow(dead_code)]
 
+pub mod ops;
+
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -130,6 +132,13 @@ pub fn set_mtime(path: &Path, ns: i64) {
         UtimensatFlags::NoFollowSymlink,
     )
     .unwrap();
+}
+
+/// The sample tree without its multi-chunk file, for model tests that
+/// compare whole trees after every step.
+pub fn model_tree(root: &Path) {
+    sample_tree(root);
+    fs::remove_dir_all(root.join("data")).unwrap();
 }
 
 /// A small workspace used by many tests: files, an executable, nested

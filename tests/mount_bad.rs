@@ -1,0 +1,389 @@
+//! Bad input at mount: refused before anything is mounted, with the strict
+//! reader's error kind; tampered content fails exactly the reads that touch
+//! it; a hostile upper directory cannot make the daemon follow a symlink.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+const CHUNK: usize = 4 * 1024 * 1024;
+
+fn setup() -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let big: Vec<u8> = (0..(3 * CHUNK) as u32).map(|i| (i % 251) as u8).collect();
+    write(&ws, "big.bin", &big);
+    write(&ws, "small.txt", b"small\n");
+    let p = packet_of(&ws, tmp.path(), "p", &[]);
+    (tmp, p, big)
+}
+
+fn is_mounted(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p)
+        .map(|s| s.filesystem_type().0 == 0x6573_5546)
+        .unwrap_or(true)
+}
+
+/// Offset of `name`'s content in the packet.
+fn data_offset(packet: &[u8], name: &str) -> usize {
+    let mut at = 0;
+    loop {
+        let h = tar::Header::from_byte_slice(&packet[at..at + 512]);
+        let size = h.entry_size().unwrap() as usize;
+        if h.path_bytes().as_ref() == name.as_bytes() {
+            return at + 512;
+        }
+        at += 512 + size.next_multiple_of(512);
+    }
+}
+
+#[track_caller]
+fn mount_fails(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str], code: i32, kind: &str) {
+    fs::create_dir_all(mnt).unwrap();
+    let mut args = vec![
+        "mount".to_string(),
+        packet.display().to_string(),
+        mnt.display().to_string(),
+        "--upper".into(),
+        upper.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    run(&args).fails(code, kind);
+    assert!(
+        !is_mounted(mnt),
+        "{} was mounted although mount failed",
+        mnt.display()
+    );
+}
+
+#[test]
+fn refused_packets_are_never_mounted() {
+    // "mounting a tampered, truncated, future-version or wrong-digest packet
+    // fails before the mount appears, with the strict reader's error kind."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let bytes = fs::read(&p).unwrap();
+    let mnt = tmp.path().join("mnt");
+    let upper = tmp.path().join("upper");
+    let write_bad = |name: &str, b: &[u8]| {
+        let q = tmp.path().join(name);
+        fs::write(&q, b).unwrap();
+        q
+    };
+    let truncated = write_bad("trunc.packet", &bytes[..bytes.len() - 512]);
+    mount_fails(&truncated, &mnt, &upper, &[], 3, "truncated");
+    let mut long = bytes.clone();
+    long.extend([0u8; 512]);
+    mount_fails(
+        &write_bad("long.packet", &long),
+        &mnt,
+        &upper,
+        &[],
+        3,
+        "trailing_bytes",
+    );
+    // A future version (manifest edited, header re-made).
+    let size = tar::Header::from_byte_slice(&bytes[..512])
+        .entry_size()
+        .unwrap() as usize;
+    let text = String::from_utf8(bytes[512..512 + size].to_vec())
+        .unwrap()
+        .replacen("packet/1", "packet/2", 1);
+    let mut v2 = sessionfs::packet::layout::manifest_header(text.len() as u64).to_vec();
+    v2.extend(text.as_bytes());
+    v2.resize(v2.len().next_multiple_of(512), 0);
+    v2.extend(&bytes[512 + size.next_multiple_of(512)..]);
+    mount_fails(
+        &write_bad("v2.packet", &v2),
+        &mnt,
+        &upper,
+        &[],
+        4,
+        "unsupported_schema",
+    );
+    let mut bad_manifest = bytes.clone();
+    bad_manifest[520] = b' ';
+    mount_fails(
+        &write_bad("manifest.packet", &bad_manifest),
+        &mnt,
+        &upper,
+        &[],
+        3,
+        "manifest_syntax",
+    );
+    let wrong = format!("sha256:{}", "1".repeat(64));
+    mount_fails(
+        &p,
+        &mnt,
+        &upper,
+        &["--digest", &wrong],
+        3,
+        "digest_mismatch",
+    );
+    mount_fails(
+        &tmp.path().join("missing.packet"),
+        &mnt,
+        &upper,
+        &[],
+        6,
+        "io",
+    );
+    assert!(
+        !upper.exists()
+            || fs::read_dir(&upper).unwrap().count() == 0
+            || upper.join("sessionfs-upper.json").exists()
+    );
+}
+
+#[test]
+fn tampered_chunks_fail_exactly_the_reads_that_touch_them() {
+    // "A tampered chunk makes exactly the reads that touch it fail with EIO";
+    // "never returns unverified bytes to a reader".
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, big) = setup();
+    let mut bytes = fs::read(&p).unwrap();
+    let at = data_offset(&bytes, "workspace/big.bin") + CHUNK + 12345;
+    bytes[at] ^= 0x55;
+    let bad = tmp.path().join("tampered.packet");
+    fs::write(&bad, &bytes).unwrap();
+    let m = Mounted::new(
+        &bad,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let mut f = fs::File::open(m.path("big.bin")).unwrap();
+    let read_at = |f: &mut fs::File, off: usize, len: usize| -> std::io::Result<Vec<u8>> {
+        f.seek(SeekFrom::Start(off as u64))?;
+        let mut buf = vec![0u8; len];
+        f.read_exact(&mut buf)?;
+        Ok(buf)
+    };
+    assert_eq!(read_at(&mut f, 100, 4096).unwrap(), &big[100..4196]);
+    assert_eq!(
+        read_at(&mut f, 2 * CHUNK + 7, 4096).unwrap(),
+        &big[2 * CHUNK + 7..2 * CHUNK + 7 + 4096]
+    );
+    for _ in 0..2 {
+        let e = read_at(&mut f, CHUNK + 4096, 4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+    // A read ending just before the bad chunk still succeeds.
+    assert_eq!(
+        read_at(&mut f, CHUNK - 4096, 4096).unwrap(),
+        &big[CHUNK - 4096..CHUNK]
+    );
+    assert_eq!(fs::read(m.path("small.txt")).unwrap(), b"small\n");
+    // Copy-up verifies too: opening the file for writing fails, and the
+    // upper directory gets no copy of bad bytes.
+    let e = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("big.bin"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    assert_eq!(fs::read_dir(m.upper.join("data")).unwrap().count(), 0);
+    drop(f);
+    m.umount();
+}
+
+#[test]
+fn a_random_4k_read_hashes_at_most_one_chunk() {
+    // "A 4 KiB read from the middle of a 1 GiB file hashes at most one chunk."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, big) = setup();
+    let m = Mounted::new(
+        &p,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let mut f = fs::File::open(m.path("big.bin")).unwrap();
+    f.seek(SeekFrom::Start((CHUNK + CHUNK / 2) as u64)).unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read_exact(&mut buf).unwrap();
+    assert_eq!(buf, &big[CHUNK + CHUNK / 2..CHUNK + CHUNK / 2 + 4096]);
+    let verified = m.status()["verified_bytes"].as_u64().unwrap();
+    // Kernel readahead may pull in the next chunk; never the whole file.
+    assert!(
+        verified >= CHUNK as u64 && verified <= 2 * CHUNK as u64,
+        "hashed {verified} bytes"
+    );
+    drop(f);
+    m.umount();
+}
+
+#[test]
+fn upper_directories_and_mountpoints_are_checked() {
+    // "upper belonging to another packet"; "mountpoint not empty"; an upper
+    // directory in use by another mount.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let other_ws = tmp.path().join("other");
+    write(&other_ws, "x", b"x");
+    let other = packet_of(&other_ws, tmp.path(), "other", &[]);
+    let upper = tmp.path().join("upper");
+    let m = Mounted::new(&p, &tmp.path().join("mnt"), &upper, &[]);
+    mount_fails(
+        &p,
+        &tmp.path().join("mnt2"),
+        &upper,
+        &[],
+        7,
+        "upper_refused",
+    );
+    m.umount();
+    mount_fails(
+        &other,
+        &tmp.path().join("mnt3"),
+        &upper,
+        &[],
+        7,
+        "upper_mismatch",
+    );
+    let busy = tmp.path().join("busy");
+    write(&busy, "file", b"x");
+    fs::create_dir_all(&busy).unwrap();
+    let r = run([
+        "mount",
+        p.to_str().unwrap(),
+        busy.to_str().unwrap(),
+        "--upper",
+        tmp.path().join("u4").to_str().unwrap(),
+    ]);
+    r.fails(8, "mountpoint_not_empty");
+    let notdir = tmp.path().join("busy/file");
+    run([
+        "mount",
+        p.to_str().unwrap(),
+        notdir.to_str().unwrap(),
+        "--upper",
+        tmp.path().join("u5").to_str().unwrap(),
+    ])
+    .fails(8, "mountpoint_unusable");
+    // Not an upper directory at all.
+    let random = tmp.path().join("random");
+    write(&random, "something", b"x");
+    mount_fails(
+        &p,
+        &tmp.path().join("mnt6"),
+        &random,
+        &[],
+        7,
+        "upper_refused",
+    );
+}
+
+#[test]
+fn the_daemon_never_follows_symlinks_in_the_upper_directory() {
+    // "Nothing in the upper directory ever makes the daemon follow a symlink
+    // outside it."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let upper = tmp.path().join("upper");
+    let m = Mounted::new(
+        &p,
+        &tmp.path().join("mnt"),
+        &upper,
+        &["--part", "workspace"],
+    );
+    fs::write(m.path("new.txt"), b"mine").unwrap();
+    let mnt = m.mnt.clone();
+    m.umount();
+    let data = fs::read_dir(upper.join("data"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    fs::remove_file(&data).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", &data).unwrap();
+    let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);
+    let r = fs::read(m.path("new.txt"));
+    assert!(
+        r.is_err(),
+        "read through a symlinked data file: {:?}",
+        r.map(|d| String::from_utf8_lossy(&d).into_owned())
+    );
+    m.umount();
+    // The data directory itself replaced by a symlink: refused at mount.
+    fs::rename(upper.join("data"), upper.join("data.real")).unwrap();
+    std::os::unix::fs::symlink("/etc", upper.join("data")).unwrap();
+    mount_fails(&p, &mnt, &upper, &["--part", "workspace"], 6, "io");
+}
+
+#[test]
+fn a_damaged_journal_is_refused_naming_the_line() {
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let upper = tmp.path().join("upper");
+    let m = Mounted::new(
+        &p,
+        &tmp.path().join("mnt"),
+        &upper,
+        &["--part", "workspace"],
+    );
+    fs::write(m.path("a"), b"a").unwrap();
+    fs::write(m.path("b"), b"b").unwrap();
+    let mnt = m.mnt.clone();
+    m.umount();
+    let journal = upper.join("journal");
+    let text = fs::read_to_string(&journal).unwrap();
+    let damaged = text.replacen("\"op\"", "\"oops\"", 1);
+    fs::write(&journal, damaged).unwrap();
+    let r = run([
+        "mount",
+        p.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "--upper",
+        upper.to_str().unwrap(),
+        "--part",
+        "workspace",
+    ]);
+    let e = r.fails(7, "upper_refused");
+    assert!(e["message"].as_str().unwrap().contains("line 1"), "{e}");
+    // A torn last line (a crash mid-append) is dropped, not refused.
+    fs::write(&journal, format!("{text}{{\"op\":\"unl")).unwrap();
+    let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);
+    assert_eq!(fs::read(m.path("b")).unwrap(), b"b");
+    m.umount();
+    assert_eq!(fs::read_to_string(&journal).unwrap(), text);
+}
+
+#[test]
+fn a_packet_changed_while_mounted_stops_serving_lower_content() {
+    // "If the packet file itself changes while mounted ... every read of
+    // lower content fails with EIO".
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let m = Mounted::new(
+        &p,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    fs::OpenOptions::new().append(true).open(&p).unwrap();
+    let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(fs::metadata(&p).unwrap().len()).unwrap();
+    set_mtime(&p, 1_000_000_000_000_000_000);
+    let e = fs::read(m.path("small.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    m.umount();
+}

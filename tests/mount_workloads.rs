@@ -1,0 +1,217 @@
+//! What a coding agent runs, on a mount of a packet made from a real git
+//! repository: git, cargo, an editor's save, sqlite in WAL mode, tar; and a
+//! non-root agent on a mount made for it.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+
+#[track_caller]
+fn sh(dir: &Path, script: &str) -> String {
+    let out: Output = Command::new("sh")
+        .arg("-ec")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "`{script}` failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const GIT: &str =
+    "git -c user.name=agent -c user.email=agent@example.com -c init.defaultBranch=main";
+
+/// A git repository holding a small Rust crate.
+fn repo(root: &Path) {
+    write(
+        root,
+        "Cargo.toml",
+        b"[package]\nname = \"demo\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    );
+    write(
+        root,
+        "src/main.rs",
+        b"fn main() {\n    println!(\"hello from the mount\");\n}\n",
+    );
+    write(root, "README.md", b"# demo\n");
+    sh(
+        root,
+        &format!(
+            "{GIT} init -q . && {GIT} add -A && {GIT} commit -qm first && {GIT} branch other && {GIT} checkout -q other && echo other > OTHER && {GIT} add OTHER && {GIT} commit -qm other && {GIT} checkout -q main"
+        ),
+    );
+}
+
+#[test]
+fn git_cargo_editor_sqlite_and_tar_work_on_a_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    repo(&ws);
+    let packet = packet_of(&ws, tmp.path(), "repo", &[]);
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let w = &m.mnt;
+
+    // git: status, add, commit, checkout of another branch.
+    assert_eq!(sh(w, "git status --porcelain"), "");
+    sh(w, "echo 'fn helper() {}' >> src/main.rs");
+    assert_eq!(sh(w, "git status --porcelain"), " M src/main.rs\n");
+    sh(w, &format!("{GIT} add -A && {GIT} commit -qm edit"));
+    assert_eq!(sh(w, "git log --format=%s"), "edit\nfirst\n");
+    sh(w, &format!("{GIT} checkout -q other"));
+    assert_eq!(fs::read(m.path("OTHER")).unwrap(), b"other\n");
+    sh(w, &format!("{GIT} checkout -q main"));
+    assert!(!m.path("OTHER").exists());
+    assert_eq!(sh(w, "git status --porcelain"), "");
+    sh(w, "git fsck --no-progress");
+
+    // cargo build of a small crate, target directory on the mount.
+    let out = sh(
+        w,
+        "cargo build --quiet --offline 2>&1 && ./target/debug/demo",
+    );
+    assert!(out.contains("hello from the mount"), "{out}");
+
+    // An editor's save: write a temporary file, fsync, rename over.
+    let py = r##"
+import os, sys
+p = sys.argv[1]
+tmp = p + ".swp"
+with open(tmp, "w") as f:
+    f.write("# saved by an editor\n"); f.flush(); os.fsync(f.fileno())
+os.rename(tmp, p)
+d = os.open(os.path.dirname(p), os.O_RDONLY); os.fsync(d); os.close(d)
+"##;
+    let st = Command::new("python3")
+        .arg("-c")
+        .arg(py)
+        .arg(m.path("README.md"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(
+        fs::read(m.path("README.md")).unwrap(),
+        b"# saved by an editor\n"
+    );
+    assert!(!m.path("README.md.swp").exists());
+
+    // sqlite3 in WAL mode.
+    let out = sh(
+        w,
+        "sqlite3 app.db 'PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1),(2),(3);' && \
+         sqlite3 app.db 'INSERT INTO t SELECT x*10 FROM t; SELECT sum(x) FROM t; PRAGMA integrity_check;'",
+    );
+    assert!(
+        out.contains("wal") && out.contains("66") && out.contains("ok"),
+        "{out}"
+    );
+
+    // tar -c of the mount lists every file, with the bytes read back.
+    let tarball = tmp.path().join("mount.tar");
+    sh(
+        w,
+        &format!("tar -cf {} --exclude=./target .", tarball.display()),
+    );
+    let listing = sh(tmp.path(), &format!("tar -tf {}", tarball.display()));
+    for want in [
+        "./Cargo.toml",
+        "./src/main.rs",
+        "./README.md",
+        "./.git/HEAD",
+        "./app.db",
+    ] {
+        assert!(
+            listing.lines().any(|l| l == want),
+            "{want} missing from tar -c"
+        );
+    }
+    let x = tmp.path().join("x");
+    fs::create_dir(&x).unwrap();
+    sh(&x, &format!("tar -xf {} ./src/main.rs", tarball.display()));
+    assert_eq!(
+        fs::read(x.join("src/main.rs")).unwrap(),
+        fs::read(m.path("src/main.rs")).unwrap()
+    );
+    m.umount();
+}
+
+#[test]
+fn a_non_root_agent_can_use_a_mount_made_for_it() {
+    // "Files appear owned by the mounting user (or --uid/--gid), with the
+    // packet's modes: a non-root agent can use a mount made for it."
+    if !fuse_available() {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to mount for another user");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let ws = tmp.path().join("ws");
+    repo(&ws);
+    let packet = packet_of(&ws, tmp.path(), "repo", &[]);
+    // `nobody` (65534) works in the workspace as if it were its own.
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &[
+            "--part",
+            "workspace",
+            "--uid",
+            "65534",
+            "--gid",
+            "65534",
+            "--allow-other",
+        ],
+    );
+    let script = format!(
+        "cd {} && echo change >> README.md && mkdir newdir && echo x > newdir/f && mv src/main.rs src/moved.rs && \
+         HOME=/tmp {GIT} -c safe.directory='*' status --porcelain | sort",
+        m.mnt.display()
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-ec",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.contains(" M README.md") && status.contains("?? newdir/"),
+        "{status}"
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(fs::metadata(m.path("newdir/f")).unwrap().uid(), 65534);
+    m.umount();
+}

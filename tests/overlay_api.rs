@@ -1,0 +1,339 @@
+//! The overlay without the kernel: random operation sequences applied
+//! through the `Overlay` API and to a plain directory give the same results
+//! (errnos through the adapter's table) and the same tree; replaying the
+//! journal into a fresh `Overlay` gives the same tree again.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use common::ops::{NAMES, Op, apply, op};
+use common::*;
+use proptest::prelude::*;
+use sessionfs::fuse::errno::errno;
+use sessionfs::overlay::{Caller, Error, Kind, Options, Overlay, SetAttr, ino::ROOT};
+use sessionfs::packet::format::Limits;
+use sessionfs::packet::path::Part;
+use sessionfs::packet::reader::Packet;
+
+const ME: Caller = Caller { uid: 0, gid: 0 };
+
+fn open(packet: &Path, upper: &Path) -> Overlay {
+    let p = Packet::open(packet, &Limits::DEFAULT).unwrap();
+    Overlay::mount(
+        p,
+        upper,
+        Options {
+            uid: 0,
+            gid: 0,
+            part: Some(Part::Workspace),
+        },
+    )
+    .unwrap()
+}
+
+/// Resolves `path` as the kernel's path walk would: symlinks are followed
+/// in every component but the last, and in the last too when `follow`.
+fn walk(o: &Overlay, path: &str, follow: bool, depth: u32) -> Result<u64, Error> {
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let mut dir = ROOT;
+    let mut dir_path: Vec<String> = Vec::new();
+    for (k, c) in comps.iter().enumerate() {
+        let ino = o.lookup(dir, c.as_bytes())?.ino;
+        let last = k + 1 == comps.len();
+        if o.getattr(ino)?.kind == Kind::Symlink && (!last || follow) {
+            if depth > 8 {
+                return Err(eloop());
+            }
+            let t = String::from_utf8(o.readlink(ino)?).unwrap();
+            let mut rest = dir_path.join("/");
+            if !rest.is_empty() {
+                rest.push('/');
+            }
+            rest.push_str(&t);
+            for r in &comps[k + 1..] {
+                rest.push('/');
+                rest.push_str(r);
+            }
+            return walk(o, &rest, follow, depth + 1);
+        }
+        dir = ino;
+        dir_path.push(c.to_string());
+    }
+    Ok(dir)
+}
+
+fn resolve(o: &Overlay, path: &str) -> Result<u64, Error> {
+    walk(o, path, false, 0)
+}
+
+/// A directory on the way to a name: always followed.
+fn resolve_dir(o: &Overlay, path: &str) -> Result<u64, Error> {
+    walk(o, path, true, 0)
+}
+
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').unwrap_or(("", path))
+}
+
+fn resolve_follow(o: &Overlay, path: &str, _depth: u32) -> Result<u64, Error> {
+    walk(o, path, true, 0)
+}
+
+/// Follows symlinks in the last component textually, as open(O_CREAT)
+/// does: a dangling link names the file to create.
+fn final_path(o: &Overlay, path: &str) -> Result<String, Error> {
+    let mut p = path.to_string();
+    for _ in 0..8 {
+        let (dir, name) = split(&p);
+        let d = resolve_dir(o, dir)?;
+        match o.lookup(d, name.as_bytes()) {
+            Ok(a) if a.kind == Kind::Symlink => {
+                let t = String::from_utf8(o.readlink(a.ino)?).unwrap();
+                p = if dir.is_empty() {
+                    t
+                } else {
+                    format!("{dir}/{t}")
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(eloop())
+}
+
+/// The kernel resolves symlinks, not the overlay: the harness reports a
+/// loop with the kernel's errno.
+fn eloop() -> Error {
+    Error::Upper {
+        context: "symlink loop".into(),
+        source: std::io::Error::from_raw_os_error(libc::ELOOP),
+    }
+}
+
+fn write_at(
+    o: &Overlay,
+    path: &str,
+    off: Option<u64>,
+    data: &[u8],
+    truncate: bool,
+    create: bool,
+) -> Result<(), Error> {
+    let path = final_path(o, path)?;
+    let ino = match resolve(o, &path) {
+        Ok(i) => Some(i),
+        Err(Error::NotFound) if create => None,
+        Err(e) => return Err(e),
+    };
+    if let Some(i) = ino {
+        if o.getattr(i)?.kind == Kind::Dir {
+            return Err(Error::IsDir);
+        }
+    }
+    let fh = match ino {
+        Some(i) => o.open(i, true, truncate)?,
+        None => {
+            let (dir, name) = split(&path);
+            let d = resolve_dir(o, dir)?;
+            o.create(d, name.as_bytes(), 0o644, true, ME)?.1
+        }
+    };
+    let off = match off {
+        Some(v) => v,
+        None => o.getattr(resolve(o, &path)?)?.size,
+    };
+    let r = o.write(fh, off, data).map(|_| ());
+    o.release(fh)?;
+    r
+}
+
+/// The same operation through the overlay API.
+fn api(o: &Overlay, op: &Op) -> Result<String, i32> {
+    let n = |i: &usize| NAMES[*i];
+    let e = |x: Error| errno(&x).code();
+    let r: Result<String, Error> = (|| match op {
+        Op::Write(a, b) => write_at(o, n(a), Some(0), b, true, true).map(|_| String::new()),
+        Op::Append(a, b) => write_at(o, n(a), None, b, false, false).map(|_| String::new()),
+        Op::WriteAt(a, off, b) => {
+            write_at(o, n(a), Some(*off), b, false, false).map(|_| String::new())
+        }
+        Op::Truncate(a, l) => {
+            let ino = resolve_follow(o, n(a), 0)?;
+            if o.getattr(ino)?.kind == Kind::Dir {
+                return Err(Error::IsDir);
+            }
+            o.setattr(
+                ino,
+                SetAttr {
+                    size: Some(*l),
+                    ..SetAttr::default()
+                },
+            )
+            .map(|_| String::new())
+        }
+        Op::Mkdir(a) => {
+            let (d, name) = split(n(a));
+            o.mkdir(resolve_dir(o, d)?, name.as_bytes(), 0o755, ME)
+                .map(|_| String::new())
+        }
+        Op::Rmdir(a) => {
+            let (d, name) = split(n(a));
+            o.rmdir(resolve_dir(o, d)?, name.as_bytes())
+                .map(|_| String::new())
+        }
+        Op::Unlink(a) => {
+            let (d, name) = split(n(a));
+            o.unlink(resolve_dir(o, d)?, name.as_bytes())
+                .map(|_| String::new())
+        }
+        Op::Rename(a, b) => {
+            let ((d1, n1), (d2, n2)) = (split(n(a)), split(n(b)));
+            let (p1, p2) = (resolve_dir(o, d1)?, resolve_dir(o, d2)?);
+            o.rename(p1, n1.as_bytes(), p2, n2.as_bytes(), false, false)
+                .map(|_| String::new())
+        }
+        Op::Symlink(a, b) => {
+            let (d, name) = split(n(b));
+            o.symlink(resolve_dir(o, d)?, name.as_bytes(), n(a).as_bytes(), ME)
+                .map(|_| String::new())
+        }
+        Op::Link(a, b) => {
+            let src = resolve(o, n(a))?;
+            let (d, name) = split(n(b));
+            o.link(src, resolve_dir(o, d)?, name.as_bytes())
+                .map(|_| String::new())
+        }
+        Op::Chmod(a, m) => o
+            .setattr(
+                resolve_follow(o, n(a), 0)?,
+                SetAttr {
+                    mode: Some(*m),
+                    ..SetAttr::default()
+                },
+            )
+            .map(|_| String::new()),
+        Op::ReadDir(a) => {
+            let fh = o.opendir(resolve_follow(o, n(a), 0)?)?;
+            let mut v: Vec<String> = o
+                .readdir(fh)?
+                .iter()
+                .map(|e| e.name.to_string())
+                .filter(|n| n != "." && n != "..")
+                .collect();
+            o.release(fh)?;
+            v.sort();
+            Ok(v.join(","))
+        }
+        Op::Read(a) => {
+            let ino = resolve_follow(o, n(a), 0)?;
+            let fh = o.open(ino, false, false)?;
+            let mut buf = Vec::new();
+            let r = o.read(fh, 0, 1 << 20, &mut buf);
+            o.release(fh)?;
+            r?;
+            Ok(format!(
+                "{} bytes {:?}",
+                buf.len(),
+                &buf[..buf.len().min(16)]
+            ))
+        }
+    })();
+    r.map_err(e)
+}
+
+/// The whole tree through the API: path -> (kind, perm, size, content or target).
+fn api_tree(o: &Overlay) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(String::new(), ROOT)];
+    while let Some((path, ino)) = stack.pop() {
+        let fh = o.opendir(ino).unwrap();
+        for e in o
+            .readdir(fh)
+            .unwrap()
+            .iter()
+            .filter(|e| &*e.name != "." && &*e.name != "..")
+        {
+            let p = if path.is_empty() {
+                e.name.to_string()
+            } else {
+                format!("{path}/{}", e.name)
+            };
+            let a = o.getattr(e.ino).unwrap();
+            let desc = match a.kind {
+                Kind::Dir => {
+                    stack.push((p.clone(), e.ino));
+                    format!("dir {:o}", a.perm)
+                }
+                Kind::Symlink => format!(
+                    "symlink {}",
+                    String::from_utf8(o.readlink(e.ino).unwrap()).unwrap()
+                ),
+                _ => {
+                    let fh = o.open(e.ino, false, false).unwrap();
+                    let mut buf = Vec::new();
+                    o.read(fh, 0, u32::MAX, &mut buf).unwrap();
+                    o.release(fh).unwrap();
+                    format!("file {:o} {}", a.perm, digest(&buf))
+                }
+            };
+            out.insert(p, desc);
+        }
+        o.release(fh).unwrap();
+    }
+    out
+}
+
+fn digest(data: &[u8]) -> String {
+    sessionfs::packet::digest::Sha256::of(data).to_hex()
+}
+
+fn disk_tree(root: &Path) -> BTreeMap<String, String> {
+    snapshot(root)
+        .into_iter()
+        .map(|(rel, _)| {
+            let p = root.join(&rel);
+            let m = fs::symlink_metadata(&p).unwrap();
+            let desc = if m.file_type().is_symlink() {
+                format!("symlink {}", fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                format!("dir {:o}", m.permissions().mode() & 0o7777)
+            } else {
+                format!(
+                    "file {:o} {}",
+                    m.permissions().mode() & 0o7777,
+                    digest(&fs::read(&p).unwrap())
+                )
+            };
+            (rel, desc)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn overlay_api_matches_a_plain_directory_and_replays(ops in prop::collection::vec(op(), 1..50)) {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        model_tree(&ws);
+        let packet = packet_of(&ws, tmp.path(), "p", &[]);
+        let model = tmp.path().join("model");
+        run(["unpack", packet.to_str().unwrap(), "--into", model.to_str().unwrap(), "--part", "workspace"]).ok();
+        let upper = tmp.path().join("upper");
+        let o = open(&packet, &upper);
+        prop_assert_eq!(api_tree(&o), disk_tree(&model));
+        for (k, op) in ops.iter().enumerate() {
+            let got = api(&o, op);
+            let want = apply(&model, op);
+            prop_assert_eq!(&got, &want, "step {} {:?}", k, op);
+            prop_assert_eq!(api_tree(&o), disk_tree(&model), "tree after step {} {:?}", k, op);
+        }
+        drop(o);
+        let again = open(&packet, &upper);
+        prop_assert_eq!(api_tree(&again), disk_tree(&model), "after replaying the journal");
+    }
+}
