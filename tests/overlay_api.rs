@@ -138,7 +138,7 @@ fn write_at(
         None => {
             let (dir, name) = split(&path);
             let d = resolve_dir(o, dir)?;
-            o.create(d, name.as_bytes(), 0o644, true, ME)?.1
+            o.create(d, name.as_bytes(), 0o644, ME)?.1
         }
     };
     let off = match off {
@@ -216,14 +216,11 @@ fn api(o: &Overlay, op: &Op) -> Result<String, i32> {
             )
             .map(|_| String::new()),
         Op::ReadDir(a) => {
-            let fh = o.opendir(resolve_follow(o, n(a), 0)?)?;
             let mut v: Vec<String> = o
-                .readdir(fh)?
+                .readdir(resolve_follow(o, n(a), 0)?, 2, usize::MAX)?
                 .iter()
                 .map(|e| e.name.to_string())
-                .filter(|n| n != "." && n != "..")
                 .collect();
-            o.release(fh)?;
             v.sort();
             Ok(v.join(","))
         }
@@ -249,13 +246,7 @@ fn api_tree(o: &Overlay) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut stack = vec![(String::new(), ROOT)];
     while let Some((path, ino)) = stack.pop() {
-        let fh = o.opendir(ino).unwrap();
-        for e in o
-            .readdir(fh)
-            .unwrap()
-            .iter()
-            .filter(|e| &*e.name != "." && &*e.name != "..")
-        {
+        for e in o.readdir(ino, 2, usize::MAX).unwrap().iter() {
             let p = if path.is_empty() {
                 e.name.to_string()
             } else {
@@ -281,7 +272,6 @@ fn api_tree(o: &Overlay) -> BTreeMap<String, String> {
             };
             out.insert(p, desc);
         }
-        o.release(fh).unwrap();
     }
     out
 }

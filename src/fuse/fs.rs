@@ -27,6 +27,9 @@ pub const TTL: Duration = Duration::from_secs(3600);
 /// Largest read and write the kernel sends in one request.
 const MAX_IO: u32 = 1 << 20;
 
+/// Entries fetched per readdir request; more than a reply buffer holds.
+const READDIR_BATCH: usize = 512;
+
 /// The filesystem served over FUSE.
 pub struct SessionFs {
     overlay: Arc<Overlay>,
@@ -403,27 +406,34 @@ impl Filesystem for SessionFs {
         empty(reply, self.overlay.fsync(fh.0, datasync), "fsync", ino.0);
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.overlay.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(failed("opendir", ino.0, &e)),
-        }
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Zero-message opendir: the kernel then opens directories without
+        // asking, with FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR, so listings stay
+        // in its cache (it drops a directory's cache when a change through
+        // this mount bumps its version; nothing else changes a directory),
+        // and no releasedir follows.
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.overlay.readdir(fh.0) {
+        let entries = match self.overlay.readdir(ino.0, offset as usize, READDIR_BATCH) {
             Ok(e) => e,
             Err(e) => return reply.error(failed("readdir", ino.0, &e)),
         };
-        for (k, e) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(e.ino), k as u64 + 1, file_type(e.kind), &*e.name) {
+        for (k, e) in entries.iter().enumerate() {
+            if reply.add(
+                INodeNo(e.ino),
+                offset + k as u64 + 1,
+                file_type(e.kind),
+                &*e.name,
+            ) {
                 break;
             }
         }
@@ -434,22 +444,22 @@ impl Filesystem for SessionFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.overlay.readdir(fh.0) {
+        let entries = match self.overlay.readdir(ino.0, offset as usize, READDIR_BATCH) {
             Ok(e) => e,
             Err(e) => return reply.error(failed("readdirplus", ino.0, &e)),
         };
-        for (k, e) in entries.iter().enumerate().skip(offset as usize) {
+        for (k, e) in entries.iter().enumerate() {
             let dot = &*e.name == "." || &*e.name == "..";
             let Ok(a) = self.overlay.entry_attr(e.ino, !dot) else {
                 continue; // removed since the listing was taken
             };
             if reply.add(
                 INodeNo(e.ino),
-                k as u64 + 1,
+                offset + k as u64 + 1,
                 &*e.name,
                 &TTL,
                 &file_attr(&a),
@@ -462,17 +472,6 @@ impl Filesystem for SessionFs {
             }
         }
         reply.ok();
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        empty(reply, self.overlay.release(fh.0), "releasedir", ino.0);
     }
 
     fn fsyncdir(
@@ -504,33 +503,39 @@ impl Filesystem for SessionFs {
         }
     }
 
+    // Extended attributes: packets hold none, so the mount stores none.
+    // ENOSYS makes the kernel remember that and answer EOPNOTSUPP itself
+    // from then on, instead of asking on every `ls -l` (ACL probes).
     fn setxattr(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         _name: &OsStr,
         _value: &[u8],
         _flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(failed("setxattr", ino.0, &Error::NotSupported));
+        reply.error(Errno::ENOSYS);
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
-        reply.error(failed("getxattr", ino.0, &Error::NoData));
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::ENOSYS);
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0)
-        } else {
-            reply.data(&[])
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(failed("removexattr", ino.0, &Error::NotSupported));
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -545,14 +550,12 @@ impl Filesystem for SessionFs {
         name: &OsStr,
         mode: u32,
         _umask: u32,
-        flags: i32,
+        _flags: i32,
         reply: ReplyCreate,
     ) {
-        let acc = flags & libc::O_ACCMODE;
-        let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         match self
             .overlay
-            .create(parent.0, name.as_bytes(), mode, write, caller(req))
+            .create(parent.0, name.as_bytes(), mode, caller(req))
         {
             Ok((a, fh)) => reply.created(
                 &TTL,

@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -121,10 +120,9 @@ pub struct DirEntry {
     pub kind: Kind,
 }
 
-/// An open file or directory.
-enum Handle {
-    File { ino: Ino, write: bool },
-    Dir { entries: Arc<Vec<DirEntry>> },
+/// An open file.
+struct Handle {
+    ino: Ino,
 }
 
 /// Counters, for `status` and tests.
@@ -457,8 +455,11 @@ impl Overlay {
         }
     }
 
-    /// `opendir`: a snapshot of the listing, `.` and `..` first.
-    pub fn opendir(&self, ino: Ino) -> Result<u64> {
+    /// Up to `max` entries of directory `ino` from position `offset`:
+    /// `.` and `..` are at 0 and 1, then the names in byte order. Positions
+    /// are stable while the directory does not change (there is no
+    /// `opendir` snapshot: the kernel caches listings itself).
+    pub fn readdir(&self, ino: Ino, offset: usize, max: usize) -> Result<Vec<DirEntry>> {
         let st = self.state.read();
         let parent = match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
             _ if ino == ROOT => ROOT,
@@ -467,19 +468,18 @@ impl Overlay {
             Ref::Lower(i) if self.lower.kind(i) != Kind::Dir => return Err(Error::NotDir),
             Ref::Lower(i) => self.lower.parent_ino(i),
         };
-        let list = st.list(&self.lower, ino)?;
-        let mut entries = Vec::with_capacity(list.len() + 2);
-        entries.push(DirEntry {
-            name: ".".into(),
-            ino,
-            kind: Kind::Dir,
-        });
-        entries.push(DirEntry {
-            name: "..".into(),
-            ino: parent,
-            kind: Kind::Dir,
-        });
-        for (name, child) in list {
+        let mut entries = Vec::with_capacity(max.min(1024));
+        for (k, (name, e_ino)) in [(".", ino), ("..", parent)].into_iter().enumerate() {
+            if k >= offset && entries.len() < max {
+                entries.push(DirEntry {
+                    name: name.into(),
+                    ino: e_ino,
+                    kind: Kind::Dir,
+                });
+            }
+        }
+        let skip = offset.saturating_sub(2);
+        for (name, child) in st.list(&self.lower, ino, skip, max - entries.len())? {
             let kind = st.kind(&self.lower, child).unwrap_or(Kind::File);
             entries.push(DirEntry {
                 name,
@@ -487,18 +487,7 @@ impl Overlay {
                 kind,
             });
         }
-        drop(st);
-        Ok(self.new_handle(Handle::Dir {
-            entries: Arc::new(entries),
-        }))
-    }
-
-    /// The entries of an open directory from `offset` on.
-    pub fn readdir(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
-        match self.handles.lock().get(&fh) {
-            Some(Handle::Dir { entries }) => Ok(entries.clone()),
-            _ => Err(Error::BadHandle),
-        }
+        Ok(entries)
     }
 
     /// For `readdirplus`: an entry's attributes, counting a kernel
@@ -517,17 +506,15 @@ impl Overlay {
     /// `releasedir` and `release`.
     pub fn release(&self, fh: u64) -> Result<()> {
         let h = self.handles.lock().remove(&fh).ok_or(Error::BadHandle)?;
-        if let Handle::File { ino, .. } = h {
-            let data = {
-                let mut st = self.state.write();
-                if let Some(n) = st.nodes.get_mut(&ino) {
-                    n.opens = n.opens.saturating_sub(1);
-                }
-                st.drop_if_unused(ino)
-            };
-            if let Some(id) = data {
-                self.upper.remove_data(id);
+        let data = {
+            let mut st = self.state.write();
+            if let Some(n) = st.nodes.get_mut(&h.ino) {
+                n.opens = n.opens.saturating_sub(1);
             }
+            st.drop_if_unused(h.ino)
+        };
+        if let Some(id) = data {
+            self.upper.remove_data(id);
         }
         Ok(())
     }
@@ -676,11 +663,10 @@ impl Overlay {
         parent: Ino,
         name: &[u8],
         mode: u32,
-        write: bool,
         caller: Caller,
     ) -> Result<(Attr, u64)> {
         let a = self.make(parent, name, Kind::File, mode, 0, None, caller)?;
-        let fh = self.open_handle(a.ino, write);
+        let fh = self.open_handle(a.ino);
         Ok((a, fh))
     }
 
@@ -1006,7 +992,7 @@ impl Overlay {
 
     // -- file I/O ------------------------------------------------------------
 
-    fn open_handle(&self, ino: Ino, write: bool) -> u64 {
+    fn open_handle(&self, ino: Ino) -> u64 {
         if let Some(n) = self.state.write().nodes.get_mut(&ino) {
             n.opens += 1;
         }
@@ -1016,7 +1002,7 @@ impl Overlay {
             log.push(ino);
         }
         drop(log);
-        self.new_handle(Handle::File { ino, write })
+        self.new_handle(Handle { ino })
     }
 
     /// `open`. Opening for writing (or with `O_TRUNC`) copies a lower file
@@ -1036,14 +1022,15 @@ impl Overlay {
                 })?;
             }
         }
-        Ok(self.open_handle(ino, write))
+        Ok(self.open_handle(ino))
     }
 
-    fn handle_ino(&self, fh: u64) -> Result<(Ino, bool)> {
-        match self.handles.lock().get(&fh) {
-            Some(Handle::File { ino, write }) => Ok((*ino, *write)),
-            _ => Err(Error::BadHandle),
-        }
+    fn handle_ino(&self, fh: u64) -> Result<Ino> {
+        self.handles
+            .lock()
+            .get(&fh)
+            .map(|h| h.ino)
+            .ok_or(Error::BadHandle)
     }
 
     fn content(&self, ino: Ino) -> Result<Content> {
@@ -1056,7 +1043,7 @@ impl Overlay {
 
     /// `read`: appends up to `size` bytes at `offset` to `out`.
     pub fn read(&self, fh: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
-        let (ino, _) = self.handle_ino(fh)?;
+        let ino = self.handle_ino(fh)?;
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         match self.content(ino)? {
             Content::Lower(i) => {
@@ -1098,7 +1085,7 @@ impl Overlay {
 
     /// `write`: to the upper data file.
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        let (ino, _) = self.handle_ino(fh)?;
+        let ino = self.handle_ino(fh)?;
         if offset.saturating_add(data.len() as u64) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }
@@ -1121,7 +1108,7 @@ impl Overlay {
 
     /// `fsync` / `fdatasync`: the file's data and the journal.
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
-        let (ino, _) = self.handle_ino(fh)?;
+        let ino = self.handle_ino(fh)?;
         if let Content::Upper(id) = self.content(ino)? {
             let f = self.upper.data(id)?;
             let r = if datasync {
@@ -1144,7 +1131,7 @@ impl Overlay {
 
     /// `fallocate` on an open file (modes 0, `KEEP_SIZE`, `PUNCH_HOLE`).
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
-        let (ino, _) = self.handle_ino(fh)?;
+        let ino = self.handle_ino(fh)?;
         if offset.saturating_add(length) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }

@@ -228,13 +228,22 @@ impl State {
         }
     }
 
-    /// Every `(name, ino)` of directory `dir`, in name order.
-    pub fn list(&self, lower: &Lower, dir: Ino) -> Result<Vec<(Box<str>, Ino)>> {
+    /// Up to `max` `(name, ino)` of directory `dir`, in name order, from
+    /// the `skip`-th on.
+    pub fn list(
+        &self,
+        lower: &Lower,
+        dir: Ino,
+        skip: usize,
+        max: usize,
+    ) -> Result<Vec<(Box<str>, Ino)>> {
         let from_lower = |i: Idx| -> Vec<(Box<str>, Ino)> {
             lower
                 .index
                 .children(i)
                 .iter()
+                .skip(skip)
+                .take(max)
                 .map(|&c| {
                     (
                         file_name(&lower.manifest().entries[c as usize].path).into(),
@@ -246,7 +255,12 @@ impl State {
         match self.get(lower, dir).ok_or(Error::NotFound)? {
             Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
             Ref::Node(n) => Ok(match (&n.children, n.lower) {
-                (Some(map), _) => map.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                (Some(map), _) => map
+                    .iter()
+                    .skip(skip)
+                    .take(max)
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect(),
                 (None, Some(i)) => from_lower(i),
                 (None, None) => Vec::new(),
             }),
