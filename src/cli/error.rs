@@ -101,14 +101,28 @@ impl CliError {
             .as_u64()
             .and_then(|c| u8::try_from(c).ok())
             .unwrap_or(exit::INTERNAL);
-        CliError {
-            kind: v["kind"].as_str().unwrap_or("internal").to_owned(),
-            message: v["message"].as_str().unwrap_or("").to_owned(),
-            path: v["path"].as_str().map(str::to_owned),
-            hint: "",
-            exit_code,
-            relayed: Some(Box::new(v)),
+        // A complete object from another sessionfs process is printed as
+        // is; a daemon's short one gets its hint from the exit code.
+        let class = match exit_code {
+            exit::INVALID => Some(ErrorClass::Invalid),
+            exit::UNSUPPORTED => Some(ErrorClass::Unsupported),
+            exit::LIMIT => Some(ErrorClass::Limit),
+            exit::IO => Some(ErrorClass::Io),
+            exit::REFUSED => Some(ErrorClass::Refused),
+            exit::MOUNT => Some(ErrorClass::Mount),
+            _ => None,
+        };
+        let mut e = CliError::new(
+            class,
+            v["kind"].as_str().unwrap_or("internal"),
+            v["message"].as_str().unwrap_or("").to_owned(),
+            v["path"].as_str().map(str::to_owned),
+        );
+        e.exit_code = exit_code;
+        if v.get("hint").is_some() {
+            e.relayed = Some(Box::new(v));
         }
+        e
     }
 
     /// A usage error.

@@ -9,7 +9,7 @@ mod mount;
 mod pack;
 mod progress;
 mod status;
-mod umount;
+pub(crate) mod umount;
 mod unpack;
 mod verify;
 

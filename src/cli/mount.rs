@@ -112,13 +112,7 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
             mp,
         ));
     }
-    if control::request(
-        mp,
-        &serde_json::json!({"op": "status"}),
-        Some(std::time::Duration::from_secs(2)),
-    )
-    .is_ok()
-    {
+    if super::umount::is_fuse_mount(mp) {
         return Err(mount_error(
             "already_mounted",
             format!(

@@ -55,6 +55,17 @@ fn wait_gone(p: &Path, limit: Duration) -> bool {
     !is_fuse_mount(p)
 }
 
+/// Whether process `pid` has exited (a zombie has: its files are closed).
+fn exited(pid: i32) -> bool {
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let mp = &a.mountpoint;
     let fail = |kind: &str, message: String| {
@@ -65,32 +76,54 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             Some(mp.display().to_string()),
         )
     };
-    let via = match control::request(
-        mp,
-        &serde_json::json!({"op": "unmount"}),
-        Some(Duration::from_secs(60)),
-    ) {
+    if !is_fuse_mount(mp) {
+        return Err(fail(
+            "not_mounted",
+            format!("{}: no sessionfs mount here", mp.display()),
+        ));
+    }
+    let request = serde_json::json!({"op": "unmount", "lazy": a.lazy});
+    let via = match control::request(mp, &request, Some(Duration::from_secs(60))) {
         Ok(v) if v["schema"] == "sessionfs.error/1" => return Err(CliError::relayed(v)),
-        Ok(_) => "daemon",
-        Err(e) => {
-            if !is_fuse_mount(mp) {
-                return Err(fail(
-                    "not_mounted",
-                    format!("{}: no sessionfs mount here ({e})", mp.display()),
-                ));
+        Ok(v) => {
+            // The daemon holds the upper directory's lock until it exits:
+            // wait for that, so the same upper directory can be mounted
+            // again right away (a lazy unmount exits when files close).
+            if let (Some(pid), false) = (
+                v["pid"].as_i64().and_then(|p| i32::try_from(p).ok()),
+                a.lazy,
+            ) {
+                let start = Instant::now();
+                while !exited(pid) && start.elapsed() < Duration::from_secs(30) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
             }
-            let st = std::process::Command::new("fusermount3")
-                .arg("-u")
+            "daemon"
+        }
+        // The daemon may have unmounted and exited without answering.
+        Err(_) if !is_fuse_mount(mp) => "daemon",
+        Err(e) => {
+            tracing::warn!("{e}; unmounting without the daemon");
+            let flag = if a.lazy { "-uz" } else { "-u" };
+            match std::process::Command::new("fusermount3")
+                .arg(flag)
                 .arg(mp)
-                .status();
-            match st {
+                .status()
+            {
                 Ok(s) if s.success() => "fusermount3",
                 _ => {
-                    nix::mount::umount2(mp, nix::mount::MntFlags::MNT_DETACH).map_err(|e| {
-                        fail(
-                            "umount_failed",
-                            format!("{}: cannot unmount: {e}", mp.display()),
-                        )
+                    let flags = if a.lazy {
+                        nix::mount::MntFlags::MNT_DETACH
+                    } else {
+                        nix::mount::MntFlags::empty()
+                    };
+                    nix::mount::umount2(mp, flags).map_err(|e| {
+                        let kind = if e == nix::errno::Errno::EBUSY {
+                            "busy"
+                        } else {
+                            "umount_failed"
+                        };
+                        fail(kind, format!("{}: cannot unmount: {e}", mp.display()))
                     })?;
                     "umount2"
                 }

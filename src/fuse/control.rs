@@ -17,6 +17,7 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -99,6 +100,19 @@ pub fn bind(mountpoint: &Path) -> io::Result<(UnixListener, PathBuf)> {
     Ok((listener, path))
 }
 
+/// Requests being answered; the daemon waits for them before it exits, so
+/// an `unmount` request gets its answer although the unmount ends the
+/// session.
+pub static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits (up to `limit`) until no request is being answered.
+pub fn drain(limit: Duration) {
+    let start = std::time::Instant::now();
+    while IN_FLIGHT.load(Ordering::Acquire) > 0 && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Serves requests until the process exits; `handle` answers each one.
 pub fn serve(listener: UnixListener, handle: impl Fn(&Value) -> Value + Send + Sync + 'static) {
     let handle = std::sync::Arc::new(handle);
@@ -113,22 +127,23 @@ pub fn serve(listener: UnixListener, handle: impl Fn(&Value) -> Value + Send + S
             tracing::warn!("control connection from another user refused");
             continue;
         }
+        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
         let handle = handle.clone();
         std::thread::spawn(move || {
             let mut reader = BufReader::new(&conn);
             let mut line = String::new();
-            if reader.read_line(&mut line).is_err() {
-                return;
+            if reader.read_line(&mut line).is_ok() {
+                let reply = match serde_json::from_str::<Value>(&line) {
+                    Ok(req) => handle(&req),
+                    Err(e) => serde_json::json!({
+                        "schema": "sessionfs.error/1", "kind": "usage",
+                        "message": format!("bad control request: {e}"), "exit_code": 2
+                    }),
+                };
+                let mut w = &conn;
+                let _ = w.write_all(format!("{reply}\n").as_bytes());
             }
-            let reply = match serde_json::from_str::<Value>(&line) {
-                Ok(req) => handle(&req),
-                Err(e) => serde_json::json!({
-                    "schema": "sessionfs.error/1", "kind": "usage",
-                    "message": format!("bad control request: {e}"), "exit_code": 2
-                }),
-            };
-            let mut w = &conn;
-            let _ = w.write_all(format!("{reply}\n").as_bytes());
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         });
     }
 }

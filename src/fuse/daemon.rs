@@ -100,9 +100,10 @@ pub fn serve(
             control::serve(listener, move |req| match req["op"].as_str() {
                 Some("status") => status(&overlay, &mountpoint),
                 Some("unmount") => {
-                    let r = unmounter.lock().unmount();
+                    let lazy = req["lazy"].as_bool().unwrap_or(false);
+                    let r = if lazy { unmounter.lock().unmount() } else { unmount_now(&mountpoint) };
                     match r {
-                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true}),
+                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id()}),
                         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
                             "busy",
                             &format!(
@@ -122,11 +123,37 @@ pub fn serve(
     });
     let result = session.run();
     let _ = std::fs::remove_file(&socket);
+    control::drain(std::time::Duration::from_secs(5));
     if let Err(e) = overlay.fsyncdir() {
         tracing::warn!(error = %e, "cannot sync the journal at exit");
     }
     tracing::info!("unmounted");
     result
+}
+
+/// Unmounts now, or fails with EBUSY when files are open on the mount
+/// (fuser's own unmount detaches lazily, which never reports that).
+fn unmount_now(mountpoint: &Path) -> io::Result<()> {
+    match nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => {
+            // Not root: the setuid helper checks for a busy mount too.
+            let out = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(mountpoint)
+                .output()?;
+            if out.status.success() {
+                Ok(())
+            } else if String::from_utf8_lossy(&out.stderr).contains("busy") {
+                Err(io::Error::from_raw_os_error(libc::EBUSY))
+            } else {
+                Err(io::Error::other(
+                    String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                ))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A control-protocol error object.

@@ -5,7 +5,8 @@
 //! entry order, come in name order: children lists are filled in one pass,
 //! and a name is found by binary search.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
+use rayon::prelude::*;
 
 use crate::packet::manifest::{Entry, EntryKind, Manifest};
 use crate::packet::path::file_name;
@@ -80,10 +81,18 @@ impl LowerIndex {
                 fill[p as usize] += 1;
             }
         }
+        // The hashes are independent: both cores compute them; numbers are
+        // then claimed in path order, so collisions resolve the same way on
+        // every mount.
+        let first: Vec<Ino> = m
+            .entries
+            .par_iter()
+            .map(|e| super::ino::candidate(&e.path, 0))
+            .collect();
         let mut ino = Vec::with_capacity(n);
         let mut by_ino = HashMap::with_capacity(n);
         for (i, e) in m.entries.iter().enumerate() {
-            let x = inos.allocate(&e.path);
+            let x = inos.allocate_from(&e.path, first[i]);
             ino.push(x);
             by_ino.insert(x, i as Idx);
         }

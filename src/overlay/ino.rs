@@ -7,7 +7,7 @@
 //! root). Git compares st_ino in its index, so numbers that survive a seal
 //! and a remount let `git status` trust its index instead of re-hashing.
 
-use std::collections::HashSet;
+use hashbrown::HashSet;
 
 use sha2::Digest as _;
 
@@ -44,7 +44,16 @@ pub struct InoAllocator {
 impl InoAllocator {
     /// The first free candidate for `path`, now in use.
     pub fn allocate(&mut self, path: &str) -> Ino {
-        let mut k = 0;
+        self.allocate_from(path, candidate(path, 0))
+    }
+
+    /// Like [`InoAllocator::allocate`], given the first candidate already
+    /// computed (a mount computes them for every entry in parallel).
+    pub fn allocate_from(&mut self, path: &str, first: Ino) -> Ino {
+        if first > ROOT && self.used.insert(first) {
+            return first;
+        }
+        let mut k = 1;
         loop {
             let c = candidate(path, k);
             if c > ROOT && self.used.insert(c) {

@@ -191,8 +191,10 @@ impl Overlay {
     /// to this packet, replays its journal, and removes data files the
     /// journal does not reference. Reads no file content.
     pub fn mount(packet: Packet, upper_dir: &Path, opts: Options) -> Result<Overlay> {
+        let t = std::time::Instant::now();
         let mut inos = InoAllocator::default();
         let index = LowerIndex::build(&packet.manifest, &mut inos);
+        tracing::debug!(elapsed = ?t.elapsed(), "lower index built");
         let root = match opts.part {
             None => Root::Packet,
             Some(part) => {

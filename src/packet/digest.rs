@@ -31,15 +31,38 @@ impl Sha256 {
     }
 
     /// Parses exactly 64 lowercase hex digits (the canonical spelling).
+    /// Table-driven: a mount parses one of these per file.
     pub fn from_canonical_hex(s: &[u8]) -> Option<Sha256> {
-        if s.len() != 64 || !s.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if s.len() != 64 {
             return None;
         }
         let mut out = [0u8; 32];
-        hex::decode_to_slice(s, &mut out).ok()?;
+        for (o, pair) in out.iter_mut().zip(s.chunks_exact(2)) {
+            let (hi, lo) = (HEX_VALUE[pair[0] as usize], HEX_VALUE[pair[1] as usize]);
+            if (hi | lo) & 0xf0 != 0 {
+                return None;
+            }
+            *o = (hi << 4) | lo;
+        }
         Some(Sha256(out))
     }
 }
+
+/// Value of each lowercase hex digit; 0xff for every other byte.
+const HEX_VALUE: [u8; 256] = {
+    let mut t = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
 
 impl fmt::Debug for Sha256 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

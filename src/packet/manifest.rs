@@ -10,7 +10,9 @@
 //! `serde_json` is used only to recognize a foreign schema version.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+
+use hashbrown::HashMap;
 
 use super::digest::Sha256;
 use super::error::{Error, LimitKind, Result};

@@ -78,7 +78,15 @@ pub fn check_path(path: &str, limits: &Limits) -> Result<()> {
     if path.starts_with('/') {
         return Err(invalid("absolute path".into()));
     }
-    if let Some(c) = path.chars().find(|&c| c == '\\' || is_control(c)) {
+    // ASCII paths (nearly all) are checked byte by byte; others by char.
+    let bad = if path.is_ascii() {
+        path.bytes()
+            .find(|&b| b == b'\\' || b < 0x20 || b == 0x7f)
+            .map(char::from)
+    } else {
+        path.chars().find(|&c| c == '\\' || is_control(c))
+    };
+    if let Some(c) = bad {
         return Err(invalid(if c == '\\' {
             "backslash in path".into()
         } else {

@@ -28,10 +28,19 @@ pub struct RawManifest {
     pub file_len: u64,
 }
 
-/// Reads the first member of `file`, which must be the canonical header of
-/// `packet.json`, and returns the manifest bytes. Allocates only after the
-/// size field is checked against the file length and the manifest bound.
+/// Reads the first member of `file` (see [`read_manifest_bytes`]) and
+/// computes its digest.
 pub fn read_raw_manifest(file: &File, limits: &Limits) -> Result<RawManifest> {
+    let mut raw = read_manifest_bytes(file, limits)?;
+    raw.digest = Digest::of_manifest(&raw.bytes);
+    Ok(raw)
+}
+
+/// Reads the first member of `file`, which must be the canonical header of
+/// `packet.json`, and returns the manifest bytes (the digest is left for
+/// the caller). Allocates only after the size field is checked against the
+/// file length and the manifest bound.
+pub fn read_manifest_bytes(file: &File, limits: &Limits) -> Result<RawManifest> {
     let file_len = file
         .metadata()
         .map_err(|e| Error::io("cannot stat the packet", e))?
@@ -84,10 +93,9 @@ pub fn read_raw_manifest(file: &File, limits: &Limits) -> Result<RawManifest> {
         });
     }
     bytes.truncate(size as usize);
-    let digest = Digest::of_manifest(&bytes);
     Ok(RawManifest {
         bytes,
-        digest,
+        digest: Digest(Sha256::default()),
         file_len,
     })
 }
@@ -141,8 +149,16 @@ impl Packet {
 
     /// Like [`Packet::open`], for a file already open.
     pub fn from_file(file: File, path: &Path, limits: &Limits) -> Result<Packet> {
-        let raw = read_raw_manifest(&file, limits)?;
-        let manifest = Manifest::parse(&raw.bytes, limits)?;
+        let t = std::time::Instant::now();
+        let raw = read_manifest_bytes(&file, limits)?;
+        tracing::debug!(elapsed = ?t.elapsed(), bytes = raw.bytes.len(), "manifest read");
+        // The digest and the parse are independent: one core each.
+        let (digest, manifest) = rayon::join(
+            || Digest::of_manifest(&raw.bytes),
+            || Manifest::parse(&raw.bytes, limits),
+        );
+        let manifest = manifest?;
+        tracing::debug!(elapsed = ?t.elapsed(), entries = manifest.entries.len(), "manifest hashed, parsed and validated");
         let layout = Layout::compute(&manifest, raw.bytes.len() as u64);
         let expected = layout.total_len();
         if raw.file_len < expected {
@@ -161,7 +177,7 @@ impl Packet {
             file,
             path: path.to_owned(),
             manifest,
-            digest: raw.digest,
+            digest,
             layout,
         })
     }
