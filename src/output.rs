@@ -18,7 +18,9 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use crate::packet::digest::{Digest, Sha256};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::packet::digest::{ContentHasher, Digest, Sha256};
 use crate::packet::error::{Error, Result};
 use crate::packet::format::BLOCK;
 use crate::packet::layout::{Layout, MANIFEST_DATA_OFFSET, manifest_header};
@@ -186,5 +188,219 @@ fn parent_dir(p: &Path) -> &Path {
     match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Writing members from content sources (pack and seal)
+
+/// What the writer does with a file's bytes as they go by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// New content: hash it; the manifest takes the result.
+    Compute,
+    /// Content the manifest already describes: hash it and compare, failing
+    /// on a mismatch.
+    Verify,
+    /// Content known to match the manifest (verified before): copy it.
+    Trust,
+}
+
+/// Where the members' file content comes from.
+pub trait Contents: Sync {
+    /// Errors of the source; packet errors (a failed verification) convert.
+    type Error: From<Error> + Send;
+    /// A file opened for reading from its start.
+    type Reader<'a>: ContentReader<Error = Self::Error>
+    where
+        Self: 'a;
+    /// How entry `i`'s bytes are checked.
+    fn check(&self, i: usize) -> Check;
+    /// Opens entry `i` (a regular file) for reading.
+    fn open(&self, i: usize) -> Result<Self::Reader<'_>, Self::Error>;
+}
+
+/// A file's content being read from its start.
+pub trait ContentReader {
+    /// Errors.
+    type Error;
+    /// Fills `buf` with the next bytes; a short file is an error.
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Self::Error>;
+    /// Copies the next `len` bytes straight to `out` at `offset`, without
+    /// passing them through memory (copy_file_range), when the source
+    /// allows; `false` when it does not.
+    fn copy_to(&mut self, _out: &File, _offset: u64, _len: u64) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
+    /// Called after the last byte: a source can check it did not change.
+    fn finish(self) -> Result<(), Self::Error>;
+}
+
+/// Hashes computed for [`Check::Compute`] entries: `(entry, sha256, chunks)`.
+pub type Computed = Vec<(usize, Sha256, Vec<Sha256>)>;
+
+/// Byte counts of a [`write_members`] run.
+#[derive(Default, Debug)]
+pub struct WriteStats {
+    /// Bytes hashed to compute new manifest hashes.
+    pub hashed: AtomicU64,
+    /// Bytes hashed to verify content against the manifest.
+    pub verified: AtomicU64,
+    /// Bytes copied whose hashes the manifest already had (verified or trusted).
+    pub copied: AtomicU64,
+}
+
+/// Writes every member of `manifest` (headers from the manifest, content
+/// from `src`) at its offset in `out`, on all cores, in batches of about
+/// [`BATCH_BYTES`] assembled in memory and written with one call; a member
+/// larger than a batch is streamed. Returns the hashes computed.
+pub fn write_members<S: Contents>(
+    out: &Output,
+    manifest: &Manifest,
+    layout: &Layout,
+    src: &S,
+    stats: &WriteStats,
+    progress: &(dyn Fn(u64) + Sync),
+) -> std::result::Result<Computed, S::Error> {
+    use rayon::prelude::*;
+    let w = MemberWriter { out, manifest, layout, src, stats, progress };
+    let per_batch: Vec<Computed> = layout
+        .batches(BATCH_BYTES)
+        .into_par_iter()
+        .map_init(Vec::new, |buf, range| w.batch(range, buf))
+        .collect::<std::result::Result<_, S::Error>>()?;
+    Ok(per_batch.into_iter().flatten().collect())
+}
+
+/// Members gathered per batch before one write.
+const BATCH_BYTES: u64 = crate::packet::reader::BATCH_BYTES;
+
+struct MemberWriter<'a, S> {
+    out: &'a Output,
+    manifest: &'a Manifest,
+    layout: &'a Layout,
+    src: &'a S,
+    stats: &'a WriteStats,
+    progress: &'a (dyn Fn(u64) + Sync),
+}
+
+/// Hashing state for one file, per its [`Check`].
+struct Digesting {
+    check: Check,
+    hasher: Option<ContentHasher>,
+}
+
+impl Digesting {
+    fn new(check: Check, size: u64) -> Digesting {
+        let hasher = (check != Check::Trust).then(|| ContentHasher::new(size));
+        Digesting { check, hasher }
+    }
+
+    fn update(&mut self, data: &[u8], stats: &WriteStats) {
+        if let Some(h) = &mut self.hasher {
+            h.update(data);
+        }
+        let counter = match self.check {
+            Check::Compute => &stats.hashed,
+            Check::Verify => &stats.verified,
+            Check::Trust => &stats.copied,
+        };
+        counter.fetch_add(data.len() as u64, Ordering::Relaxed);
+        if self.check == Check::Verify {
+            stats.copied.fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The computed hashes, or a check against the manifest's.
+    fn finish(self, e: &crate::packet::manifest::Entry, i: usize, out: &mut Computed) -> Result<()> {
+        let Some(h) = self.hasher else { return Ok(()) };
+        let (sha, chunks) = h.finish();
+        match self.check {
+            Check::Compute => out.push((i, sha, chunks)),
+            Check::Verify => {
+                let f = e.file().ok_or_else(|| Error::io("verify", io::Error::other("not a file")))?;
+                if f.sha256 != sha || *f.chunks != *chunks {
+                    let k = f.chunks.iter().zip(&chunks).position(|(a, b)| a != b);
+                    let size = f.size;
+                    let (start, end) = k.map_or((0, size), |k| {
+                        let s = k as u64 * crate::packet::format::CHUNK_SIZE;
+                        (s, (s + crate::packet::format::CHUNK_SIZE).min(size))
+                    });
+                    tracing::error!(path = %e.path, start, end, "lower content does not match the manifest");
+                    return Err(Error::ContentMismatch { path: e.path.to_string(), start, end });
+                }
+            }
+            Check::Trust => {}
+        }
+        Ok(())
+    }
+}
+
+impl<S: Contents> MemberWriter<'_, S> {
+    fn batch(&self, range: std::ops::Range<usize>, buf: &mut Vec<u8>) -> std::result::Result<Computed, S::Error> {
+        let start = self.layout.member_start(range.start);
+        let end = self.layout.member_end(range.end - 1);
+        let mut computed = Vec::new();
+        if range.len() == 1 && end - start > BATCH_BYTES {
+            let i = range.start;
+            if self.manifest.entries[i].file().is_some() {
+                self.stream(i, buf, &mut computed)?;
+                return Ok(computed);
+            }
+        }
+        buf.clear();
+        for i in range {
+            let e = &self.manifest.entries[i];
+            crate::packet::layout::write_entry_headers(e, buf);
+            let Some(f) = e.file() else { continue };
+            let at = buf.len();
+            buf.resize(at + f.size as usize, 0);
+            let mut d = Digesting::new(self.src.check(i), f.size);
+            let mut r = self.src.open(i)?;
+            r.read_exact(&mut buf[at..])?;
+            r.finish()?;
+            d.update(&buf[at..], self.stats);
+            d.finish(e, i, &mut computed)?;
+            buf.resize(buf.len().next_multiple_of(BLOCK as usize), 0);
+            (self.progress)(f.size);
+        }
+        debug_assert_eq!(buf.len() as u64, end - start);
+        self.out.write_at(buf, start)?;
+        Ok(computed)
+    }
+
+    /// A file larger than a batch: headers, then the content in pieces (or
+    /// copied by the kernel when it is trusted and the source allows).
+    fn stream(&self, i: usize, buf: &mut Vec<u8>, computed: &mut Computed) -> std::result::Result<(), S::Error> {
+        let e = &self.manifest.entries[i];
+        let size = e.size();
+        buf.clear();
+        crate::packet::layout::write_entry_headers(e, buf);
+        self.out.write_at(buf, self.layout.member_start(i))?;
+        let base = self.layout.data_offset(i, e);
+        let check = self.src.check(i);
+        let mut d = Digesting::new(check, size);
+        let mut r = self.src.open(i)?;
+        if check == Check::Trust && r.copy_to(self.out.file(), base, size)? {
+            self.stats.copied.fetch_add(size, Ordering::Relaxed);
+            (self.progress)(size);
+            return r.finish();
+        }
+        let mut done = 0;
+        while done < size {
+            let n = (size - done).min(BATCH_BYTES) as usize;
+            buf.clear();
+            buf.resize(n, 0);
+            r.read_exact(buf)?;
+            d.update(buf, self.stats);
+            // The last piece carries the member's zero padding.
+            buf.resize(n.next_multiple_of(BLOCK as usize), 0);
+            self.out.write_at(buf, base + done)?;
+            done += n as u64;
+            (self.progress)(n as u64);
+        }
+        r.finish()?;
+        d.finish(e, i, computed)?;
+        Ok(())
     }
 }

@@ -13,19 +13,17 @@ use std::path::PathBuf;
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
-use rayon::prelude::*;
 use serde::Serialize;
 
 use super::error::Error;
 use super::policy::Policy;
 use super::walk::{FoundFile, FoundKind, Root, ScanOptions, ScanReport, scan};
-use crate::output::Output;
-use crate::packet::digest::{ContentHasher, Digest, Sha256};
+use crate::output::{Check, ContentReader, Contents, Output, WriteStats, write_members};
+use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{HarnessKind, Limits, chunk_count};
-use crate::packet::layout::{self, Layout};
+use crate::packet::layout::Layout;
 use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::Part;
-use crate::packet::reader::BATCH_BYTES;
 use crate::sys;
 
 /// What to pack.
@@ -135,21 +133,14 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
     let layout = Layout::compute(&manifest, manifest_len);
     output.size_for(&layout)?;
 
-    let writer = BatchWriter {
+    let contents = PackContents {
         roots: &scan.roots,
         manifest: &manifest,
         sources: &sources,
-        layout: &layout,
-        output: &output,
-        progress,
     };
-    tracing::debug!(elapsed = ?t.elapsed(), "laid out");
-    let hashes: Vec<Vec<(usize, Sha256, Vec<Sha256>)>> = layout
-        .batches(BATCH_BYTES)
-        .into_par_iter()
-        .map_init(Vec::new, |buf, range| writer.write_batch(range, buf))
-        .collect::<Result<_, Error>>()?;
-    for (i, sha, chunks) in hashes.into_iter().flatten() {
+    let stats = WriteStats::default();
+    let hashes = write_members(&output, &manifest, &layout, &contents, &stats, progress)?;
+    for (i, sha, chunks) in hashes {
         if let EntryKind::File(f) = &mut manifest.entries[i].kind {
             f.sha256 = sha;
             f.chunks = chunks.into();
@@ -177,90 +168,38 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
     })
 }
 
-/// Shared state of the parallel writers.
-struct BatchWriter<'a> {
+/// The files of the walked tree, as a content source for the writer.
+struct PackContents<'a> {
     roots: &'a [Root],
     manifest: &'a Manifest,
     sources: &'a [Option<FoundFile>],
-    layout: &'a Layout,
-    output: &'a Output,
-    progress: &'a (dyn Fn(u64) + Sync),
 }
 
-impl BatchWriter<'_> {
-    /// Writes the members of `range`: assembled in `buf` and written with one
-    /// call, or streamed when a single member is larger than a batch.
-    fn write_batch(
-        &self,
-        range: std::ops::Range<usize>,
-        buf: &mut Vec<u8>,
-    ) -> Result<Vec<(usize, Sha256, Vec<Sha256>)>, Error> {
-        let start = self.layout.member_start(range.start);
-        let end = self.layout.member_end(range.end - 1);
-        let mut out = Vec::new();
-        if range.len() == 1 && end - start > BATCH_BYTES {
-            let i = range.start;
-            if let Some(src) = &self.sources[i] {
-                let (sha, chunks) = self.stream_file(i, src, buf)?;
-                out.push((i, sha, chunks));
-                return Ok(out);
-            }
-        }
-        buf.clear();
-        for i in range {
-            let e = &self.manifest.entries[i];
-            layout::write_entry_headers(e, buf);
-            if let Some(src) = &self.sources[i] {
-                let at = buf.len();
-                buf.resize(at + src.size as usize, 0);
-                let mut file = self.open(&e.path, src)?;
-                read_exact(&mut file, &mut buf[at..], &e.path)?;
-                self.check_unchanged(&file, &e.path, src)?;
-                let mut h = ContentHasher::new(src.size);
-                h.update(&buf[at..]);
-                let (sha, chunks) = h.finish();
-                out.push((i, sha, chunks));
-                buf.resize(buf.len().next_multiple_of(512), 0);
-                (self.progress)(src.size);
-            }
-        }
-        debug_assert_eq!(buf.len() as u64, end - start);
-        self.output.write_at(buf, start)?;
-        Ok(out)
+/// One source file being read.
+struct PackReader<'a> {
+    file: File,
+    path: &'a str,
+    src: &'a FoundFile,
+    roots: &'a [Root],
+}
+
+impl Contents for PackContents<'_> {
+    type Error = Error;
+    type Reader<'a>
+        = PackReader<'a>
+    where
+        Self: 'a;
+
+    fn check(&self, _i: usize) -> Check {
+        Check::Compute
     }
 
-    /// A large file, read and written in pieces.
-    fn stream_file(
-        &self,
-        i: usize,
-        src: &FoundFile,
-        buf: &mut Vec<u8>,
-    ) -> Result<(Sha256, Vec<Sha256>), Error> {
-        let e = &self.manifest.entries[i];
-        buf.clear();
-        layout::write_entry_headers(e, buf);
-        self.output.write_at(buf, self.layout.member_start(i))?;
-        let mut file = self.open(&e.path, src)?;
-        let mut h = ContentHasher::new(src.size);
-        let base = self.layout.data_offset(i, e);
-        let mut done = 0;
-        while done < src.size {
-            let n = (src.size - done).min(BATCH_BYTES) as usize;
-            buf.clear();
-            buf.resize(n, 0);
-            read_exact(&mut file, buf, &e.path)?;
-            h.update(buf);
-            // The last piece carries the member's zero padding.
-            buf.resize(n.next_multiple_of(512), 0);
-            self.output.write_at(buf, base + done)?;
-            done += n as u64;
-            (self.progress)(n as u64);
-        }
-        self.check_unchanged(&file, &e.path, src)?;
-        Ok(h.finish())
-    }
-
-    fn open(&self, path: &str, src: &FoundFile) -> Result<File, Error> {
+    fn open(&self, i: usize) -> Result<PackReader<'_>, Error> {
+        let path: &str = &self.manifest.entries[i].path;
+        let src = self.sources[i].as_ref().ok_or_else(|| Error::Changed {
+            path: path.into(),
+            what: "is not a regular file",
+        })?;
         let root = &self.roots[src.root];
         // O_NONBLOCK: a file swapped for a FIFO since the walk cannot hang us.
         let fd = sys::open_beneath(
@@ -276,14 +215,28 @@ impl BatchWriter<'_> {
             },
             _ => Error::io(&root.dir.join(&src.rel), "cannot open", e),
         })?;
-        Ok(File::from(fd))
+        Ok(PackReader {
+            file: File::from(fd),
+            path,
+            src,
+            roots: self.roots,
+        })
+    }
+}
+
+impl ContentReader for PackReader<'_> {
+    type Error = Error;
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {
+        read_exact(&mut self.file, buf, self.path)
     }
 
     /// After reading: the same regular file, same size and mtime as walked.
-    fn check_unchanged(&self, file: &File, path: &str, src: &FoundFile) -> Result<(), Error> {
-        let m = file
-            .metadata()
-            .map_err(|e| Error::io(&self.roots[src.root].dir.join(&src.rel), "cannot stat", e))?;
+    fn finish(self) -> Result<(), Error> {
+        let src = self.src;
+        let m = self.file.metadata().map_err(|e| {
+            Error::io(&self.roots[src.root].dir.join(&src.rel), "cannot stat", e)
+        })?;
         let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
         let what = if !m.file_type().is_file() || (m.dev(), m.ino()) != (src.dev, src.ino) {
             "was replaced"
@@ -295,7 +248,7 @@ impl BatchWriter<'_> {
             return Ok(());
         };
         Err(Error::Changed {
-            path: path.into(),
+            path: self.path.into(),
             what,
         })
     }
