@@ -125,6 +125,19 @@ impl CliError {
         e
     }
 
+    /// The `sessionfs.error/1` object.
+    pub fn to_value(&self) -> serde_json::Value {
+        if let Some(raw) = &self.relayed {
+            return (**raw).clone();
+        }
+        let mut m = serde_json::Map::new();
+        m.insert("schema".into(), "sessionfs.error/1".into());
+        if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(self) {
+            m.extend(fields);
+        }
+        serde_json::Value::Object(m)
+    }
+
     /// A usage error.
     pub fn usage(message: impl Into<String>) -> CliError {
         CliError::new(None, "usage", message.into(), None)

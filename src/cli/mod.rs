@@ -8,6 +8,7 @@ mod inspect;
 mod mount;
 mod pack;
 mod progress;
+mod seal;
 mod status;
 pub(crate) mod umount;
 mod unpack;
@@ -54,6 +55,7 @@ enum Command {
     Mount(mount::Args),
     Umount(umount::Args),
     Status(status::Args),
+    Seal(seal::Args),
 }
 
 /// What a subcommand returns: its one result object, or word that it has
@@ -80,6 +82,11 @@ impl Output {
     /// The result was printed already.
     pub fn printed() -> Output {
         Output(None)
+    }
+
+    /// The result object.
+    pub fn into_value(self) -> Value {
+        self.0.unwrap_or(Value::Null)
     }
 }
 
@@ -110,6 +117,7 @@ pub fn main() -> ExitCode {
         Command::Mount(a) => mount::run(a),
         Command::Umount(a) => umount::run(a),
         Command::Status(a) => status::run(a),
+        Command::Seal(a) => seal::run(a),
     };
     match result {
         Ok(out) => {
@@ -124,18 +132,7 @@ pub fn main() -> ExitCode {
 pub fn report(e: CliError) -> ExitCode {
     tracing::error!("{}", e.message);
     let code = e.exit_code;
-    if let Some(raw) = &e.relayed {
-        print_json(raw);
-        return ExitCode::from(code);
-    }
-    let mut v = serde_json::to_value(&e).unwrap_or(Value::Null);
-    if let Value::Object(m) = &mut v {
-        let mut ordered = Map::new();
-        ordered.insert("schema".into(), Value::String("sessionfs.error/1".into()));
-        ordered.extend(std::mem::take(m));
-        *m = ordered;
-    }
-    print_json(&v);
+    print_json(&e.to_value());
     ExitCode::from(code)
 }
 

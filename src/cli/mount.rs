@@ -170,6 +170,14 @@ pub fn run(a: Args) -> Result<Output, CliError> {
         .daemon_child
         .then(|| control::log_path(&a.mountpoint).ok())
         .flatten();
+    // Where each part is mounted, for rebasing absolute symlinks at seal.
+    let roots: std::collections::HashMap<Part, Vec<String>> = match part {
+        Some(p) => [(p, crate::source::walk::root_spellings(&a.mountpoint))].into(),
+        None => [Part::Workspace, Part::Harness]
+            .into_iter()
+            .map(|p| (p, crate::source::walk::root_spellings(&a.mountpoint.join(p.as_str()))))
+            .collect(),
+    };
     let result = std::cell::RefCell::new(None);
     let served = daemon::serve(
         overlay,
@@ -198,7 +206,13 @@ pub fn run(a: Args) -> Result<Output, CliError> {
             super::print_output(out);
             *result.borrow_mut() = Some(());
         },
-        |_, _| None,
+        move |overlay, req| match req["op"].as_str() {
+            Some("seal") => Some(match serde_json::from_value::<super::seal::Request>(req.clone()) {
+                Ok(r) => super::seal::handle(overlay, &r, &roots).unwrap_or_else(|e| e.to_value()),
+                Err(e) => CliError::usage(format!("bad seal request: {e}")).to_value(),
+            }),
+            _ => None,
+        },
     );
     match served {
         Ok(()) => Ok(Output::printed()),

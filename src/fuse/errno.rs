@@ -32,10 +32,12 @@ pub fn errno(e: &Error) -> Errno {
         Error::Upper { source, .. } | Error::PacketIo(source) => {
             source.raw_os_error().map_or(Errno::EIO, Errno::from_i32)
         }
-        // Mount-time errors; they never reach a FUSE reply, EIO if they did.
+        // Mount-time and seal errors; they never reach a FUSE reply, EIO if
+        // they did.
         Error::UpperRefused { .. }
         | Error::UpperMismatch { .. }
         | Error::Replay { .. }
-        | Error::Packet(_) => Errno::EIO,
+        | Error::Packet(_)
+        | Error::Refused { .. } => Errno::EIO,
     }
 }

@@ -108,6 +108,17 @@ pub enum Error {
     /// The packet was refused.
     #[error(transparent)]
     Packet(#[from] packet::Error),
+    /// A seal refused what the merged view holds (a name a packet cannot
+    /// hold, a collision, a credential store): no packet is written.
+    #[error("{path}: {reason}")]
+    Refused {
+        /// Packet path of the entry.
+        path: String,
+        /// Stable kind (`path_collision`, `invalid_path`, ...).
+        kind: &'static str,
+        /// What is wrong and what to do.
+        reason: String,
+    },
 }
 
 /// Result alias.
@@ -124,6 +135,7 @@ impl Error {
             Error::Upper { .. } | Error::PacketIo(_) => "io",
             Error::Corrupt { .. } => "content_mismatch",
             Error::PacketChanged => "packet_changed",
+            Error::Refused { kind, .. } => kind,
             _ => "filesystem",
         }
     }

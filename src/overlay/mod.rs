@@ -14,6 +14,7 @@ pub mod index;
 pub mod ino;
 pub mod journal;
 pub mod node;
+pub mod seal;
 pub mod state;
 pub mod upper;
 
@@ -167,6 +168,10 @@ pub struct Overlay {
     state: RwLock<State>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+    /// Held shared by every operation that changes the merged view (names,
+    /// metadata, content), exclusively by a seal: a seal sees one state
+    /// while readers keep going.
+    mutations: RwLock<()>,
     /// Counters.
     pub stats: Stats,
 }
@@ -270,6 +275,7 @@ impl Overlay {
             state: RwLock::new(state),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            mutations: RwLock::new(()),
             stats: Stats::default(),
         })
     }
@@ -569,6 +575,7 @@ impl Overlay {
         caller: Caller,
     ) -> Result<Attr> {
         let name = name_str(name)?;
+        let _m = self.mutations.read_recursive();
         let mut st = self.state.write();
         self.check_mutable_dir(&st, parent)?;
         if st.child(&self.lower, parent, name)?.is_some() {
@@ -674,6 +681,7 @@ impl Overlay {
 
     /// `unlink`.
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let _m = self.mutations.read_recursive();
         let name = name_str(name)?;
         let mut st = self.state.write();
         self.check_mutable_dir(&st, parent)?;
@@ -697,6 +705,7 @@ impl Overlay {
 
     /// `rmdir`.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let _m = self.mutations.read_recursive();
         let name = name_str(name)?;
         let mut st = self.state.write();
         self.check_mutable_dir(&st, parent)?;
@@ -750,6 +759,7 @@ impl Overlay {
         noreplace: bool,
         exchange: bool,
     ) -> Result<()> {
+        let _m = self.mutations.read_recursive();
         let name = name_str(name)?;
         let newname = name_str(newname)?;
         if noreplace && exchange {
@@ -811,6 +821,7 @@ impl Overlay {
 
     /// `link`: a new name for a file (lower files too: no copy).
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        let _m = self.mutations.read_recursive();
         let newname = name_str(newname)?;
         let mut st = self.state.write();
         self.check_mutable_dir(&st, newparent)?;
@@ -846,6 +857,7 @@ impl Overlay {
 
     /// `setattr`: mode, owner, size (copying up a lower file), times.
     pub fn setattr(&self, ino: Ino, req: SetAttr) -> Result<Attr> {
+        let _m = self.mutations.read_recursive();
         if let Some(size) = req.size {
             if size > MAX_FILE_SIZE {
                 return Err(Error::TooBig);
@@ -856,6 +868,9 @@ impl Overlay {
                 _ => return Err(Error::Invalid),
             }
             let id = self.copy_up(ino, Some(size))?;
+            if let Some(n) = self.state.read().nodes.get(&ino) {
+                n.modified.set(true);
+            }
             self.upper
                 .data(id)?
                 .set_len(size)
@@ -913,6 +928,7 @@ impl Overlay {
     /// The copy runs without the state lock; if another thread copied the
     /// same file first, its copy wins and this one is discarded.
     fn copy_up(&self, ino: Ino, keep: Option<u64>) -> Result<u64> {
+        let _m = self.mutations.read_recursive();
         let (idx, id, mtime, atime) = {
             let mut st = self.state.write();
             let (content, mtime, atime) = match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
@@ -988,7 +1004,25 @@ impl Overlay {
             self.upper.remove_data(id);
             return Err(e);
         }
+        if let Some(n) = st.nodes.get(&ino) {
+            // A full copy holds the lower bytes; a truncating one does not.
+            n.modified.set(copy < size);
+        }
         self.stats.copy_ups.fetch_add(1, Ordering::Relaxed);
+        Ok(id)
+    }
+
+    /// The data file that a content change of `ino` goes to (copying a
+    /// lower file up first), marked modified.
+    fn data_for_change(&self, ino: Ino) -> Result<u64> {
+        let id = match self.content(ino)? {
+            Content::Upper(id) => id,
+            Content::Lower(_) => self.copy_up(ino, None)?,
+            Content::None => return Err(Error::IsDir),
+        };
+        if let Some(n) = self.state.read().nodes.get(&ino) {
+            n.modified.set(true);
+        }
         Ok(id)
     }
 
@@ -1087,17 +1121,14 @@ impl Overlay {
 
     /// `write`: to the upper data file.
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let _m = self.mutations.read_recursive();
         let ino = self.handle_ino(fh)?;
         if offset.saturating_add(data.len() as u64) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
-        let id = match self.content(ino)? {
-            Content::Upper(id) => id,
-            // A shared mapping of a file opened read-only: copy up now.
-            Content::Lower(_) => self.copy_up(ino, None)?,
-            Content::None => return Err(Error::IsDir),
-        };
+        // (A shared mapping of a file opened read-only copies up here.)
+        let id = self.data_for_change(ino)?;
         self.upper
             .data(id)?
             .write_all_at(data, offset)
@@ -1133,11 +1164,12 @@ impl Overlay {
 
     /// `fallocate` on an open file (modes 0, `KEEP_SIZE`, `PUNCH_HOLE`).
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        let _m = self.mutations.read_recursive();
         let ino = self.handle_ino(fh)?;
         if offset.saturating_add(length) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }
-        let id = self.copy_up(ino, None)?;
+        let id = self.data_for_change(ino)?;
         crate::sys::fallocate(&*self.upper.data(id)?, mode, offset, length).map_err(|e| {
             if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                 Error::NotSupported

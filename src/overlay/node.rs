@@ -98,6 +98,11 @@ pub struct Node {
     /// Kernel references (lookups not yet forgotten); counted under the
     /// state's read lock, hence atomic.
     pub lookups: Count,
+    /// Files with a data file: whether the content may differ from the
+    /// lower entry it was copied from. False only after a copy-up in this
+    /// daemon's life with no write since (a seal then reuses the packet's
+    /// bytes and hashes); replay sets it, not knowing.
+    pub modified: Flag,
     /// Open handles.
     pub opens: u32,
     /// A lower entry's node whose kernel references were not counted before
@@ -114,6 +119,33 @@ impl Node {
     /// The kernel reference count.
     pub fn lookups_cell(&self) -> &Count {
         &self.lookups
+    }
+}
+
+/// A flag that can be set under a shared borrow.
+#[derive(Debug, Default)]
+pub struct Flag(std::sync::atomic::AtomicBool);
+
+impl Clone for Flag {
+    fn clone(&self) -> Self {
+        Flag(std::sync::atomic::AtomicBool::new(self.get()))
+    }
+}
+
+impl Flag {
+    /// A flag with this value.
+    pub fn new(v: bool) -> Flag {
+        Flag(std::sync::atomic::AtomicBool::new(v))
+    }
+
+    /// The value.
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Sets the value.
+    pub fn set(&self, v: bool) {
+        self.0.store(v, Ordering::Release);
     }
 }
 

@@ -8,7 +8,7 @@ use super::error::{Error, Result};
 use super::index::{Idx, LowerIndex};
 use super::ino::{Ino, InoAllocator, ROOT};
 use super::journal::{Nanos, Record};
-use super::node::{Content, Kind, Node};
+use super::node::{Content, Flag, Kind, Node};
 use crate::packet::format::{MODE_DIR, MODE_EXEC, MODE_FILE, MODE_SYMLINK};
 use crate::packet::manifest::{EntryKind, Manifest};
 use crate::packet::path::file_name;
@@ -103,6 +103,7 @@ impl Lower {
             parent,
             name: file_name(&e.path).into(),
             lookups: Default::default(),
+            modified: Flag::new(true),
             opens: 0,
             immortal: true,
         }
@@ -178,6 +179,7 @@ impl State {
                     parent: ROOT,
                     name: "".into(),
                     lookups: Default::default(),
+            modified: Flag::new(true),
                     opens: 0,
                     immortal: true,
                 },
@@ -437,6 +439,7 @@ impl State {
                         parent: *parent,
                         name: name.as_str().into(),
                         lookups: Default::default(),
+            modified: Flag::new(true),
                         opens: 0,
                         immortal: false,
                     },

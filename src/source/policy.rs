@@ -230,6 +230,49 @@ enum DefaultRule {
     Refuse(String),
 }
 
+/// What a directory entry is, for [`Policy::judge_dir`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildType {
+    /// A directory.
+    Dir,
+    /// A regular file.
+    File,
+    /// Anything else.
+    Other,
+}
+
+impl Policy {
+    /// Judges every entry of the directory at packet path `ppath`; SQLite
+    /// side files then follow their database, whatever their own verdict.
+    pub fn judge_dir(&self, part: Part, ppath: &str, children: &[(&str, ChildType)]) -> Vec<Verdict> {
+        let mut verdicts: Vec<Verdict> = children
+            .iter()
+            .map(|(name, t)| self.judge(part, &format!("{ppath}/{name}"), name, *t == ChildType::Dir))
+            .collect();
+        let files: std::collections::HashMap<&str, usize> = children
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, t))| *t == ChildType::File)
+            .map(|(i, (name, _))| (*name, i))
+            .collect();
+        for (i, (name, t)) in children.iter().enumerate() {
+            if *t != ChildType::File {
+                continue;
+            }
+            let Some(&db) = sqlite_database_of(name).and_then(|base| files.get(base)) else {
+                continue;
+            };
+            verdicts[i] = match &verdicts[db] {
+                Verdict::Include => Verdict::Include,
+                Verdict::Exclude(_) | Verdict::Refuse(_) => Verdict::Exclude(Reason::SqliteSideFile {
+                    database: format!("{ppath}/{}", children[db].0),
+                }),
+            };
+        }
+        verdicts
+    }
+}
+
 /// If `name` is a SQLite side file (`X-wal`, `X-shm`, `X-journal`), the
 /// database name `X`.
 pub fn sqlite_database_of(name: &str) -> Option<&str> {

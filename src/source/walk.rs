@@ -3,7 +3,6 @@
 //! symlink traversal refused by the kernel (`openat2`), names are judged by
 //! the exclusion policy, special files are dropped and reported.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -17,7 +16,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::error::Error;
-use super::policy::{Policy, Reason, Verdict, sqlite_database_of};
+use super::policy::{ChildType, Policy, Reason, Verdict};
 use super::symlink::{LinkClass, rebase};
 use crate::packet::error::LimitKind;
 use crate::packet::format::{Limits, MAX_FILE_SIZE, MAX_MTIME_NS};
@@ -53,14 +52,7 @@ impl Root {
             Mode::empty(),
         )
         .map_err(|e| io("cannot open", e.into()))?;
-        let mut spellings = Vec::new();
-        if let Ok(abs) = std::path::absolute(dir) {
-            spellings.push(lexical_root(&abs));
-        }
-        if let Ok(canon) = std::fs::canonicalize(dir) {
-            spellings.push(lexical_root(&canon));
-        }
-        spellings.dedup();
+        let spellings = root_spellings(dir);
         Ok(Root {
             part,
             dir: dir.to_owned(),
@@ -68,6 +60,20 @@ impl Root {
             spellings,
         })
     }
+}
+
+/// The absolute spellings of a directory for symlink rebasing: as given
+/// (made absolute) and canonical.
+pub fn root_spellings(dir: &Path) -> Vec<String> {
+    let mut spellings = Vec::new();
+    if let Ok(abs) = std::path::absolute(dir) {
+        spellings.push(lexical_root(&abs));
+    }
+    if let Ok(canon) = std::fs::canonicalize(dir) {
+        spellings.push(lexical_root(&canon));
+    }
+    spellings.dedup();
+    spellings
 }
 
 /// An absolute path as a rebasing root: lossy UTF-8, `.` and repeated or
@@ -505,38 +511,18 @@ impl Walker<'_, '_> {
     /// Applies the policy to a directory's children; SQLite side files then
     /// follow their database.
     fn judge_all(&self, part: Part, ppath: &str, children: &[Child]) -> Vec<Verdict> {
-        let mut verdicts: Vec<Verdict> = children
+        let names: Vec<(&str, ChildType)> = children
             .iter()
             .map(|c| {
-                let path = format!("{ppath}/{}", c.name);
-                self.opts
-                    .policy
-                    .judge(part, &path, &c.name, c.ty == SFlag::S_IFDIR)
+                let t = match c.ty {
+                    SFlag::S_IFDIR => ChildType::Dir,
+                    SFlag::S_IFREG => ChildType::File,
+                    _ => ChildType::Other,
+                };
+                (c.name.as_str(), t)
             })
             .collect();
-        let files: HashMap<&str, usize> = children
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.ty == SFlag::S_IFREG)
-            .map(|(i, c)| (c.name.as_str(), i))
-            .collect();
-        for (i, c) in children.iter().enumerate() {
-            if c.ty != SFlag::S_IFREG {
-                continue;
-            }
-            let Some(&db) = sqlite_database_of(&c.name).and_then(|base| files.get(base)) else {
-                continue;
-            };
-            verdicts[i] = match &verdicts[db] {
-                Verdict::Include => Verdict::Include,
-                Verdict::Exclude(_) | Verdict::Refuse(_) => {
-                    Verdict::Exclude(Reason::SqliteSideFile {
-                        database: format!("{ppath}/{}", children[db].name),
-                    })
-                }
-            };
-        }
-        verdicts
+        self.opts.policy.judge_dir(part, ppath, &names)
     }
 
     fn file(

@@ -1,0 +1,202 @@
+//! `sessionfs seal`: the turn-end checkpoint.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Output;
+use super::args::{LimitArgs, file_mode_from_umask};
+use super::error::CliError;
+use crate::fuse::control;
+use crate::overlay::seal::{SealOptions, SealOutcome};
+use crate::overlay::{Options, Overlay};
+use crate::packet::error::ErrorClass;
+use crate::packet::format::Limits;
+use crate::packet::path::Part;
+use crate::packet::reader::Packet;
+
+/// Seal a mount's merged view (packet + changes) into a new packet.
+///
+/// With MOUNTPOINT, asks the mount's daemon, found through its control
+/// socket: changes on the mount wait for the seal (readers do not), and the
+/// packet is written to a temporary file, fsynced and renamed into place.
+/// Unchanged files keep their hashes and their bytes are copied from the
+/// old packet; only new and changed content is hashed. With --packet and
+/// --upper, seals without a daemon (after a crash, or in a controller):
+/// byte-identical to what the daemon would write. The same exclusions as
+/// `pack` apply to what the agent created (an .env written on the mount is
+/// left out and reported).
+///
+/// Examples:
+///   sessionfs seal /workspace -o turn-2.packet --receipt turn-2.receipt.json
+///   sessionfs seal /workspace -o turn-3.packet --rebase
+///   sessionfs seal --packet turn-1.packet --upper /var/lib/s/upper -o turn-2.packet
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The mountpoint of a running mount.
+    #[arg(required_unless_present = "packet", conflicts_with = "packet")]
+    mountpoint: Option<PathBuf>,
+    /// Offline: the packet the upper directory belongs to.
+    #[arg(long, requires = "upper", value_name = "FILE")]
+    packet: Option<PathBuf>,
+    /// Offline: the upper directory.
+    #[arg(long, requires = "packet", value_name = "DIR")]
+    upper: Option<PathBuf>,
+    /// Where to write the new packet.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// Also write the change receipt (every path added, modified, deleted or
+    /// renamed, with old and new content hashes) to FILE.
+    #[arg(long, value_name = "FILE")]
+    receipt: Option<PathBuf>,
+    /// After sealing, continue the mount on the new packet with an empty
+    /// upper directory (mounts only).
+    #[arg(long, conflicts_with = "packet")]
+    rebase: bool,
+    /// Record every mtime as 0 (as `pack --zero-mtimes`).
+    #[arg(long)]
+    zero_mtimes: bool,
+    /// Refuse symlinks whose targets leave their part.
+    #[arg(long)]
+    reject_external_symlinks: bool,
+    /// Leave out entries matching GLOB (as for `pack`).
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Keep entries matching GLOB that a default rule would leave out.
+    #[arg(long, value_name = "GLOB")]
+    keep: Vec<String>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// A seal request as sent to a daemon.
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub struct Request {
+    output: PathBuf,
+    receipt: Option<PathBuf>,
+    rebase: bool,
+    zero_mtimes: bool,
+    reject_external_symlinks: bool,
+    exclude: Vec<String>,
+    keep: Vec<String>,
+    max_bytes: u64,
+    max_entries: u64,
+    max_path_bytes: u64,
+    mode: u32,
+}
+
+#[derive(Serialize)]
+struct Result<'a> {
+    #[serde(flatten)]
+    outcome: &'a SealOutcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    receipt: Option<&'a Path>,
+    rebased: bool,
+    seconds: f64,
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_owned())
+}
+
+pub fn run(a: Args) -> std::result::Result<Output, CliError> {
+    let limits = a.limits.limits()?;
+    let req = Request {
+        output: absolute(&a.output),
+        receipt: a.receipt.as_deref().map(absolute),
+        rebase: a.rebase,
+        zero_mtimes: a.zero_mtimes,
+        reject_external_symlinks: a.reject_external_symlinks,
+        exclude: a.exclude,
+        keep: a.keep,
+        max_bytes: limits.max_bytes,
+        max_entries: limits.max_entries,
+        max_path_bytes: limits.max_path_bytes,
+        mode: file_mode_from_umask(),
+    };
+    if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {
+        let packet = Packet::open(packet, &limits)?;
+        let overlay = Overlay::mount(packet, upper, Options { uid: 0, gid: 0, part: None })?;
+        return handle(&overlay, &req, &HashMap::new()).map(Output::raw);
+    }
+    let mp = a.mountpoint.unwrap_or_default();
+    let mut msg = serde_json::to_value(&req).unwrap_or(Value::Null);
+    msg["op"] = Value::String("seal".into());
+    match control::request(&mp, &msg, None) {
+        Ok(v) if v["schema"] == "sessionfs.error/1" => Err(CliError::relayed(v)),
+        Ok(v) => Ok(Output::raw(v)),
+        Err(e) => Err(CliError::new(
+            Some(ErrorClass::Mount),
+            "not_mounted",
+            e.to_string(),
+            Some(mp.display().to_string()),
+        )),
+    }
+}
+
+/// Seals `overlay` per `req` and returns the result object: used by the
+/// daemon for a mount's seal request, and offline. `roots` gives the
+/// absolute spellings of each part's mounted root, for symlink rebasing.
+pub fn handle(
+    overlay: &Overlay,
+    req: &Request,
+    roots: &HashMap<Part, Vec<String>>,
+) -> std::result::Result<Value, CliError> {
+    let started = std::time::Instant::now();
+    let opts = SealOptions {
+        output: req.output.clone(),
+        mode: req.mode,
+        zero_mtimes: req.zero_mtimes,
+        reject_external_symlinks: req.reject_external_symlinks,
+        exclude: req.exclude.clone(),
+        keep: req.keep.clone(),
+        limits: Limits {
+            max_bytes: req.max_bytes,
+            max_entries: req.max_entries,
+            max_path_bytes: req.max_path_bytes,
+        },
+        roots: roots.clone(),
+        barrier: std::env::var_os("SESSIONFS_TEST_BARRIER").map(PathBuf::from),
+    };
+    let progress = super::progress::Progress::bytes("sealing", 0);
+    let outcome = overlay.seal(&opts, &|n| progress.add(n))?;
+    drop(progress);
+    if let Some(path) = &req.receipt {
+        write_receipt(path, &outcome)?;
+    }
+    let out = Output::new(
+        "sessionfs.seal-result/1",
+        Result {
+            outcome: &outcome,
+            receipt: req.receipt.as_deref(),
+            rebased: false,
+            seconds: started.elapsed().as_secs_f64(),
+        },
+    );
+    Ok(out.into_value())
+}
+
+/// The receipt: every change, with the digests it goes between.
+fn write_receipt(path: &Path, o: &SealOutcome) -> std::result::Result<(), CliError> {
+    let receipt = serde_json::json!({
+        "schema": "sessionfs.receipt/1",
+        "parent": o.parent,
+        "digest": o.digest,
+        "output": o.output,
+        "changes": o.changes,
+        "excluded": o.report.excluded,
+        "dropped": o.report.dropped,
+    });
+    let mut bytes = serde_json::to_vec_pretty(&receipt).unwrap_or_default();
+    bytes.push(b'\n');
+    crate::sys::write_atomic(path, &bytes).map_err(|e| {
+        CliError::new(
+            Some(ErrorClass::Io),
+            "io",
+            format!("{}: cannot write the receipt: {e}", path.display()),
+            Some(path.display().to_string()),
+        )
+    })
+}

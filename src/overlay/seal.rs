@@ -1,0 +1,640 @@
+//! `seal`: the merged view written as a fresh packet, atomically, at a cost
+//! proportional to what changed.
+//!
+//! Changes are held (readers keep going) while the merged view is walked
+//! and written. Unchanged files keep their manifest hashes and their bytes
+//! come from the old packet: chunks a mount already verified are copied as
+//! they are (by the kernel when a file is large), the others are verified
+//! as they are copied; only new and changed content is hashed. The output
+//! follows the same exclusion and symlink policy as `pack`, so sealing a
+//! mount gives the bytes `pack` gives for an extracted copy of its view.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use super::error::{Error, Result};
+use super::index::Idx;
+use super::ino::Ino;
+use super::node::{Content, Kind};
+use super::state::Ref;
+use super::Overlay;
+use crate::output::{Check, ContentReader, Contents, Output, WriteStats, write_members};
+use crate::packet::digest::{Digest, Sha256};
+use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
+use crate::packet::layout::Layout;
+use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
+use crate::packet::path::{Part, check_path};
+use crate::source::policy::{ChildType, Policy, Verdict};
+use crate::source::symlink::{LinkClass, rebase};
+use crate::source::walk::{Clamped, Dropped, Excluded, Link, Rebased, ScanReport};
+
+/// What to seal, and how.
+pub struct SealOptions {
+    /// Where the new packet goes.
+    pub output: PathBuf,
+    /// Its mode.
+    pub mode: u32,
+    /// Record every mtime as 0.
+    pub zero_mtimes: bool,
+    /// Refuse symlinks leaving their part.
+    pub reject_external_symlinks: bool,
+    /// `--exclude` patterns.
+    pub exclude: Vec<String>,
+    /// `--keep` patterns.
+    pub keep: Vec<String>,
+    /// Limits of the new packet.
+    pub limits: Limits,
+    /// Absolute spellings of each part's root where it is mounted, for
+    /// rebasing absolute symlinks into it (empty: none are rebased).
+    pub roots: HashMap<Part, Vec<String>>,
+    /// Test hook: pause at named points (see `barrier`).
+    pub barrier: Option<PathBuf>,
+}
+
+/// One change, in the receipt.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Change {
+    /// A new entry.
+    Added {
+        /// Its path.
+        path: String,
+        /// `file`, `dir` or `symlink`.
+        #[serde(rename = "type")]
+        kind: &'static str,
+        /// Content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        sha256: Option<Sha256>,
+    },
+    /// An entry whose content or metadata changed.
+    Modified {
+        /// Its path.
+        path: String,
+        /// Previous content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old_sha256: Option<Sha256>,
+        /// New content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        new_sha256: Option<Sha256>,
+    },
+    /// An entry gone.
+    Deleted {
+        /// Its path.
+        path: String,
+        /// Content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old_sha256: Option<Sha256>,
+    },
+    /// A file or symlink moved (possibly changed too).
+    Renamed {
+        /// Old path.
+        from: String,
+        /// New path.
+        to: String,
+        /// Previous content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old_sha256: Option<Sha256>,
+        /// New content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        new_sha256: Option<Sha256>,
+    },
+}
+
+/// What a seal did.
+#[derive(Debug, Serialize)]
+pub struct SealOutcome {
+    /// The new packet.
+    pub output: PathBuf,
+    /// Its digest.
+    pub digest: Digest,
+    /// The digest of the packet the mount served.
+    pub parent: Digest,
+    /// SHA-256 of the new packet file.
+    pub file_sha256: Sha256,
+    /// Its length.
+    pub packet_bytes: u64,
+    /// Entries in it.
+    pub entries: u64,
+    /// Entries added.
+    pub added: u64,
+    /// Entries modified.
+    pub changed: u64,
+    /// Entries removed.
+    pub removed: u64,
+    /// Entries renamed.
+    pub renamed: u64,
+    /// Entries carried over unchanged.
+    pub reused: u64,
+    /// Bytes hashed to compute new hashes (new and changed content, and the
+    /// manifest).
+    pub bytes_hashed: u64,
+    /// Bytes of unchanged content hashed to verify them as they were copied.
+    pub bytes_verified: u64,
+    /// Bytes of unchanged content copied from the old packet.
+    pub bytes_copied: u64,
+    /// What the policy left out, and other reports as for `pack`.
+    #[serde(flatten)]
+    pub report: ScanReport,
+    /// Every change, for the receipt.
+    #[serde(skip)]
+    pub changes: Vec<Change>,
+}
+
+/// A file of the merged view, as the walk found it.
+#[derive(Clone, Debug)]
+struct FileItem {
+    /// Where its bytes are read from.
+    from: Source,
+    /// The lower entry whose hashes apply (unchanged content).
+    reuse: Option<Idx>,
+    /// The lower entry it descends from (for the receipt).
+    origin: Option<Idx>,
+    size: u64,
+    mtime_ns: u64,
+    executable: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    Lower(Idx),
+    Upper(u64),
+}
+
+/// An entry of the merged view.
+struct Item {
+    path: String,
+    kind: ItemKind,
+    /// The lower entry a directory or symlink descends from.
+    origin: Option<Idx>,
+}
+
+enum ItemKind {
+    Dir,
+    Symlink(String),
+    File(FileItem),
+}
+
+/// Pauses at a named point when a test asked for it: creates
+/// `<dir>/<name>.reached`, then waits for `<dir>/<name>.go`.
+fn barrier(dir: &Option<PathBuf>, name: &str) {
+    let Some(dir) = dir else { return };
+    if std::fs::write(dir.join(format!("{name}.reached")), b"").is_err() {
+        return;
+    }
+    let go = dir.join(format!("{name}.go"));
+    for _ in 0..60_000 {
+        if go.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+impl Overlay {
+    /// Seals the merged view into `opts.output`. Changes wait until it is
+    /// done; readers do not.
+    pub fn seal(&self, opts: &SealOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<SealOutcome> {
+        let _hold = self.mutations.write();
+        let parent = self.lower.packet.digest;
+        let harness = self.lower.manifest().harness;
+        let policy = Policy::new(harness, &opts.exclude, &opts.keep).map_err(|reason| Error::Refused {
+            path: String::new(),
+            kind: "bad_pattern",
+            reason,
+        })?;
+        let (items, mut report) = self.collect(opts, &policy)?;
+        barrier(&opts.barrier, "collected");
+
+        // The manifest: known hashes for reused content, placeholders for
+        // the rest (same length: hashes are fixed-width).
+        let old = self.lower.manifest();
+        // The harness part cannot be removed on a mount, so its kind carries over.
+        let has_harness = items.iter().any(|i| i.path == "harness");
+        let mut manifest = Manifest {
+            harness: if has_harness { harness } else { None },
+            entries: Vec::with_capacity(items.len()),
+        };
+        for it in &items {
+            let kind = match &it.kind {
+                ItemKind::Dir => EntryKind::Dir,
+                ItemKind::Symlink(t) => EntryKind::Symlink(t.as_str().into()),
+                ItemKind::File(f) => {
+                    let (sha256, chunks) = match f.reuse.and_then(|i| old.entries[i as usize].file()) {
+                        Some(m) => (m.sha256, m.chunks.clone()),
+                        None => (Sha256::default(), vec![Sha256::default(); chunk_count(f.size) as usize].into()),
+                    };
+                    EntryKind::File(FileMeta {
+                        size: f.size,
+                        mtime_ns: if opts.zero_mtimes { 0 } else { f.mtime_ns },
+                        executable: f.executable,
+                        sha256,
+                        chunks,
+                    })
+                }
+            };
+            manifest.entries.push(Entry { path: it.path.as_str().into(), kind });
+        }
+        manifest.validate(&opts.limits).map_err(refusal)?;
+        let manifest_len = manifest.encode().len() as u64;
+        let layout = Layout::compute(&manifest, manifest_len);
+        let output = Output::create(&opts.output)?;
+        output.size_for(&layout)?;
+        barrier(&opts.barrier, "sized");
+
+        let sources = SealContents {
+            overlay: self,
+            items: &items,
+        };
+        let stats = WriteStats::default();
+        let computed = write_members(&output, &manifest, &layout, &sources, &stats, progress)?;
+        for (i, sha, chunks) in computed {
+            if let EntryKind::File(f) = &mut manifest.entries[i].kind {
+                f.sha256 = sha;
+                f.chunks = chunks.into();
+            }
+        }
+        barrier(&opts.barrier, "written");
+        let digest = output.write_manifest(&manifest, manifest_len)?;
+        let file_sha256 = output.hash_and_sync(layout.total_len())?;
+        barrier(&opts.barrier, "synced");
+        output.commit(opts.mode)?;
+        barrier(&opts.barrier, "committed");
+
+        let changes = receipt(old, &items, &manifest);
+        let count = |f: fn(&Change) -> bool| changes.iter().filter(|c| f(c)).count() as u64;
+        let added = count(|c| matches!(c, Change::Added { .. }));
+        let changed = count(|c| matches!(c, Change::Modified { .. }));
+        let removed = count(|c| matches!(c, Change::Deleted { .. }));
+        let renamed = count(|c| matches!(c, Change::Renamed { .. }));
+        let entries = manifest.entries.len() as u64;
+        sort_report(&mut report);
+        Ok(SealOutcome {
+            output: opts.output.clone(),
+            digest,
+            parent,
+            file_sha256,
+            packet_bytes: layout.total_len(),
+            entries,
+            added,
+            changed,
+            removed,
+            renamed,
+            reused: entries.saturating_sub(added + changed + renamed),
+            bytes_hashed: stats.hashed.load(Ordering::Relaxed) + manifest_len,
+            bytes_verified: stats.verified.load(Ordering::Relaxed),
+            bytes_copied: stats.copied.load(Ordering::Relaxed),
+            report,
+            changes,
+        })
+    }
+
+    /// Walks the merged view (both parts, whichever is mounted), applying
+    /// the policy, in path order.
+    fn collect(&self, opts: &SealOptions, policy: &Policy) -> Result<(Vec<Item>, ScanReport)> {
+        let st = self.state.read();
+        let lower = &self.lower;
+        let mut items = Vec::new();
+        let mut report = ScanReport::default();
+        let mut stack: Vec<(Ino, String, Part, usize)> = Vec::new();
+        for &r in lower.index.roots() {
+            let path = lower.manifest().entries[r as usize].path.to_string();
+            let Some(part) = Part::parse(&path) else { continue };
+            items.push(Item { path: path.clone(), kind: ItemKind::Dir, origin: Some(r) });
+            stack.push((lower.ino(r), path, part, 0));
+        }
+        while let Some((dir, dpath, part, depth)) = stack.pop() {
+            let list = st.list(lower, dir, 0, usize::MAX)?;
+            let kinds: Vec<(Kind, Ino)> = list
+                .iter()
+                .map(|(_, ino)| (st.kind(lower, *ino).unwrap_or(Kind::File), *ino))
+                .collect();
+            let judged: Vec<(&str, ChildType)> = list
+                .iter()
+                .zip(&kinds)
+                .map(|((name, _), (k, _))| {
+                    let t = match k {
+                        Kind::Dir => ChildType::Dir,
+                        Kind::File => ChildType::File,
+                        _ => ChildType::Other,
+                    };
+                    (&**name, t)
+                })
+                .collect();
+            let verdicts = policy.judge_dir(part, &dpath, &judged);
+            for (((name, _), (kind, ino)), verdict) in list.iter().zip(&kinds).zip(verdicts) {
+                let path = format!("{dpath}/{name}");
+                match verdict {
+                    Verdict::Include => {}
+                    Verdict::Exclude(reason) => {
+                        let kind = if *kind == Kind::Dir { "dir" } else { "file" };
+                        report.excluded.push(Excluded { path, kind, reason });
+                        continue;
+                    }
+                    Verdict::Refuse(reason) => {
+                        return Err(Error::Refused { path, kind: "credential_store", reason });
+                    }
+                }
+                check_path(&path, &opts.limits).map_err(refusal)?;
+                let r = st.get(lower, *ino).ok_or(Error::NotFound)?;
+                let origin = match r {
+                    Ref::Node(n) => n.lower,
+                    Ref::Lower(i) => Some(i),
+                };
+                match kind {
+                    Kind::Dir => {
+                        items.push(Item { path: path.clone(), kind: ItemKind::Dir, origin });
+                        stack.push((*ino, path, part, depth + 1));
+                    }
+                    Kind::Symlink => {
+                        let target = match r {
+                            Ref::Node(n) => self.target_of(n).to_string(),
+                            Ref::Lower(i) => match &lower.manifest().entries[i as usize].kind {
+                                EntryKind::Symlink(t) => t.to_string(),
+                                _ => String::new(),
+                            },
+                        };
+                        let spellings = opts.roots.get(&part).cloned().unwrap_or_default();
+                        let (stored, class) = rebase(&target, depth, &spellings);
+                        match class {
+                            LinkClass::Internal => {}
+                            LinkClass::Rebased => report.rebased_symlinks.push(Rebased {
+                                path: path.clone(),
+                                from: target.clone(),
+                                to: stored.clone(),
+                            }),
+                            LinkClass::External if opts.reject_external_symlinks => {
+                                return Err(Error::Refused {
+                                    path,
+                                    kind: "external_symlink",
+                                    reason: format!("symlink target `{target}` leaves the {part} part (--reject-external-symlinks)"),
+                                });
+                            }
+                            LinkClass::External => report.external_symlinks.push(Link {
+                                path: path.clone(),
+                                target: stored.clone(),
+                            }),
+                        }
+                        items.push(Item { path, kind: ItemKind::Symlink(stored), origin });
+                    }
+                    Kind::File => {
+                        let f = self.file_item(r, &path, &mut report)?;
+                        items.push(Item { path, kind: ItemKind::File(f), origin });
+                    }
+                    Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev => {
+                        let kind = match kind {
+                            Kind::Fifo => "fifo",
+                            Kind::Socket => "socket",
+                            Kind::CharDev => "char_device",
+                            _ => "block_device",
+                        };
+                        report.dropped.push(Dropped { path, kind });
+                    }
+                }
+            }
+        }
+        items.sort_unstable_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+        Ok((items, report))
+    }
+
+    /// What a seal takes from one file of the merged view.
+    fn file_item(&self, r: Ref<'_>, path: &str, report: &mut ScanReport) -> Result<FileItem> {
+        let m = self.lower.manifest();
+        let lower_file = |i: Idx| m.entries[i as usize].file();
+        let (from, reuse, origin, size, mtime, perm) = match r {
+            Ref::Lower(i) => {
+                let f = lower_file(i).ok_or(Error::NotFound)?;
+                let perm = if f.executable { 0o755 } else { 0o644 };
+                (Source::Lower(i), Some(i), Some(i), f.size, f.mtime_ns as i64, perm)
+            }
+            Ref::Node(n) => match n.content {
+                Content::Lower(i) => {
+                    let f = lower_file(i).ok_or(Error::NotFound)?;
+                    (Source::Lower(i), Some(i), n.lower, f.size, n.mtime, n.perm)
+                }
+                Content::Upper(id) => {
+                    let st = self.upper.stat_data(id)?;
+                    let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+                    let size = st.st_size as u64;
+                    // A copy-up nothing wrote to since holds the lower bytes.
+                    match n.lower.filter(|_| !n.modified.get()) {
+                        Some(i) if lower_file(i).is_some_and(|f| f.size == size) => {
+                            (Source::Lower(i), Some(i), Some(i), size, mtime, n.perm)
+                        }
+                        _ => (Source::Upper(id), None, n.lower, size, mtime, n.perm),
+                    }
+                }
+                Content::None => return Err(Error::NotFound),
+            },
+        };
+        let clamped = mtime.clamp(0, MAX_MTIME_NS.min(i64::MAX as u64) as i64);
+        if clamped != mtime {
+            report.clamped_mtimes.push(Clamped {
+                path: path.into(),
+                mtime_ns: mtime.to_string(),
+                recorded_ns: clamped as u64,
+            });
+        }
+        Ok(FileItem {
+            from,
+            reuse,
+            origin,
+            size,
+            mtime_ns: clamped as u64,
+            executable: perm & 0o111 != 0,
+        })
+    }
+}
+
+fn sort_report(r: &mut ScanReport) {
+    r.excluded.sort_by(|a, b| a.path.cmp(&b.path));
+    r.dropped.sort_by(|a, b| a.path.cmp(&b.path));
+    r.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+    r.rebased_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+    r.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
+}
+
+/// A packet-rule violation found in the merged view: refused input.
+fn refusal(e: crate::packet::Error) -> Error {
+    match crate::source::Error::from_validation(e) {
+        crate::source::Error::Refused { path, kind, reason } => Error::Refused { path, kind, reason },
+        crate::source::Error::Packet(p) => Error::Packet(p),
+        other => Error::Refused {
+            path: other.path().unwrap_or_default().to_string(),
+            kind: other.kind(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// Every difference between the old manifest and the sealed one.
+fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Change> {
+    let old_by_path: HashMap<&str, usize> = old.entries.iter().enumerate().map(|(i, e)| (&*e.path, i)).collect();
+    let sha = |e: &Entry| e.file().map(|f| f.sha256);
+    let mut accounted = vec![false; old.entries.len()];
+    let mut changes = Vec::new();
+    for (it, e) in items.iter().zip(&new.entries) {
+        let origin = match &it.kind {
+            ItemKind::File(f) => f.origin,
+            _ => it.origin,
+        }
+        .map(|i| i as usize);
+        let same_path = old_by_path.get(&*e.path).copied();
+        match (origin, same_path) {
+            // From the lower entry at the same path.
+            (Some(o), Some(p)) if o == p => {
+                accounted[o] = true;
+                if old.entries[o] != *e {
+                    changes.push(Change::Modified {
+                        path: e.path.to_string(),
+                        old_sha256: sha(&old.entries[o]),
+                        new_sha256: sha(e),
+                    });
+                }
+            }
+            // A lower entry moved here (directories are not reported: their
+            // contents are).
+            (Some(o), _) if !e.is_dir() => {
+                accounted[o] = true;
+                changes.push(Change::Renamed {
+                    from: old.entries[o].path.to_string(),
+                    to: e.path.to_string(),
+                    old_sha256: sha(&old.entries[o]),
+                    new_sha256: sha(e),
+                });
+            }
+            // Something new where a lower entry of the same path was.
+            (_, Some(p)) => {
+                if !accounted[p] && old.entries[p].type_name() == e.type_name() {
+                    accounted[p] = true;
+                    if old.entries[p] != *e {
+                        changes.push(Change::Modified {
+                            path: e.path.to_string(),
+                            old_sha256: sha(&old.entries[p]),
+                            new_sha256: sha(e),
+                        });
+                    }
+                } else {
+                    changes.push(Change::Added { path: e.path.to_string(), kind: e.type_name(), sha256: sha(e) });
+                }
+            }
+            (_, None) => {
+                if let Some(o) = origin {
+                    accounted[o] = true;
+                }
+                changes.push(Change::Added { path: e.path.to_string(), kind: e.type_name(), sha256: sha(e) });
+            }
+        }
+    }
+    // A lower entry that moved is reported as renamed, not also deleted.
+    let mut deleted: BTreeMap<&str, Option<Sha256>> = BTreeMap::new();
+    for (i, e) in old.entries.iter().enumerate() {
+        if !accounted[i] && !new_has(new, &e.path) {
+            deleted.insert(&e.path, sha(e));
+        }
+    }
+    for (path, old_sha256) in deleted {
+        changes.push(Change::Deleted { path: path.to_string(), old_sha256 });
+    }
+    changes
+}
+
+fn new_has(new: &Manifest, path: &str) -> bool {
+    new.entries
+        .binary_search_by(|e| e.path.as_bytes().cmp(path.as_bytes()))
+        .is_ok()
+}
+
+/// The merged view's files as a content source for the writer.
+struct SealContents<'a> {
+    overlay: &'a Overlay,
+    items: &'a [Item],
+}
+
+/// Reading one file for the seal.
+enum SealReader {
+    /// From the old packet, at an absolute offset.
+    Lower { file: File, pos: u64, path: Arc<str> },
+    /// From an upper data file.
+    Upper { file: Arc<File>, pos: u64, path: Arc<str> },
+}
+
+impl Contents for SealContents<'_> {
+    type Error = Error;
+    type Reader<'a>
+        = SealReader
+    where
+        Self: 'a;
+
+    fn check(&self, i: usize) -> Check {
+        match &self.items[i].kind {
+            ItemKind::File(f) => match (f.from, f.reuse) {
+                (Source::Lower(idx), Some(_)) => {
+                    if self.overlay.verifier.all_verified(&self.overlay.lower.packet, idx) {
+                        Check::Trust
+                    } else {
+                        Check::Verify
+                    }
+                }
+                _ => Check::Compute,
+            },
+            _ => Check::Trust,
+        }
+    }
+
+    fn open(&self, i: usize) -> Result<SealReader> {
+        let ItemKind::File(f) = &self.items[i].kind else {
+            return Err(Error::NotFound);
+        };
+        let path: Arc<str> = self.items[i].path.as_str().into();
+        match f.from {
+            Source::Lower(idx) => {
+                let p = &self.overlay.lower.packet;
+                let e = &p.manifest.entries[idx as usize];
+                let file = p.file().try_clone().map_err(Error::PacketIo)?;
+                Ok(SealReader::Lower { file, pos: p.layout.data_offset(idx as usize, e), path })
+            }
+            Source::Upper(id) => Ok(SealReader::Upper { file: self.overlay.upper.data(id)?, pos: 0, path }),
+        }
+    }
+}
+
+impl ContentReader for SealReader {
+    type Error = Error;
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
+        let (file, pos, path): (&File, &mut u64, &Arc<str>) = match self {
+            SealReader::Lower { file, pos, path } => (file, pos, path),
+            SealReader::Upper { file, pos, path } => (file, pos, path),
+        };
+        file.read_exact_at(buf, *pos).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::Refused {
+                    path: path.to_string(),
+                    kind: "changed_while_sealing",
+                    reason: "shorter than when the seal began".into(),
+                }
+            } else {
+                Error::Upper { context: format!("{path}: read"), source: e }
+            }
+        })?;
+        *pos += buf.len() as u64;
+        Ok(())
+    }
+
+    fn copy_to(&mut self, out: &File, offset: u64, len: u64) -> Result<bool> {
+        let SealReader::Lower { file, pos, .. } = self else {
+            return Ok(false);
+        };
+        Ok(crate::sys::copy_range(file, *pos, out, offset, len).map(|_| true).unwrap_or(false))
+    }
+
+    fn finish(self) -> Result<()> {
+        Ok(())
+    }
+}
