@@ -263,7 +263,14 @@ pub fn write_members<S: Contents>(
     progress: &(dyn Fn(u64) + Sync),
 ) -> std::result::Result<Computed, S::Error> {
     use rayon::prelude::*;
-    let w = MemberWriter { out, manifest, layout, src, stats, progress };
+    let w = MemberWriter {
+        out,
+        manifest,
+        layout,
+        src,
+        stats,
+        progress,
+    };
     let per_batch: Vec<Computed> = layout
         .batches(BATCH_BYTES)
         .into_par_iter()
@@ -312,13 +319,20 @@ impl Digesting {
     }
 
     /// The computed hashes, or a check against the manifest's.
-    fn finish(self, e: &crate::packet::manifest::Entry, i: usize, out: &mut Computed) -> Result<()> {
+    fn finish(
+        self,
+        e: &crate::packet::manifest::Entry,
+        i: usize,
+        out: &mut Computed,
+    ) -> Result<()> {
         let Some(h) = self.hasher else { return Ok(()) };
         let (sha, chunks) = h.finish();
         match self.check {
             Check::Compute => out.push((i, sha, chunks)),
             Check::Verify => {
-                let f = e.file().ok_or_else(|| Error::io("verify", io::Error::other("not a file")))?;
+                let f = e
+                    .file()
+                    .ok_or_else(|| Error::io("verify", io::Error::other("not a file")))?;
                 if f.sha256 != sha || *f.chunks != *chunks {
                     let k = f.chunks.iter().zip(&chunks).position(|(a, b)| a != b);
                     let size = f.size;
@@ -327,7 +341,11 @@ impl Digesting {
                         (s, (s + crate::packet::format::CHUNK_SIZE).min(size))
                     });
                     tracing::error!(path = %e.path, start, end, "lower content does not match the manifest");
-                    return Err(Error::ContentMismatch { path: e.path.to_string(), start, end });
+                    return Err(Error::ContentMismatch {
+                        path: e.path.to_string(),
+                        start,
+                        end,
+                    });
                 }
             }
             Check::Trust => {}
@@ -337,7 +355,11 @@ impl Digesting {
 }
 
 impl<S: Contents> MemberWriter<'_, S> {
-    fn batch(&self, range: std::ops::Range<usize>, buf: &mut Vec<u8>) -> std::result::Result<Computed, S::Error> {
+    fn batch(
+        &self,
+        range: std::ops::Range<usize>,
+        buf: &mut Vec<u8>,
+    ) -> std::result::Result<Computed, S::Error> {
         let start = self.layout.member_start(range.start);
         let end = self.layout.member_end(range.end - 1);
         let mut computed = Vec::new();
@@ -371,7 +393,12 @@ impl<S: Contents> MemberWriter<'_, S> {
 
     /// A file larger than a batch: headers, then the content in pieces (or
     /// copied by the kernel when it is trusted and the source allows).
-    fn stream(&self, i: usize, buf: &mut Vec<u8>, computed: &mut Computed) -> std::result::Result<(), S::Error> {
+    fn stream(
+        &self,
+        i: usize,
+        buf: &mut Vec<u8>,
+        computed: &mut Computed,
+    ) -> std::result::Result<(), S::Error> {
         let e = &self.manifest.entries[i];
         let size = e.size();
         buf.clear();

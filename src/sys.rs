@@ -123,15 +123,28 @@ pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::
 /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off` inside
 /// the kernel (`copy_file_range`), without passing them through memory.
 /// Fails (for the caller to fall back to reading) where unsupported.
-pub fn copy_range(src: &std::fs::File, src_off: u64, dst: &std::fs::File, dst_off: u64, len: u64) -> io::Result<()> {
+pub fn copy_range(
+    src: &std::fs::File,
+    src_off: u64,
+    dst: &std::fs::File,
+    dst_off: u64,
+    len: u64,
+) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        let to_off = |v: u64| i64::try_from(v).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG));
+        let to_off =
+            |v: u64| i64::try_from(v).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG));
         let (mut off_in, mut off_out) = (to_off(src_off)?, to_off(dst_off)?);
         let mut left = len;
         while left > 0 {
-            let n = nix::fcntl::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), left as usize)
-                .map_err(io::Error::from)?;
+            let n = nix::fcntl::copy_file_range(
+                src,
+                Some(&mut off_in),
+                dst,
+                Some(&mut off_out),
+                left as usize,
+            )
+            .map_err(io::Error::from)?;
             if n == 0 {
                 return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
             }
@@ -154,7 +167,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile::Builder::new().prefix(".sessionfs.").suffix(".tmp").tempfile_in(dir)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".sessionfs.")
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;

@@ -175,7 +175,12 @@ pub fn run(a: Args) -> Result<Output, CliError> {
         Some(p) => [(p, crate::source::walk::root_spellings(&a.mountpoint))].into(),
         None => [Part::Workspace, Part::Harness]
             .into_iter()
-            .map(|p| (p, crate::source::walk::root_spellings(&a.mountpoint.join(p.as_str()))))
+            .map(|p| {
+                (
+                    p,
+                    crate::source::walk::root_spellings(&a.mountpoint.join(p.as_str())),
+                )
+            })
             .collect(),
     };
     let result = std::cell::RefCell::new(None);
@@ -207,10 +212,14 @@ pub fn run(a: Args) -> Result<Output, CliError> {
             *result.borrow_mut() = Some(());
         },
         move |overlay, req| match req["op"].as_str() {
-            Some("seal") => Some(match serde_json::from_value::<super::seal::Request>(req.clone()) {
-                Ok(r) => super::seal::handle(overlay, &r, &roots).unwrap_or_else(|e| e.to_value()),
-                Err(e) => CliError::usage(format!("bad seal request: {e}")).to_value(),
-            }),
+            Some("seal") => Some(
+                match serde_json::from_value::<super::seal::Request>(req.clone()) {
+                    Ok(r) => {
+                        super::seal::handle(overlay, &r, &roots).unwrap_or_else(|e| e.to_value())
+                    }
+                    Err(e) => CliError::usage(format!("bad seal request: {e}")).to_value(),
+                },
+            ),
             _ => None,
         },
     );

@@ -118,7 +118,15 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     };
     if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {
         let packet = Packet::open(packet, &limits)?;
-        let overlay = Overlay::mount(packet, upper, Options { uid: 0, gid: 0, part: None })?;
+        let overlay = Overlay::mount(
+            packet,
+            upper,
+            Options {
+                uid: 0,
+                gid: 0,
+                part: None,
+            },
+        )?;
         return handle(&overlay, &req, &HashMap::new()).map(Output::raw);
     }
     let mp = a.mountpoint.unwrap_or_default();

@@ -49,7 +49,7 @@ pub fn serve(
     signals.thread_block().map_err(io::Error::from)?;
 
     let (listener, socket) = control::bind(&opts.mountpoint)?;
-    let digest = overlay.packet().digest.to_string();
+    let digest = overlay.lower().packet.digest.to_string();
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(format!("sessionfs:{}", &digest[7..19])),
@@ -172,8 +172,8 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
     json!({
         "schema": "sessionfs.status-result/1",
         "mountpoint": mountpoint,
-        "packet": o.packet().path(),
-        "digest": o.packet().digest.to_string(),
+        "packet": o.lower().packet.path(),
+        "digest": o.lower().packet.digest.to_string(),
         "upper": o.upper_dir(),
         "pid": std::process::id(),
         "records": o.records(),

@@ -162,8 +162,6 @@ pub struct Options {
 
 /// A mounted view: packet + upper directory.
 pub struct Overlay {
-    lower: Lower,
-    verifier: content::Verifier,
     upper: upper::Upper,
     state: RwLock<State>,
     handles: Mutex<HashMap<u64, Handle>>,
@@ -224,15 +222,16 @@ impl Overlay {
             .unwrap_or(0);
         let verifier = content::Verifier::new(&packet).map_err(Error::PacketIo)?;
         let opened = upper::Upper::open(upper_dir, &packet.digest)?;
-        let lower = Lower {
+        let lower = std::sync::Arc::new(Lower {
             packet,
             index,
             root,
             uid: opts.uid,
             gid: opts.gid,
             dir_time,
-        };
-        let mut state = State::new(&lower, inos);
+            verifier,
+        });
+        let mut state = State::new(lower.clone(), inos);
         for (k, rec) in opened.records.iter().enumerate() {
             state.apply(&lower, rec).map_err(|e| match e {
                 Error::Replay { reason, .. } => Error::Replay {
@@ -269,8 +268,6 @@ impl Overlay {
             "upper directory replayed"
         );
         Ok(Overlay {
-            lower,
-            verifier,
             upper: up,
             state: RwLock::new(state),
             handles: Mutex::new(HashMap::new()),
@@ -280,9 +277,9 @@ impl Overlay {
         })
     }
 
-    /// The packet.
-    pub fn packet(&self) -> &Packet {
-        &self.lower.packet
+    /// The lower layer (the packet served), as of now.
+    pub fn lower(&self) -> std::sync::Arc<Lower> {
+        self.state.read_recursive().lower.clone()
     }
 
     /// The upper directory.
@@ -292,55 +289,24 @@ impl Overlay {
 
     /// Bytes hashed so far verifying lower chunks.
     pub fn verified_bytes(&self) -> u64 {
-        self.verifier.hashed.load(Ordering::Relaxed)
+        self.lower().verifier.hashed.load(Ordering::Relaxed)
     }
 
     /// Records applied (replayed and new).
     pub fn records(&self) -> u64 {
-        self.state.read().applied
+        self.state.read_recursive().applied
     }
 
     // -- attributes ----------------------------------------------------------
 
     fn attr_of(&self, st: &State, ino: Ino) -> Result<Attr> {
-        match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
-            Ref::Node(n) => self.node_attr(ino, n),
-            Ref::Lower(i) => Ok(self.lower_attr(ino, i)),
+        match st.get(&st.lower, ino).ok_or(Error::NotFound)? {
+            Ref::Node(n) => self.node_attr(&st.lower, ino, n),
+            Ref::Lower(i) => Ok(lower_attr(&st.lower, ino, i)),
         }
     }
 
-    fn lower_attr(&self, ino: Ino, i: index::Idx) -> Attr {
-        let e = &self.lower.manifest().entries[i as usize];
-        let t = self.lower.dir_time;
-        let (kind, size, perm, time, nlink) = match &e.kind {
-            EntryKind::Dir => (Kind::Dir, 4096, 0o755, t, 2 + self.lower.index.subdirs(i)),
-            EntryKind::File(f) => (
-                Kind::File,
-                f.size,
-                if f.executable { 0o755 } else { 0o644 },
-                f.mtime_ns as Nanos,
-                1,
-            ),
-            EntryKind::Symlink(s) => (Kind::Symlink, s.len() as u64, 0o777, t, 1),
-        };
-        Attr {
-            ino,
-            generation: 1,
-            kind,
-            size,
-            blocks: size.div_ceil(512),
-            atime: time,
-            mtime: time,
-            ctime: time,
-            perm,
-            nlink,
-            uid: self.lower.uid,
-            gid: self.lower.gid,
-            rdev: 0,
-        }
-    }
-
-    fn node_attr(&self, ino: Ino, n: &Node) -> Result<Attr> {
+    fn node_attr(&self, lower: &Lower, ino: Ino, n: &Node) -> Result<Attr> {
         let nlink = match n.kind {
             Kind::Dir if n.nlink == 0 => 0,
             Kind::Dir => 2 + n.subdirs,
@@ -375,10 +341,10 @@ impl Overlay {
                 Err(e) => return Err(e),
             },
             (Kind::File, Content::Lower(i)) => {
-                a.size = self.lower.manifest().entries[i as usize].size();
+                a.size = lower.manifest().entries[i as usize].size();
                 a.blocks = a.size.div_ceil(512);
             }
-            (Kind::Symlink, _) => a.size = self.target_of(n).len() as u64,
+            (Kind::Symlink, _) => a.size = target_of(lower, n).len() as u64,
             (Kind::Dir, _) => {
                 a.size = 4096;
                 a.blocks = 8;
@@ -388,30 +354,18 @@ impl Overlay {
         Ok(a)
     }
 
-    fn target_of<'a>(&'a self, n: &'a Node) -> &'a str {
-        if let Some(t) = &n.target {
-            return t;
-        }
-        match n
-            .lower
-            .map(|i| &self.lower.manifest().entries[i as usize].kind)
-        {
-            Some(EntryKind::Symlink(t)) => t,
-            _ => "",
-        }
-    }
-
     /// `getattr`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        let st = self.state.read();
+        let st = self.state.read_recursive();
         self.attr_of(&st, ino)
     }
 
     /// Whether `ino` is a pristine lower entry (its attributes and content
     /// never change while it stays pristine).
     pub fn is_pristine(&self, ino: Ino) -> bool {
-        let st = self.state.read();
-        matches!(st.get(&self.lower, ino), Some(Ref::Lower(_)))
+        let st = self.state.read_recursive();
+        let lower = st.lower.clone();
+        matches!(st.get(&lower, ino), Some(Ref::Lower(_)))
     }
 
     // -- namespace reads -----------------------------------------------------
@@ -419,10 +373,9 @@ impl Overlay {
     /// `lookup`: the child's attributes; counts a kernel reference.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         let name = name_str(name)?;
-        let st = self.state.read();
-        let ino = st
-            .child(&self.lower, parent, name)?
-            .ok_or(Error::NotFound)?;
+        let st = self.state.read_recursive();
+        let lower = st.lower.clone();
+        let ino = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
         let a = self.attr_of(&st, ino)?;
         if let Some(n) = st.nodes.get(&ino) {
             n_lookup(n, 1);
@@ -433,7 +386,7 @@ impl Overlay {
     /// `forget`: the kernel dropped `count` references.
     pub fn forget(&self, ino: Ino, count: u64) {
         let drop_now = {
-            let st = self.state.read();
+            let st = self.state.read_recursive();
             match st.nodes.get(&ino) {
                 Some(n) => {
                     n_lookup(n, -(count as i64));
@@ -452,10 +405,11 @@ impl Overlay {
 
     /// `readlink`.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let st = self.state.read();
-        match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
-            Ref::Node(n) if n.kind == Kind::Symlink => Ok(self.target_of(n).as_bytes().to_vec()),
-            Ref::Lower(i) => match &self.lower.manifest().entries[i as usize].kind {
+        let st = self.state.read_recursive();
+        let lower = st.lower.clone();
+        match st.get(&lower, ino).ok_or(Error::NotFound)? {
+            Ref::Node(n) if n.kind == Kind::Symlink => Ok(target_of(&lower, n).as_bytes().to_vec()),
+            Ref::Lower(i) => match &lower.manifest().entries[i as usize].kind {
                 EntryKind::Symlink(t) => Ok(t.as_bytes().to_vec()),
                 _ => Err(Error::Invalid),
             },
@@ -468,13 +422,14 @@ impl Overlay {
     /// are stable while the directory does not change (there is no
     /// `opendir` snapshot: the kernel caches listings itself).
     pub fn readdir(&self, ino: Ino, offset: usize, max: usize) -> Result<Vec<DirEntry>> {
-        let st = self.state.read();
-        let parent = match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+        let st = self.state.read_recursive();
+        let lower = st.lower.clone();
+        let parent = match st.get(&lower, ino).ok_or(Error::NotFound)? {
             _ if ino == ROOT => ROOT,
             Ref::Node(n) if n.kind != Kind::Dir => return Err(Error::NotDir),
             Ref::Node(n) => n.parent,
-            Ref::Lower(i) if self.lower.kind(i) != Kind::Dir => return Err(Error::NotDir),
-            Ref::Lower(i) => self.lower.parent_ino(i),
+            Ref::Lower(i) if lower.kind(i) != Kind::Dir => return Err(Error::NotDir),
+            Ref::Lower(i) => lower.parent_ino(i),
         };
         let mut entries = Vec::with_capacity(max.min(1024));
         for (k, (name, e_ino)) in [(".", ino), ("..", parent)].into_iter().enumerate() {
@@ -487,8 +442,8 @@ impl Overlay {
             }
         }
         let skip = offset.saturating_sub(2);
-        for (name, child) in st.list(&self.lower, ino, skip, max - entries.len())? {
-            let kind = st.kind(&self.lower, child).unwrap_or(Kind::File);
+        for (name, child) in st.list(&lower, ino, skip, max - entries.len())? {
+            let kind = st.kind(&lower, child).unwrap_or(Kind::File);
             entries.push(DirEntry {
                 name,
                 ino: child,
@@ -501,7 +456,7 @@ impl Overlay {
     /// For `readdirplus`: an entry's attributes, counting a kernel
     /// reference (`.` and `..` are not counted by the kernel).
     pub fn entry_attr(&self, ino: Ino, count: bool) -> Result<Attr> {
-        let st = self.state.read();
+        let st = self.state.read_recursive();
         let a = self.attr_of(&st, ino)?;
         if count {
             if let Some(n) = st.nodes.get(&ino) {
@@ -539,7 +494,8 @@ impl Overlay {
     fn commit(&self, st: &mut State, rec: Record) -> Result<state::Applied> {
         self.upper.append(&rec)?;
         self.stats.records.fetch_add(1, Ordering::Relaxed);
-        st.apply(&self.lower, &rec)
+        let lower = st.lower.clone();
+        st.apply(&lower, &rec)
     }
 
     /// Drops inodes that lost their last reference, removing their data.
@@ -551,13 +507,13 @@ impl Overlay {
 
     /// Refuses changes directly in the packet root (it holds the parts).
     fn check_mutable_dir(&self, st: &State, dir: Ino) -> Result<()> {
-        if dir == ROOT && self.lower.root == Root::Packet {
+        if dir == ROOT && st.lower.root == Root::Packet {
             return Err(Error::NotPermitted);
         }
-        match st.get(&self.lower, dir).ok_or(Error::NotFound)? {
+        match st.get(&st.lower, dir).ok_or(Error::NotFound)? {
             Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
             Ref::Node(n) if n.nlink == 0 => Err(Error::NotFound),
-            Ref::Lower(i) if self.lower.kind(i) != Kind::Dir => Err(Error::NotDir),
+            Ref::Lower(i) if st.lower.kind(i) != Kind::Dir => Err(Error::NotDir),
             _ => Ok(()),
         }
     }
@@ -577,8 +533,9 @@ impl Overlay {
         let name = name_str(name)?;
         let _m = self.mutations.read_recursive();
         let mut st = self.state.write();
+        let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
-        if st.child(&self.lower, parent, name)?.is_some() {
+        if st.child(&lower, parent, name)?.is_some() {
             return Err(Error::Exists);
         }
         let (pgid, psetgid) = {
@@ -590,7 +547,7 @@ impl Overlay {
         if kind == Kind::Dir && psetgid {
             perm |= 0o2000;
         }
-        let (ino, generation) = st.new_ino(&self.lower, parent, name);
+        let (ino, generation) = st.new_ino(&lower, parent, name);
         let data = if kind == Kind::File {
             let id = st.next_data;
             st.next_data += 1;
@@ -684,11 +641,10 @@ impl Overlay {
         let _m = self.mutations.read_recursive();
         let name = name_str(name)?;
         let mut st = self.state.write();
+        let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
-        let ino = st
-            .child(&self.lower, parent, name)?
-            .ok_or(Error::NotFound)?;
-        if st.kind(&self.lower, ino) == Some(Kind::Dir) {
+        let ino = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
+        if st.kind(&lower, ino) == Some(Kind::Dir) {
             return Err(Error::IsDir);
         }
         let applied = self.commit(
@@ -708,14 +664,13 @@ impl Overlay {
         let _m = self.mutations.read_recursive();
         let name = name_str(name)?;
         let mut st = self.state.write();
+        let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
-        let ino = st
-            .child(&self.lower, parent, name)?
-            .ok_or(Error::NotFound)?;
-        if st.kind(&self.lower, ino) != Some(Kind::Dir) {
+        let ino = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
+        if st.kind(&lower, ino) != Some(Kind::Dir) {
             return Err(Error::NotDir);
         }
-        if !st.is_empty_dir(&self.lower, ino)? {
+        if !st.is_empty_dir(&lower, ino)? {
             return Err(Error::NotEmpty);
         }
         let applied = self.commit(
@@ -740,9 +695,9 @@ impl Overlay {
             if cur == ROOT {
                 return false;
             }
-            cur = match st.get(&self.lower, cur) {
+            cur = match st.get(&st.lower, cur) {
                 Some(Ref::Node(n)) => n.parent,
-                Some(Ref::Lower(i)) => self.lower.parent_ino(i),
+                Some(Ref::Lower(i)) => st.lower.parent_ino(i),
                 None => return false,
             };
         }
@@ -766,20 +721,19 @@ impl Overlay {
             return Err(Error::Invalid);
         }
         let mut st = self.state.write();
+        let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
         self.check_mutable_dir(&st, newparent)?;
-        let src = st
-            .child(&self.lower, parent, name)?
-            .ok_or(Error::NotFound)?;
-        let dst = st.child(&self.lower, newparent, newname)?;
-        let src_dir = st.kind(&self.lower, src) == Some(Kind::Dir);
+        let src = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
+        let dst = st.child(&lower, newparent, newname)?;
+        let src_dir = st.kind(&lower, src) == Some(Kind::Dir);
         if src_dir && self.is_within(&st, newparent, src) {
             return Err(Error::Invalid);
         }
         match (dst, exchange) {
             (None, true) => return Err(Error::NotFound),
             (Some(d), true) => {
-                if st.kind(&self.lower, d) == Some(Kind::Dir) && self.is_within(&st, parent, d) {
+                if st.kind(&lower, d) == Some(Kind::Dir) && self.is_within(&st, parent, d) {
                     return Err(Error::Invalid);
                 }
             }
@@ -788,7 +742,7 @@ impl Overlay {
                 if d == src {
                     return Ok(()); // the same file: nothing to do
                 }
-                let dst_dir = st.kind(&self.lower, d) == Some(Kind::Dir);
+                let dst_dir = st.kind(&lower, d) == Some(Kind::Dir);
                 // Onto an ancestor of the source: the kernel says ENOTEMPTY.
                 if dst_dir && self.is_within(&st, parent, d) {
                     return Err(Error::NotEmpty);
@@ -796,7 +750,7 @@ impl Overlay {
                 match (src_dir, dst_dir) {
                     (true, false) => return Err(Error::NotDir),
                     (false, true) => return Err(Error::IsDir),
-                    (true, true) if !st.is_empty_dir(&self.lower, d)? => {
+                    (true, true) if !st.is_empty_dir(&lower, d)? => {
                         return Err(Error::NotEmpty);
                     }
                     _ => {}
@@ -824,9 +778,10 @@ impl Overlay {
         let _m = self.mutations.read_recursive();
         let newname = name_str(newname)?;
         let mut st = self.state.write();
+        let lower = st.lower.clone();
         self.check_mutable_dir(&st, newparent)?;
         // The order of the kernel's own checks: the new name first.
-        if st.child(&self.lower, newparent, newname)?.is_some() {
+        if st.child(&lower, newparent, newname)?.is_some() {
             return Err(Error::Exists);
         }
         let a = self.attr_of(&st, ino)?;
@@ -868,7 +823,7 @@ impl Overlay {
                 _ => return Err(Error::Invalid),
             }
             let id = self.copy_up(ino, Some(size))?;
-            if let Some(n) = self.state.read().nodes.get(&ino) {
+            if let Some(n) = self.state.read_recursive().nodes.get(&ino) {
                 n.modified.set(true);
             }
             self.upper
@@ -885,7 +840,8 @@ impl Overlay {
             SetTime::At(v) => v,
         };
         let mut st = self.state.write();
-        let upper_data = match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+        let lower = st.lower.clone();
+        let upper_data = match st.get(&lower, ino).ok_or(Error::NotFound)? {
             Ref::Node(n) => match n.content {
                 Content::Upper(id) => Some(id),
                 _ => None,
@@ -929,12 +885,13 @@ impl Overlay {
     /// same file first, its copy wins and this one is discarded.
     fn copy_up(&self, ino: Ino, keep: Option<u64>) -> Result<u64> {
         let _m = self.mutations.read_recursive();
-        let (idx, id, mtime, atime) = {
+        let (idx, id, mtime, atime, lower) = {
             let mut st = self.state.write();
-            let (content, mtime, atime) = match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
+            let lower = st.lower.clone();
+            let (content, mtime, atime) = match st.get(&lower, ino).ok_or(Error::NotFound)? {
                 Ref::Node(n) => (n.content, n.mtime, n.atime),
                 Ref::Lower(i) => {
-                    let a = self.lower_attr(ino, i);
+                    let a = lower_attr(&lower, ino, i);
                     (Content::Lower(i), a.mtime, a.atime)
                 }
             };
@@ -943,12 +900,12 @@ impl Overlay {
                 Content::Lower(i) => {
                     let id = st.next_data;
                     st.next_data += 1;
-                    (i, id, mtime, atime)
+                    (i, id, mtime, atime, lower)
                 }
                 Content::None => return Err(Error::IsDir),
             }
         };
-        let size = self.lower.manifest().entries[idx as usize].size();
+        let size = lower.manifest().entries[idx as usize].size();
         let copy = keep.map_or(size, |k| k.min(size));
         let file = self.upper.create_data(id)?;
         let result = (|| -> Result<()> {
@@ -957,8 +914,7 @@ impl Overlay {
             while pos < copy {
                 buf.clear();
                 let n = (copy - pos).min(crate::packet::format::CHUNK_SIZE);
-                self.verifier
-                    .read(&self.lower.packet, idx, pos, n, &mut buf)?;
+                lower.verifier.read(&lower.packet, idx, pos, n, &mut buf)?;
                 upper::write_sparse(&file, &buf, pos).map_err(|e| Error::Upper {
                     context: "copy-up".into(),
                     source: e,
@@ -976,7 +932,7 @@ impl Overlay {
             return Err(e);
         }
         let mut st = self.state.write();
-        let still_lower = match st.get(&self.lower, ino) {
+        let still_lower = match st.get(&lower, ino) {
             Some(Ref::Node(n)) => n.content == Content::Lower(idx),
             Some(Ref::Lower(_)) => true,
             None => false,
@@ -984,7 +940,7 @@ impl Overlay {
         if !still_lower {
             drop(st);
             self.upper.remove_data(id);
-            return match self.state.read().get(&self.lower, ino) {
+            return match self.state.read_recursive().get(&lower, ino) {
                 Some(Ref::Node(n)) => match n.content {
                     Content::Upper(other) => Ok(other),
                     _ => Err(Error::NotFound),
@@ -1015,12 +971,12 @@ impl Overlay {
     /// The data file that a content change of `ino` goes to (copying a
     /// lower file up first), marked modified.
     fn data_for_change(&self, ino: Ino) -> Result<u64> {
-        let id = match self.content(ino)? {
+        let id = match self.content(ino)?.0 {
             Content::Upper(id) => id,
             Content::Lower(_) => self.copy_up(ino, None)?,
             Content::None => return Err(Error::IsDir),
         };
-        if let Some(n) = self.state.read().nodes.get(&ino) {
+        if let Some(n) = self.state.read_recursive().nodes.get(&ino) {
             n.modified.set(true);
         }
         Ok(id)
@@ -1069,22 +1025,26 @@ impl Overlay {
             .ok_or(Error::BadHandle)
     }
 
-    fn content(&self, ino: Ino) -> Result<Content> {
-        let st = self.state.read();
-        match st.get(&self.lower, ino).ok_or(Error::NotFound)? {
-            Ref::Node(n) => Ok(n.content),
-            Ref::Lower(i) => Ok(Content::Lower(i)),
-        }
+    /// Where `ino`'s bytes are, with the lower layer they refer to.
+    fn content(&self, ino: Ino) -> Result<(Content, std::sync::Arc<Lower>)> {
+        let st = self.state.read_recursive();
+        let c = match st.get(&st.lower, ino).ok_or(Error::NotFound)? {
+            Ref::Node(n) => n.content,
+            Ref::Lower(i) => Content::Lower(i),
+        };
+        Ok((c, st.lower.clone()))
     }
 
     /// `read`: appends up to `size` bytes at `offset` to `out`.
     pub fn read(&self, fh: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
         let ino = self.handle_ino(fh)?;
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        match self.content(ino)? {
+        let (content, lower) = self.content(ino)?;
+        match content {
             Content::Lower(i) => {
-                self.verifier
-                    .read(&self.lower.packet, i, offset, u64::from(size), out)?
+                lower
+                    .verifier
+                    .read(&lower.packet, i, offset, u64::from(size), out)?
             }
             Content::Upper(id) => {
                 let f = self.upper.data(id)?;
@@ -1142,7 +1102,7 @@ impl Overlay {
     /// `fsync` / `fdatasync`: the file's data and the journal.
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
         let ino = self.handle_ino(fh)?;
-        if let Content::Upper(id) = self.content(ino)? {
+        if let Content::Upper(id) = self.content(ino)?.0 {
             let f = self.upper.data(id)?;
             let r = if datasync {
                 f.sync_data()
@@ -1205,4 +1165,47 @@ fn set_file_times(f: &File, atime: Option<Nanos>, mtime: Option<Nanos>) -> Resul
         context: "set times".into(),
         source: e.into(),
     })
+}
+
+/// Attributes of a pristine lower entry.
+fn lower_attr(lower: &Lower, ino: Ino, i: index::Idx) -> Attr {
+    let e = &lower.manifest().entries[i as usize];
+    let t = lower.dir_time;
+    let (kind, size, perm, time, nlink) = match &e.kind {
+        EntryKind::Dir => (Kind::Dir, 4096, 0o755, t, 2 + lower.index.subdirs(i)),
+        EntryKind::File(f) => (
+            Kind::File,
+            f.size,
+            if f.executable { 0o755 } else { 0o644 },
+            f.mtime_ns as Nanos,
+            1,
+        ),
+        EntryKind::Symlink(s) => (Kind::Symlink, s.len() as u64, 0o777, t, 1),
+    };
+    Attr {
+        ino,
+        generation: 1,
+        kind,
+        size,
+        blocks: size.div_ceil(512),
+        atime: time,
+        mtime: time,
+        ctime: time,
+        perm,
+        nlink,
+        uid: lower.uid,
+        gid: lower.gid,
+        rdev: 0,
+    }
+}
+
+/// A symlink node's target (its own, or its lower entry's).
+fn target_of<'a>(lower: &'a Lower, n: &'a Node) -> &'a str {
+    if let Some(t) = &n.target {
+        return t;
+    }
+    match n.lower.map(|i| &lower.manifest().entries[i as usize].kind) {
+        Some(EntryKind::Symlink(t)) => t,
+        _ => "",
+    }
 }

@@ -18,12 +18,12 @@ use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 
+use super::Overlay;
 use super::error::{Error, Result};
 use super::index::Idx;
 use super::ino::Ino;
 use super::node::{Content, Kind};
-use super::state::Ref;
-use super::Overlay;
+use super::state::{Lower, Ref};
 use crate::output::{Check, ContentReader, Contents, Output, WriteStats, write_members};
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
@@ -201,19 +201,22 @@ impl Overlay {
     /// done; readers do not.
     pub fn seal(&self, opts: &SealOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<SealOutcome> {
         let _hold = self.mutations.write();
-        let parent = self.lower.packet.digest;
-        let harness = self.lower.manifest().harness;
-        let policy = Policy::new(harness, &opts.exclude, &opts.keep).map_err(|reason| Error::Refused {
-            path: String::new(),
-            kind: "bad_pattern",
-            reason,
-        })?;
+        // Nothing can rebase while the seal holds changes.
+        let lower = self.lower();
+        let parent = lower.packet.digest;
+        let harness = lower.manifest().harness;
+        let policy =
+            Policy::new(harness, &opts.exclude, &opts.keep).map_err(|reason| Error::Refused {
+                path: String::new(),
+                kind: "bad_pattern",
+                reason,
+            })?;
         let (items, mut report) = self.collect(opts, &policy)?;
         barrier(&opts.barrier, "collected");
 
         // The manifest: known hashes for reused content, placeholders for
         // the rest (same length: hashes are fixed-width).
-        let old = self.lower.manifest();
+        let old = lower.manifest();
         // The harness part cannot be removed on a mount, so its kind carries over.
         let has_harness = items.iter().any(|i| i.path == "harness");
         let mut manifest = Manifest {
@@ -225,10 +228,14 @@ impl Overlay {
                 ItemKind::Dir => EntryKind::Dir,
                 ItemKind::Symlink(t) => EntryKind::Symlink(t.as_str().into()),
                 ItemKind::File(f) => {
-                    let (sha256, chunks) = match f.reuse.and_then(|i| old.entries[i as usize].file()) {
-                        Some(m) => (m.sha256, m.chunks.clone()),
-                        None => (Sha256::default(), vec![Sha256::default(); chunk_count(f.size) as usize].into()),
-                    };
+                    let (sha256, chunks) =
+                        match f.reuse.and_then(|i| old.entries[i as usize].file()) {
+                            Some(m) => (m.sha256, m.chunks.clone()),
+                            None => (
+                                Sha256::default(),
+                                vec![Sha256::default(); chunk_count(f.size) as usize].into(),
+                            ),
+                        };
                     EntryKind::File(FileMeta {
                         size: f.size,
                         mtime_ns: if opts.zero_mtimes { 0 } else { f.mtime_ns },
@@ -238,7 +245,10 @@ impl Overlay {
                     })
                 }
             };
-            manifest.entries.push(Entry { path: it.path.as_str().into(), kind });
+            manifest.entries.push(Entry {
+                path: it.path.as_str().into(),
+                kind,
+            });
         }
         manifest.validate(&opts.limits).map_err(refusal)?;
         let manifest_len = manifest.encode().len() as u64;
@@ -249,6 +259,7 @@ impl Overlay {
 
         let sources = SealContents {
             overlay: self,
+            lower: &lower,
             items: &items,
         };
         let stats = WriteStats::default();
@@ -297,15 +308,21 @@ impl Overlay {
     /// Walks the merged view (both parts, whichever is mounted), applying
     /// the policy, in path order.
     fn collect(&self, opts: &SealOptions, policy: &Policy) -> Result<(Vec<Item>, ScanReport)> {
-        let st = self.state.read();
-        let lower = &self.lower;
+        let st = self.state.read_recursive();
+        let lower = &*st.lower;
         let mut items = Vec::new();
         let mut report = ScanReport::default();
         let mut stack: Vec<(Ino, String, Part, usize)> = Vec::new();
         for &r in lower.index.roots() {
             let path = lower.manifest().entries[r as usize].path.to_string();
-            let Some(part) = Part::parse(&path) else { continue };
-            items.push(Item { path: path.clone(), kind: ItemKind::Dir, origin: Some(r) });
+            let Some(part) = Part::parse(&path) else {
+                continue;
+            };
+            items.push(Item {
+                path: path.clone(),
+                kind: ItemKind::Dir,
+                origin: Some(r),
+            });
             stack.push((lower.ino(r), path, part, 0));
         }
         while let Some((dir, dpath, part, depth)) = stack.pop() {
@@ -337,7 +354,11 @@ impl Overlay {
                         continue;
                     }
                     Verdict::Refuse(reason) => {
-                        return Err(Error::Refused { path, kind: "credential_store", reason });
+                        return Err(Error::Refused {
+                            path,
+                            kind: "credential_store",
+                            reason,
+                        });
                     }
                 }
                 check_path(&path, &opts.limits).map_err(refusal)?;
@@ -348,12 +369,16 @@ impl Overlay {
                 };
                 match kind {
                     Kind::Dir => {
-                        items.push(Item { path: path.clone(), kind: ItemKind::Dir, origin });
+                        items.push(Item {
+                            path: path.clone(),
+                            kind: ItemKind::Dir,
+                            origin,
+                        });
                         stack.push((*ino, path, part, depth + 1));
                     }
                     Kind::Symlink => {
                         let target = match r {
-                            Ref::Node(n) => self.target_of(n).to_string(),
+                            Ref::Node(n) => super::target_of(lower, n).to_string(),
                             Ref::Lower(i) => match &lower.manifest().entries[i as usize].kind {
                                 EntryKind::Symlink(t) => t.to_string(),
                                 _ => String::new(),
@@ -372,7 +397,9 @@ impl Overlay {
                                 return Err(Error::Refused {
                                     path,
                                     kind: "external_symlink",
-                                    reason: format!("symlink target `{target}` leaves the {part} part (--reject-external-symlinks)"),
+                                    reason: format!(
+                                        "symlink target `{target}` leaves the {part} part (--reject-external-symlinks)"
+                                    ),
                                 });
                             }
                             LinkClass::External => report.external_symlinks.push(Link {
@@ -380,11 +407,19 @@ impl Overlay {
                                 target: stored.clone(),
                             }),
                         }
-                        items.push(Item { path, kind: ItemKind::Symlink(stored), origin });
+                        items.push(Item {
+                            path,
+                            kind: ItemKind::Symlink(stored),
+                            origin,
+                        });
                     }
                     Kind::File => {
-                        let f = self.file_item(r, &path, &mut report)?;
-                        items.push(Item { path, kind: ItemKind::File(f), origin });
+                        let f = self.file_item(lower, r, &path, &mut report)?;
+                        items.push(Item {
+                            path,
+                            kind: ItemKind::File(f),
+                            origin,
+                        });
                     }
                     Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev => {
                         let kind = match kind {
@@ -403,14 +438,27 @@ impl Overlay {
     }
 
     /// What a seal takes from one file of the merged view.
-    fn file_item(&self, r: Ref<'_>, path: &str, report: &mut ScanReport) -> Result<FileItem> {
-        let m = self.lower.manifest();
+    fn file_item(
+        &self,
+        lower: &Lower,
+        r: Ref<'_>,
+        path: &str,
+        report: &mut ScanReport,
+    ) -> Result<FileItem> {
+        let m = lower.manifest();
         let lower_file = |i: Idx| m.entries[i as usize].file();
         let (from, reuse, origin, size, mtime, perm) = match r {
             Ref::Lower(i) => {
                 let f = lower_file(i).ok_or(Error::NotFound)?;
                 let perm = if f.executable { 0o755 } else { 0o644 };
-                (Source::Lower(i), Some(i), Some(i), f.size, f.mtime_ns as i64, perm)
+                (
+                    Source::Lower(i),
+                    Some(i),
+                    Some(i),
+                    f.size,
+                    f.mtime_ns as i64,
+                    perm,
+                )
             }
             Ref::Node(n) => match n.content {
                 Content::Lower(i) => {
@@ -462,7 +510,9 @@ fn sort_report(r: &mut ScanReport) {
 /// A packet-rule violation found in the merged view: refused input.
 fn refusal(e: crate::packet::Error) -> Error {
     match crate::source::Error::from_validation(e) {
-        crate::source::Error::Refused { path, kind, reason } => Error::Refused { path, kind, reason },
+        crate::source::Error::Refused { path, kind, reason } => {
+            Error::Refused { path, kind, reason }
+        }
         crate::source::Error::Packet(p) => Error::Packet(p),
         other => Error::Refused {
             path: other.path().unwrap_or_default().to_string(),
@@ -474,7 +524,12 @@ fn refusal(e: crate::packet::Error) -> Error {
 
 /// Every difference between the old manifest and the sealed one.
 fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Change> {
-    let old_by_path: HashMap<&str, usize> = old.entries.iter().enumerate().map(|(i, e)| (&*e.path, i)).collect();
+    let old_by_path: HashMap<&str, usize> = old
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (&*e.path, i))
+        .collect();
     let sha = |e: &Entry| e.file().map(|f| f.sha256);
     let mut accounted = vec![false; old.entries.len()];
     let mut changes = Vec::new();
@@ -520,14 +575,22 @@ fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Change> {
                         });
                     }
                 } else {
-                    changes.push(Change::Added { path: e.path.to_string(), kind: e.type_name(), sha256: sha(e) });
+                    changes.push(Change::Added {
+                        path: e.path.to_string(),
+                        kind: e.type_name(),
+                        sha256: sha(e),
+                    });
                 }
             }
             (_, None) => {
                 if let Some(o) = origin {
                     accounted[o] = true;
                 }
-                changes.push(Change::Added { path: e.path.to_string(), kind: e.type_name(), sha256: sha(e) });
+                changes.push(Change::Added {
+                    path: e.path.to_string(),
+                    kind: e.type_name(),
+                    sha256: sha(e),
+                });
             }
         }
     }
@@ -539,7 +602,10 @@ fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Change> {
         }
     }
     for (path, old_sha256) in deleted {
-        changes.push(Change::Deleted { path: path.to_string(), old_sha256 });
+        changes.push(Change::Deleted {
+            path: path.to_string(),
+            old_sha256,
+        });
     }
     changes
 }
@@ -553,15 +619,24 @@ fn new_has(new: &Manifest, path: &str) -> bool {
 /// The merged view's files as a content source for the writer.
 struct SealContents<'a> {
     overlay: &'a Overlay,
+    lower: &'a Lower,
     items: &'a [Item],
 }
 
 /// Reading one file for the seal.
 enum SealReader {
     /// From the old packet, at an absolute offset.
-    Lower { file: File, pos: u64, path: Arc<str> },
+    Lower {
+        file: File,
+        pos: u64,
+        path: Arc<str>,
+    },
     /// From an upper data file.
-    Upper { file: Arc<File>, pos: u64, path: Arc<str> },
+    Upper {
+        file: Arc<File>,
+        pos: u64,
+        path: Arc<str>,
+    },
 }
 
 impl Contents for SealContents<'_> {
@@ -575,7 +650,7 @@ impl Contents for SealContents<'_> {
         match &self.items[i].kind {
             ItemKind::File(f) => match (f.from, f.reuse) {
                 (Source::Lower(idx), Some(_)) => {
-                    if self.overlay.verifier.all_verified(&self.overlay.lower.packet, idx) {
+                    if self.lower.verifier.all_verified(&self.lower.packet, idx) {
                         Check::Trust
                     } else {
                         Check::Verify
@@ -594,12 +669,20 @@ impl Contents for SealContents<'_> {
         let path: Arc<str> = self.items[i].path.as_str().into();
         match f.from {
             Source::Lower(idx) => {
-                let p = &self.overlay.lower.packet;
+                let p = &self.lower.packet;
                 let e = &p.manifest.entries[idx as usize];
                 let file = p.file().try_clone().map_err(Error::PacketIo)?;
-                Ok(SealReader::Lower { file, pos: p.layout.data_offset(idx as usize, e), path })
+                Ok(SealReader::Lower {
+                    file,
+                    pos: p.layout.data_offset(idx as usize, e),
+                    path,
+                })
             }
-            Source::Upper(id) => Ok(SealReader::Upper { file: self.overlay.upper.data(id)?, pos: 0, path }),
+            Source::Upper(id) => Ok(SealReader::Upper {
+                file: self.overlay.upper.data(id)?,
+                pos: 0,
+                path,
+            }),
         }
     }
 }
@@ -620,7 +703,10 @@ impl ContentReader for SealReader {
                     reason: "shorter than when the seal began".into(),
                 }
             } else {
-                Error::Upper { context: format!("{path}: read"), source: e }
+                Error::Upper {
+                    context: format!("{path}: read"),
+                    source: e,
+                }
             }
         })?;
         *pos += buf.len() as u64;
@@ -631,7 +717,9 @@ impl ContentReader for SealReader {
         let SealReader::Lower { file, pos, .. } = self else {
             return Ok(false);
         };
-        Ok(crate::sys::copy_range(file, *pos, out, offset, len).map(|_| true).unwrap_or(false))
+        Ok(crate::sys::copy_range(file, *pos, out, offset, len)
+            .map(|_| true)
+            .unwrap_or(false))
     }
 
     fn finish(self) -> Result<()> {

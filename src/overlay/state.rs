@@ -37,6 +37,8 @@ pub struct Lower {
     pub gid: u32,
     /// Time shown for lower directories and symlinks: the newest file mtime.
     pub dir_time: Nanos,
+    /// Which chunks of the packet have been verified.
+    pub verifier: super::content::Verifier,
 }
 
 impl Lower {
@@ -129,6 +131,8 @@ pub enum Ref<'a> {
 
 /// The mutable merged view.
 pub struct State {
+    /// The lower layer the nodes refer to (replaced whole by a rebase).
+    pub lower: std::sync::Arc<Lower>,
     /// Inodes that differ from the lower layer.
     pub nodes: HashMap<Ino, Node>,
     /// Inode numbers in use.
@@ -143,7 +147,7 @@ pub struct State {
 
 impl State {
     /// The initial state over `lower`, its inode numbers claimed.
-    pub fn new(lower: &Lower, inos: InoAllocator) -> State {
+    pub fn new(lower: std::sync::Arc<Lower>, inos: InoAllocator) -> State {
         let mut nodes = HashMap::new();
         if lower.root == Root::Packet {
             let children: BTreeMap<Box<str>, Ino> = lower
@@ -179,13 +183,14 @@ impl State {
                     parent: ROOT,
                     name: "".into(),
                     lookups: Default::default(),
-            modified: Flag::new(true),
+                    modified: Flag::new(true),
                     opens: 0,
                     immortal: true,
                 },
             );
         }
         State {
+            lower,
             nodes,
             inos,
             gens: HashMap::new(),
@@ -439,7 +444,7 @@ impl State {
                         parent: *parent,
                         name: name.as_str().into(),
                         lookups: Default::default(),
-            modified: Flag::new(true),
+                        modified: Flag::new(true),
                         opens: 0,
                         immortal: false,
                     },

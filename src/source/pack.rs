@@ -234,9 +234,10 @@ impl ContentReader for PackReader<'_> {
     /// After reading: the same regular file, same size and mtime as walked.
     fn finish(self) -> Result<(), Error> {
         let src = self.src;
-        let m = self.file.metadata().map_err(|e| {
-            Error::io(&self.roots[src.root].dir.join(&src.rel), "cannot stat", e)
-        })?;
+        let m = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.roots[src.root].dir.join(&src.rel), "cannot stat", e))?;
         let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
         let what = if !m.file_type().is_file() || (m.dev(), m.ino()) != (src.dev, src.ino) {
             "was replaced"

@@ -244,10 +244,17 @@ pub enum ChildType {
 impl Policy {
     /// Judges every entry of the directory at packet path `ppath`; SQLite
     /// side files then follow their database, whatever their own verdict.
-    pub fn judge_dir(&self, part: Part, ppath: &str, children: &[(&str, ChildType)]) -> Vec<Verdict> {
+    pub fn judge_dir(
+        &self,
+        part: Part,
+        ppath: &str,
+        children: &[(&str, ChildType)],
+    ) -> Vec<Verdict> {
         let mut verdicts: Vec<Verdict> = children
             .iter()
-            .map(|(name, t)| self.judge(part, &format!("{ppath}/{name}"), name, *t == ChildType::Dir))
+            .map(|(name, t)| {
+                self.judge(part, &format!("{ppath}/{name}"), name, *t == ChildType::Dir)
+            })
             .collect();
         let files: std::collections::HashMap<&str, usize> = children
             .iter()
@@ -264,9 +271,11 @@ impl Policy {
             };
             verdicts[i] = match &verdicts[db] {
                 Verdict::Include => Verdict::Include,
-                Verdict::Exclude(_) | Verdict::Refuse(_) => Verdict::Exclude(Reason::SqliteSideFile {
-                    database: format!("{ppath}/{}", children[db].0),
-                }),
+                Verdict::Exclude(_) | Verdict::Refuse(_) => {
+                    Verdict::Exclude(Reason::SqliteSideFile {
+                        database: format!("{ppath}/{}", children[db].0),
+                    })
+                }
             };
         }
         verdicts
