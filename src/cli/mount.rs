@@ -183,6 +183,8 @@ pub fn run(a: Args) -> Result<Output, CliError> {
             })
             .collect(),
     };
+    // Recorded in the upper directory too, so an offline seal rebases the same links.
+    super::seal::save_roots(&a.upper, &roots);
     let result = std::cell::RefCell::new(None);
     let served = daemon::serve(
         overlay,

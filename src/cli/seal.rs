@@ -93,7 +93,6 @@ struct Result<'a> {
     outcome: &'a SealOutcome,
     #[serde(skip_serializing_if = "Option::is_none")]
     receipt: Option<&'a Path>,
-    rebased: bool,
     seconds: f64,
 }
 
@@ -127,7 +126,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 part: None,
             },
         )?;
-        return handle(&overlay, &req, &HashMap::new()).map(Output::raw);
+        return handle(&overlay, &req, &load_roots(upper)).map(Output::raw);
     }
     let mp = a.mountpoint.unwrap_or_default();
     let mut msg = serde_json::to_value(&req).unwrap_or(Value::Null);
@@ -167,6 +166,7 @@ pub fn handle(
         },
         roots: roots.clone(),
         barrier: std::env::var_os("SESSIONFS_TEST_BARRIER").map(PathBuf::from),
+        rebase: req.rebase,
     };
     let progress = super::progress::Progress::bytes("sealing", 0);
     let outcome = overlay.seal(&opts, &|n| progress.add(n))?;
@@ -179,11 +179,36 @@ pub fn handle(
         Result {
             outcome: &outcome,
             receipt: req.receipt.as_deref(),
-            rebased: false,
             seconds: started.elapsed().as_secs_f64(),
         },
     );
     Ok(out.into_value())
+}
+
+/// Name of the file in the upper directory that records where the parts
+/// were last mounted (see docs/upper-format.md).
+const MOUNT_INFO: &str = "mount.json";
+
+/// Records where each part is mounted, for an offline seal to rebase the
+/// same symlinks as the daemon would. Best effort: without it an offline
+/// seal stores absolute targets into the mount verbatim.
+pub fn save_roots(upper: &Path, roots: &HashMap<Part, Vec<String>>) {
+    let v = serde_json::json!({"schema": "sessionfs.mount-info/1", "roots": roots});
+    if let Err(e) = crate::sys::write_atomic(&upper.join(MOUNT_INFO), format!("{v}\n").as_bytes()) {
+        tracing::warn!(error = %e, "cannot record the mount roots in the upper directory");
+    }
+}
+
+fn load_roots(upper: &Path) -> HashMap<Part, Vec<String>> {
+    #[derive(Deserialize)]
+    struct Info {
+        roots: HashMap<Part, Vec<String>>,
+    }
+    std::fs::read(upper.join(MOUNT_INFO))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Info>(&b).ok())
+        .map(|i| i.roots)
+        .unwrap_or_default()
 }
 
 /// The receipt: every change, with the digests it goes between.

@@ -78,6 +78,11 @@ pub fn serve(
         }
     };
     let unmounter = Arc::new(Mutex::new(session.unmount_callable()));
+    let notifier = session.notifier();
+    overlay.set_invalidator(Box::new(move |ino| {
+        // Attributes only (offset -1): content does not change on a rebase.
+        let _ = notifier.inval_inode(fuser::INodeNo(ino), -1, 0);
+    }));
 
     {
         let unmounter = unmounter.clone();

@@ -41,6 +41,16 @@ impl LowerIndex {
     /// Builds the index of a validated manifest, allocating inode numbers
     /// (in path order) from `inos`.
     pub fn build(m: &Manifest, inos: &mut InoAllocator) -> LowerIndex {
+        LowerIndex::build_with(m, inos, &HashMap::new())
+    }
+
+    /// Like [`LowerIndex::build`], with the inode numbers of some paths
+    /// given (a rebase keeps the numbers entries had before it).
+    pub fn build_with(
+        m: &Manifest,
+        inos: &mut InoAllocator,
+        given: &HashMap<String, Ino>,
+    ) -> LowerIndex {
         let n = m.entries.len();
         let mut parent = vec![NO_PARENT; n];
         let mut counts = vec![0u32; n + 1];
@@ -91,8 +101,14 @@ impl LowerIndex {
             .collect();
         let mut ino = Vec::with_capacity(n);
         let mut by_ino = HashMap::with_capacity(n);
+        for &x in given.values() {
+            inos.claim(x);
+        }
         for (i, e) in m.entries.iter().enumerate() {
-            let x = inos.allocate_from(&e.path, first[i]);
+            let x = match given.get(&*e.path) {
+                Some(&x) => x,
+                None => inos.allocate_from(&e.path, first[i]),
+            };
             ino.push(x);
             by_ino.insert(x, i as Idx);
         }

@@ -114,6 +114,22 @@ pub enum Record {
         /// The data file.
         data: u64,
     },
+    /// The mount continues on a new packet (a seal with `--rebase`): the
+    /// records before this one are superseded. Always the first line of a
+    /// compacted journal.
+    Rebase {
+        /// When.
+        t: Nanos,
+        /// Digest of the new packet.
+        packet: String,
+        /// Where it was written (to tell the user which packet to mount).
+        output: String,
+        /// Inode numbers that differ from those the new packet's paths give
+        /// (entries renamed since they were numbered), kept so that paths
+        /// keep their numbers across the rebase.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        inos: Vec<(String, Ino)>,
+    },
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -141,7 +157,8 @@ impl Record {
             | Record::Unlink { t, .. }
             | Record::Rename { t, .. }
             | Record::Setattr { t, .. }
-            | Record::CopyUp { t, .. } => *t,
+            | Record::CopyUp { t, .. }
+            | Record::Rebase { t, .. } => *t,
         }
     }
 }

@@ -170,6 +170,10 @@ pub struct Overlay {
     /// metadata, content), exclusively by a seal: a seal sees one state
     /// while readers keep going.
     mutations: RwLock<()>,
+    /// How the mount was made (kept for rebases).
+    opts: Options,
+    /// Tells the kernel an inode's attributes changed (see `set_invalidator`).
+    invalidate: Mutex<Option<Box<dyn Fn(Ino) + Send + Sync>>>,
     /// Counters.
     pub stats: Stats,
 }
@@ -195,44 +199,23 @@ impl Overlay {
     /// journal does not reference. Reads no file content.
     pub fn mount(packet: Packet, upper_dir: &Path, opts: Options) -> Result<Overlay> {
         let t = std::time::Instant::now();
-        let mut inos = InoAllocator::default();
-        let index = LowerIndex::build(&packet.manifest, &mut inos);
-        tracing::debug!(elapsed = ?t.elapsed(), "lower index built");
-        let root = match opts.part {
-            None => Root::Packet,
-            Some(part) => {
-                let i = index
-                    .roots()
-                    .iter()
-                    .copied()
-                    .find(|&i| &*packet.manifest.entries[i as usize].path == part.as_str())
-                    .ok_or_else(|| Error::UpperRefused {
-                        path: packet.path().display().to_string(),
-                        reason: format!("the packet has no {part} part to mount"),
-                    })?;
-                Root::Part(i)
-            }
-        };
-        let dir_time = packet
-            .manifest
-            .entries
-            .iter()
-            .filter_map(|e| e.file().map(|f| f.mtime_ns as Nanos))
-            .max()
-            .unwrap_or(0);
-        let verifier = content::Verifier::new(&packet).map_err(Error::PacketIo)?;
         let opened = upper::Upper::open(upper_dir, &packet.digest)?;
-        let lower = std::sync::Arc::new(Lower {
-            packet,
-            index,
-            root,
-            uid: opts.uid,
-            gid: opts.gid,
-            dir_time,
-            verifier,
-        });
+        let mut records = opened.records.as_slice();
+        // A journal that starts with a rebase keeps the inode numbers the
+        // entries had before it.
+        let given: hashbrown::HashMap<String, Ino> = match records.first() {
+            Some(Record::Rebase { inos, .. }) => {
+                let g = inos.iter().cloned().collect();
+                records = &records[1..];
+                g
+            }
+            _ => hashbrown::HashMap::new(),
+        };
+        let (lower, inos) = new_lower(packet, opts, &given)?;
+        tracing::debug!(elapsed = ?t.elapsed(), "lower index built");
+        let lower = std::sync::Arc::new(lower);
         let mut state = State::new(lower.clone(), inos);
-        for (k, rec) in opened.records.iter().enumerate() {
+        for (k, rec) in records.iter().enumerate() {
             state.apply(&lower, rec).map_err(|e| match e {
                 Error::Replay { reason, .. } => Error::Replay {
                     index: k + 1,
@@ -262,11 +245,7 @@ impl Overlay {
             }
             state.next_data = state.next_data.max(id + 1);
         }
-        tracing::info!(
-            records = opened.records.len(),
-            nodes = state.nodes.len(),
-            "upper directory replayed"
-        );
+        tracing::info!(elapsed = ?t.elapsed(), records = records.len(), nodes = state.nodes.len(), "upper directory replayed");
         Ok(Overlay {
             upper: up,
             state: RwLock::new(state),
@@ -274,7 +253,15 @@ impl Overlay {
             next_fh: AtomicU64::new(1),
             mutations: RwLock::new(()),
             stats: Stats::default(),
+            opts,
+            invalidate: Mutex::new(None),
         })
+    }
+
+    /// Installs the function that tells the kernel an inode's attributes
+    /// changed behind its back (the FUSE session's notifier).
+    pub fn set_invalidator(&self, f: Box<dyn Fn(Ino) + Send + Sync>) {
+        *self.invalidate.lock() = Some(f);
     }
 
     /// The lower layer (the packet served), as of now.
@@ -885,6 +872,11 @@ impl Overlay {
     /// same file first, its copy wins and this one is discarded.
     fn copy_up(&self, ino: Ino, keep: Option<u64>) -> Result<u64> {
         let _m = self.mutations.read_recursive();
+        self.copy_up_held(ino, keep)
+    }
+
+    /// [`Overlay::copy_up`] for a caller already holding the change gate.
+    fn copy_up_held(&self, ino: Ino, keep: Option<u64>) -> Result<u64> {
         let (idx, id, mtime, atime, lower) = {
             let mut st = self.state.write();
             let lower = st.lower.clone();
@@ -1208,4 +1200,50 @@ fn target_of<'a>(lower: &'a Lower, n: &'a Node) -> &'a str {
         Some(EntryKind::Symlink(t)) => t,
         _ => "",
     }
+}
+
+/// The lower layer of `packet` for a mount made with `opts`, and the inode
+/// numbers in use; `given` fixes the numbers of some paths.
+fn new_lower(
+    packet: Packet,
+    opts: Options,
+    given: &hashbrown::HashMap<String, Ino>,
+) -> Result<(Lower, InoAllocator)> {
+    let mut inos = InoAllocator::default();
+    let index = LowerIndex::build_with(&packet.manifest, &mut inos, given);
+    let root = match opts.part {
+        None => Root::Packet,
+        Some(part) => {
+            let i = index
+                .roots()
+                .iter()
+                .copied()
+                .find(|&i| &*packet.manifest.entries[i as usize].path == part.as_str())
+                .ok_or_else(|| Error::UpperRefused {
+                    path: packet.path().display().to_string(),
+                    reason: format!("the packet has no {part} part to mount"),
+                })?;
+            Root::Part(i)
+        }
+    };
+    let dir_time = packet
+        .manifest
+        .entries
+        .iter()
+        .filter_map(|e| e.file().map(|f| f.mtime_ns as Nanos))
+        .max()
+        .unwrap_or(0);
+    let verifier = content::Verifier::new(&packet).map_err(Error::PacketIo)?;
+    Ok((
+        Lower {
+            packet,
+            index,
+            root,
+            uid: opts.uid,
+            gid: opts.gid,
+            dir_time,
+            verifier,
+        },
+        inos,
+    ))
 }

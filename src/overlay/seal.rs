@@ -22,6 +22,7 @@ use super::Overlay;
 use super::error::{Error, Result};
 use super::index::Idx;
 use super::ino::Ino;
+use super::journal::Record;
 use super::node::{Content, Kind};
 use super::state::{Lower, Ref};
 use crate::output::{Check, ContentReader, Contents, Output, WriteStats, write_members};
@@ -55,6 +56,9 @@ pub struct SealOptions {
     pub roots: HashMap<Part, Vec<String>>,
     /// Test hook: pause at named points (see `barrier`).
     pub barrier: Option<PathBuf>,
+    /// After sealing, continue on the new packet with an empty upper
+    /// directory.
+    pub rebase: bool,
 }
 
 /// One change, in the receipt.
@@ -141,6 +145,8 @@ pub struct SealOutcome {
     /// What the policy left out, and other reports as for `pack`.
     #[serde(flatten)]
     pub report: ScanReport,
+    /// Whether the mount now serves the new packet.
+    pub rebased: bool,
     /// Every change, for the receipt.
     #[serde(skip)]
     pub changes: Vec<Change>,
@@ -169,6 +175,8 @@ enum Source {
 /// An entry of the merged view.
 struct Item {
     path: String,
+    /// Its inode number on the mount.
+    ino: Ino,
     kind: ItemKind,
     /// The lower entry a directory or symlink descends from.
     origin: Option<Idx>,
@@ -276,6 +284,9 @@ impl Overlay {
         barrier(&opts.barrier, "synced");
         output.commit(opts.mode)?;
         barrier(&opts.barrier, "committed");
+        if opts.rebase {
+            self.rebase_onto(&opts.output, &items, &opts.limits, &opts.barrier)?;
+        }
 
         let changes = receipt(old, &items, &manifest);
         let count = |f: fn(&Change) -> bool| changes.iter().filter(|c| f(c)).count() as u64;
@@ -301,8 +312,102 @@ impl Overlay {
             bytes_verified: stats.verified.load(Ordering::Relaxed),
             bytes_copied: stats.copied.load(Ordering::Relaxed),
             report,
+            rebased: opts.rebase,
             changes,
         })
+    }
+
+    /// Continues the mount on the packet just written at `output`, with an
+    /// empty upper directory, without unmounting. Paths keep their inode
+    /// numbers, open files keep working. The commit point is one journal
+    /// record: a crash before it re-mounts the old packet with the old
+    /// changes, after it the new packet (see docs/upper-format.md).
+    fn rebase_onto(
+        &self,
+        output: &std::path::Path,
+        items: &[Item],
+        limits: &Limits,
+        bar: &Option<PathBuf>,
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        let packet = crate::packet::reader::Packet::open(output, limits)?;
+        let digest = packet.digest;
+        // Numbers a fresh mount of the new packet would not give: kept.
+        let mut given: Vec<(String, Ino)> = items
+            .par_iter()
+            .filter(|it| it.ino != super::ino::ROOT && super::ino::candidate(&it.path, 0) != it.ino)
+            .map(|it| (it.path.clone(), it.ino))
+            .collect();
+        given.sort();
+        // Unlinked files still open live on, on their own data files.
+        let open_unlinked: Vec<Ino> = {
+            let st = self.state.read_recursive();
+            st.nodes
+                .iter()
+                .filter(|(_, n)| n.nlink == 0 && n.opens > 0 && n.kind == Kind::File)
+                .map(|(i, _)| *i)
+                .collect()
+        };
+        for &ino in &open_unlinked {
+            self.copy_up_held(ino, None)?;
+        }
+        let rec = Record::Rebase {
+            t: super::now(),
+            packet: digest.to_string(),
+            output: output.display().to_string(),
+            inos: given.clone(),
+        };
+        self.upper.append(&rec)?;
+        self.upper.sync_journal()?;
+        barrier(bar, "rebase-recorded");
+        let given_map: hashbrown::HashMap<String, Ino> = given.into_iter().collect();
+        let (lower, inos) = super::new_lower(packet, self.opts, &given_map)?;
+        // Every chunk was verified or hashed as this daemon wrote it.
+        lower.verifier.mark_all();
+        let lower = Arc::new(lower);
+        let mut fresh = super::state::State::new(lower, inos);
+        let (old_inos, old_data, kept_data) = {
+            let mut st = self.state.write();
+            let old_inos: Vec<Ino> = st.nodes.keys().copied().collect();
+            let mut old_data: Vec<u64> = Vec::new();
+            let mut kept_data: Vec<u64> = Vec::new();
+            for (ino, n) in &st.nodes {
+                if let Content::Upper(id) = n.content {
+                    if open_unlinked.contains(ino) {
+                        kept_data.push(id);
+                    } else {
+                        old_data.push(id);
+                    }
+                }
+            }
+            for &ino in &open_unlinked {
+                if let Some(mut n) = st.nodes.remove(&ino) {
+                    n.lower = None;
+                    n.immortal = false;
+                    fresh.inos.claim(ino);
+                    fresh.nodes.insert(ino, n);
+                }
+            }
+            fresh.next_data = st.next_data;
+            fresh.applied = st.applied;
+            *st = fresh;
+            (old_inos, old_data, kept_data)
+        };
+        self.upper.compact(&rec, &digest)?;
+        barrier(bar, "rebase-compacted");
+        for id in old_data {
+            if !kept_data.contains(&id) {
+                self.upper.remove_data(id);
+            }
+        }
+        if let Some(f) = &*self.invalidate.lock() {
+            for ino in old_inos {
+                f(ino);
+            }
+            f(super::ino::ROOT);
+        }
+        tracing::info!(%digest, "rebased onto the sealed packet");
+        Ok(())
     }
 
     /// Walks the merged view (both parts, whichever is mounted), applying
@@ -320,6 +425,7 @@ impl Overlay {
             };
             items.push(Item {
                 path: path.clone(),
+                ino: lower.ino(r),
                 kind: ItemKind::Dir,
                 origin: Some(r),
             });
@@ -371,6 +477,7 @@ impl Overlay {
                     Kind::Dir => {
                         items.push(Item {
                             path: path.clone(),
+                            ino: *ino,
                             kind: ItemKind::Dir,
                             origin,
                         });
@@ -409,6 +516,7 @@ impl Overlay {
                         }
                         items.push(Item {
                             path,
+                            ino: *ino,
                             kind: ItemKind::Symlink(stored),
                             origin,
                         });
@@ -417,6 +525,7 @@ impl Overlay {
                         let f = self.file_item(lower, r, &path, &mut report)?;
                         items.push(Item {
                             path,
+                            ino: *ino,
                             kind: ItemKind::File(f),
                             origin,
                         });

@@ -585,6 +585,7 @@ impl State {
                 }
                 n.ctime = *t;
             }
+            Record::Rebase { .. } => return Err(replay("a rebase in the middle of a journal")),
             Record::CopyUp { ino, data, .. } => {
                 let n = self.node_mut(lower, *ino)?;
                 if !matches!(n.content, Content::Lower(_)) {

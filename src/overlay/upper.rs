@@ -47,13 +47,14 @@ struct Header {
 
 /// An open upper directory, locked for one daemon.
 pub struct Upper {
-    /// The exclusive lock on the journal, held while the daemon runs.
-    _lock: nix::fcntl::Flock<File>,
+    /// The exclusive lock on the directory, held while the daemon runs.
+    _lock: nix::fcntl::Flock<OwnedFd>,
     root: PathBuf,
+    dir: OwnedFd,
     data: OwnedFd,
-    journal: File,
-    /// Bytes of the journal, to roll back a failed append.
-    journal_len: Mutex<u64>,
+    /// The journal open for appending, and its length (to roll back a
+    /// failed append). Replaced when a rebase compacts the journal.
+    journal: Mutex<(File, u64)>,
     fds: Mutex<LruCache<u64, Arc<File>>>,
 }
 
@@ -61,7 +62,8 @@ pub struct Upper {
 pub struct Opened {
     /// The directory.
     pub upper: Upper,
-    /// The journal's records.
+    /// The journal's records that apply: from the last `rebase` record (the
+    /// first one returned, if there is one) to the end.
     pub records: Vec<Record>,
 }
 
@@ -101,6 +103,23 @@ impl Upper {
             Mode::empty(),
         )
         .map_err(nix_at(root, "cannot open the upper directory"))?;
+        let lock_fd = dir
+            .try_clone()
+            .map_err(io_at(root, "cannot lock the upper directory"))?;
+        let lock =
+            match nix::fcntl::Flock::lock(lock_fd, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => lock,
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                    return Err(Error::UpperRefused {
+                        path: root.display().to_string(),
+                        reason: "in use by another sessionfs mount (the directory is locked)"
+                            .into(),
+                    });
+                }
+                Err((_, errno)) => {
+                    return Err(io_at(root, "cannot lock the upper directory")(errno.into()));
+                }
+            };
         let header_path = root.join(HEADER);
         let has_header = fstatat(&dir, HEADER, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok();
         if !has_header {
@@ -115,6 +134,9 @@ impl Upper {
                 });
             }
             write_header(&dir, root, digest)?;
+        }
+        let header_digest = if !has_header {
+            digest.to_string()
         } else {
             let mut text = String::new();
             let fd = openat(
@@ -141,14 +163,8 @@ impl Upper {
                     ),
                 });
             }
-            if h.packet != digest.to_string() {
-                return Err(Error::UpperMismatch {
-                    path: root.display().to_string(),
-                    upper: h.packet,
-                    packet: digest.to_string(),
-                });
-            }
-        }
+            h.packet
+        };
         let jfd = openat(
             &dir,
             JOURNAL,
@@ -157,20 +173,6 @@ impl Upper {
         )
         .map_err(nix_at(&root.join(JOURNAL), "cannot open the journal"))?;
         let mut journal = File::from(jfd);
-        let clone = journal
-            .try_clone()
-            .map_err(io_at(root, "cannot lock the journal"))?;
-        let lock = match nix::fcntl::Flock::lock(clone, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        {
-            Ok(lock) => lock,
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                return Err(Error::UpperRefused {
-                    path: root.display().to_string(),
-                    reason: "in use by another sessionfs mount (its journal is locked)".into(),
-                });
-            }
-            Err((_, errno)) => return Err(io_at(root, "cannot lock the journal")(errno.into())),
-        };
         let mut bytes = Vec::new();
         journal
             .read_to_end(&mut bytes)
@@ -187,6 +189,29 @@ impl Upper {
             journal
                 .set_len(parsed.valid_len as u64)
                 .map_err(io_at(&root.join(JOURNAL), "cannot truncate the journal"))?;
+        }
+        // The packet this directory belongs to: the last rebase's, else the
+        // header's (a crash may leave the header behind a rebase).
+        let mut records = parsed.records;
+        let last_rebase = records
+            .iter()
+            .rposition(|r| matches!(r, Record::Rebase { .. }));
+        let (effective, rebased_to) = match last_rebase.map(|k| &records[k]) {
+            Some(Record::Rebase { packet, output, .. }) => (packet.clone(), Some(output.clone())),
+            _ => (header_digest, None),
+        };
+        if effective != digest.to_string() {
+            return Err(Error::UpperMismatch {
+                path: root.display().to_string(),
+                upper: match rebased_to {
+                    Some(out) => format!("{effective} (sealed with --rebase to {out})"),
+                    None => effective,
+                },
+                packet: digest.to_string(),
+            });
+        }
+        if let Some(k) = last_rebase {
+            records.drain(..k);
         }
         if let Err(e) = mkdirat(&dir, DATA, Mode::from_bits_truncate(0o700)) {
             if e != nix::errno::Errno::EEXIST {
@@ -207,14 +232,14 @@ impl Upper {
             upper: Upper {
                 _lock: lock,
                 root: root.to_owned(),
+                dir,
                 data,
-                journal,
-                journal_len: Mutex::new(parsed.valid_len as u64),
+                journal: Mutex::new((journal, parsed.valid_len as u64)),
                 fds: Mutex::new(LruCache::new(
                     NonZeroUsize::new(OPEN_FILES).unwrap_or(NonZeroUsize::MIN),
                 )),
             },
-            records: parsed.records,
+            records,
         })
     }
 
@@ -227,14 +252,15 @@ impl Upper {
     /// cut back to its previous length, so no partial line remains.
     pub fn append(&self, rec: &Record) -> Result<()> {
         let line = rec.to_line();
-        let mut len = self.journal_len.lock();
-        match (&self.journal).write(&line) {
+        let mut j = self.journal.lock();
+        let (file, len) = &mut *j;
+        match (&*file).write(&line) {
             Ok(n) if n == line.len() => {
                 *len += n as u64;
                 Ok(())
             }
             other => {
-                let _ = self.journal.set_len(*len);
+                let _ = file.set_len(*len);
                 let e = match other {
                     Ok(_) => io::Error::new(io::ErrorKind::WriteZero, "short write"),
                     Err(e) => e,
@@ -250,8 +276,44 @@ impl Upper {
     /// Makes the journal durable.
     pub fn sync_journal(&self) -> Result<()> {
         self.journal
+            .lock()
+            .0
             .sync_data()
             .map_err(io_at(&self.root.join(JOURNAL), "cannot fsync the journal"))
+    }
+
+    /// Starts a new journal holding only `first` (a rebase record), and
+    /// records `digest` in the header: the journal through a temporary file
+    /// renamed over the old one, so a crash leaves one or the other, and
+    /// both replay to the same state.
+    pub fn compact(&self, first: &Record, digest: &Digest) -> Result<()> {
+        let tmp = format!("{JOURNAL}.tmp");
+        let at = self.root.join(JOURNAL);
+        let fd = openat(
+            &self.dir,
+            tmp.as_str(),
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(nix_at(&at, "cannot create a new journal"))?;
+        let mut f = File::from(fd);
+        let line = first.to_line();
+        f.write_all(&line)
+            .and_then(|_| f.sync_all())
+            .map_err(io_at(&at, "cannot write a new journal"))?;
+        let mut j = self.journal.lock();
+        nix::fcntl::renameat(&self.dir, tmp.as_str(), &self.dir, JOURNAL)
+            .map_err(nix_at(&at, "cannot replace the journal"))?;
+        let fd = openat(
+            &self.dir,
+            JOURNAL,
+            OFlag::O_RDWR | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(nix_at(&at, "cannot reopen the journal"))?;
+        *j = (File::from(fd), line.len() as u64);
+        drop(j);
+        write_header(&self.dir, &self.root, digest)
     }
 
     /// Creates data file `id` (empty, mode 0600, `O_EXCL`).

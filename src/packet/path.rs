@@ -9,7 +9,9 @@ use super::error::{Error, LimitKind, Result};
 use super::format::{Limits, MAX_COMPONENT_BYTES, PART_HARNESS, PART_WORKSPACE};
 
 /// The part an entry belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Part {
     /// `harness/`: the agent harness's state.
