@@ -160,6 +160,9 @@ pub struct Options {
     pub part: Option<Part>,
 }
 
+/// Tells the kernel an inode's cached attributes are stale.
+pub type Invalidator = Box<dyn Fn(Ino) + Send + Sync>;
+
 /// A mounted view: packet + upper directory.
 pub struct Overlay {
     upper: upper::Upper,
@@ -173,7 +176,7 @@ pub struct Overlay {
     /// How the mount was made (kept for rebases).
     opts: Options,
     /// Tells the kernel an inode's attributes changed (see `set_invalidator`).
-    invalidate: Mutex<Option<Box<dyn Fn(Ino) + Send + Sync>>>,
+    invalidate: Mutex<Option<Invalidator>>,
     /// Counters.
     pub stats: Stats,
 }
@@ -260,7 +263,7 @@ impl Overlay {
 
     /// Installs the function that tells the kernel an inode's attributes
     /// changed behind its back (the FUSE session's notifier).
-    pub fn set_invalidator(&self, f: Box<dyn Fn(Ino) + Send + Sync>) {
+    pub fn set_invalidator(&self, f: Invalidator) {
         *self.invalidate.lock() = Some(f);
     }
 
