@@ -117,13 +117,15 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     };
     if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {
         let packet = Packet::open(packet, &limits)?;
+        // The journal names inodes relative to the root it was mounted with.
+        let part = crate::overlay::recorded_part(upper)?;
         let overlay = Overlay::mount(
             packet,
             upper,
             Options {
                 uid: 0,
                 gid: 0,
-                part: None,
+                part,
             },
         )?;
         return handle(&overlay, &req, &load_roots(upper)).map(Output::raw);

@@ -35,6 +35,7 @@ use journal::{Nanos, Record};
 pub use node::Kind;
 use node::{Content, Node};
 use state::{Lower, Ref, Root, State};
+pub use upper::recorded_part;
 
 use crate::packet::format::{MAX_COMPONENT_BYTES, MAX_FILE_SIZE};
 use crate::packet::manifest::EntryKind;
@@ -202,7 +203,7 @@ impl Overlay {
     /// journal does not reference. Reads no file content.
     pub fn mount(packet: Packet, upper_dir: &Path, opts: Options) -> Result<Overlay> {
         let t = std::time::Instant::now();
-        let opened = upper::Upper::open(upper_dir, &packet.digest)?;
+        let opened = upper::Upper::open(upper_dir, &packet.digest, opts.part)?;
         let mut records = opened.records.as_slice();
         // A journal that starts with a rebase keeps the inode numbers the
         // entries had before it.

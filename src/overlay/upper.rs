@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{Error, Result};
 use super::journal::{self, Record};
 use crate::packet::digest::Digest;
+use crate::packet::path::Part;
 
 /// Name of the header file.
 pub const HEADER: &str = "sessionfs-upper.json";
@@ -43,6 +44,10 @@ const OPEN_FILES: usize = 256;
 struct Header {
     schema: String,
     packet: String,
+    /// The part mounted as the root, when the mount was of one part: the
+    /// journal names inodes relative to that root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    part: Option<Part>,
 }
 
 /// An open upper directory, locked for one daemon.
@@ -50,6 +55,8 @@ pub struct Upper {
     /// The exclusive lock on the directory, held while the daemon runs.
     _lock: nix::fcntl::Flock<OwnedFd>,
     root: PathBuf,
+    /// The part mounted as the root, recorded in the header.
+    part: Option<Part>,
     dir: OwnedFd,
     data: OwnedFd,
     /// The journal open for appending, and its length (to roll back a
@@ -79,8 +86,9 @@ fn nix_at(path: &Path, what: &str) -> impl FnOnce(nix::Error) -> Error + use<> {
 
 impl Upper {
     /// Opens (creating if absent or empty) the upper directory for the
-    /// packet `digest`, takes its lock, and reads its journal.
-    pub fn open(root: &Path, digest: &Digest) -> Result<Opened> {
+    /// packet `digest` mounted with `part` as its root, takes its lock, and
+    /// reads its journal.
+    pub fn open(root: &Path, digest: &Digest, part: Option<Part>) -> Result<Opened> {
         match std::fs::symlink_metadata(root) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 std::fs::DirBuilder::new()
@@ -133,33 +141,19 @@ impl Upper {
                     reason: format!("not empty and has no {HEADER}: not an upper directory"),
                 });
             }
-            write_header(&dir, root, digest)?;
+            write_header(&dir, root, digest, part)?;
         }
         let header_digest = if !has_header {
             digest.to_string()
         } else {
-            let mut text = String::new();
-            let fd = openat(
-                &dir,
-                HEADER,
-                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(nix_at(&header_path, "cannot open"))?;
-            File::from(fd)
-                .take(64 * 1024)
-                .read_to_string(&mut text)
-                .map_err(io_at(&header_path, "cannot read"))?;
-            let h: Header = serde_json::from_str(&text).map_err(|e| Error::UpperRefused {
-                path: header_path.display().to_string(),
-                reason: format!("not a valid upper header: {e}"),
-            })?;
-            if h.schema != SCHEMA {
+            let h = read_header(&dir, &header_path)?;
+            if h.part != part {
                 return Err(Error::UpperRefused {
-                    path: header_path.display().to_string(),
+                    path: root.display().to_string(),
                     reason: format!(
-                        "upper schema `{}` is not supported (this sessionfs uses {SCHEMA})",
-                        h.schema
+                        "made for a mount of {}, not of {}: its journal is relative to that root",
+                        part_name(h.part),
+                        part_name(part)
                     ),
                 });
             }
@@ -232,6 +226,7 @@ impl Upper {
             upper: Upper {
                 _lock: lock,
                 root: root.to_owned(),
+                part,
                 dir,
                 data,
                 journal: Mutex::new((journal, parsed.valid_len as u64)),
@@ -313,7 +308,7 @@ impl Upper {
         .map_err(nix_at(&at, "cannot reopen the journal"))?;
         *j = (File::from(fd), line.len() as u64);
         drop(j);
-        write_header(&self.dir, &self.root, digest)
+        write_header(&self.dir, &self.root, digest, self.part)
     }
 
     /// Creates data file `id` (empty, mode 0600, `O_EXCL`).
@@ -436,10 +431,66 @@ fn parse_data_name(name: &[u8]) -> Option<u64> {
     u64::from_str_radix(std::str::from_utf8(name).ok()?, 16).ok()
 }
 
-fn write_header(dir: &OwnedFd, root: &Path, digest: &Digest) -> Result<()> {
+/// The part the upper directory at `root` was made for (`None`: the whole
+/// packet), as its header records; `None` too when it has no header yet.
+/// An offline seal mounts it the same way.
+pub fn recorded_part(root: &Path) -> Result<Option<Part>> {
+    let dir = match nix::fcntl::open(
+        root,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(dir) => dir,
+        // Upper::open reports what is wrong with the directory itself.
+        Err(_) => return Ok(None),
+    };
+    match fstatat(&dir, HEADER, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(_) => Ok(read_header(&dir, &root.join(HEADER))?.part),
+        Err(_) => Ok(None),
+    }
+}
+
+fn part_name(part: Option<Part>) -> String {
+    match part {
+        Some(p) => format!("--part {p}"),
+        None => "the whole packet".into(),
+    }
+}
+
+fn read_header(dir: &OwnedFd, header_path: &Path) -> Result<Header> {
+    let mut text = String::new();
+    let fd = openat(
+        dir,
+        HEADER,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(nix_at(header_path, "cannot open"))?;
+    File::from(fd)
+        .take(64 * 1024)
+        .read_to_string(&mut text)
+        .map_err(io_at(header_path, "cannot read"))?;
+    let h: Header = serde_json::from_str(&text).map_err(|e| Error::UpperRefused {
+        path: header_path.display().to_string(),
+        reason: format!("not a valid upper header: {e}"),
+    })?;
+    if h.schema != SCHEMA {
+        return Err(Error::UpperRefused {
+            path: header_path.display().to_string(),
+            reason: format!(
+                "upper schema `{}` is not supported (this sessionfs uses {SCHEMA})",
+                h.schema
+            ),
+        });
+    }
+    Ok(h)
+}
+
+fn write_header(dir: &OwnedFd, root: &Path, digest: &Digest, part: Option<Part>) -> Result<()> {
     let header = Header {
         schema: SCHEMA.into(),
         packet: digest.to_string(),
+        part,
     };
     let mut text = serde_json::to_vec(&header).unwrap_or_default();
     text.push(b'\n');
