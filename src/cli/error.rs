@@ -163,11 +163,7 @@ impl From<crate::source::Error> for CliError {
 
 impl From<crate::overlay::Error> for CliError {
     fn from(e: crate::overlay::Error) -> CliError {
-        let path = match &e {
-            crate::overlay::Error::Packet(p) => p.entry_path().map(str::to_owned),
-            crate::overlay::Error::Corrupt { path, .. } => Some(path.clone()),
-            _ => None,
-        };
+        let path = e.path().map(str::to_owned);
         CliError::new(Some(e.class()), e.kind(), chain(&e), path)
     }
 }

@@ -140,13 +140,27 @@ impl Error {
         }
     }
 
+    /// The path the error is about, when there is one: a packet path for
+    /// entries, a filesystem path for the upper directory.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            Error::Packet(p) => p.entry_path(),
+            Error::Corrupt { path, .. }
+            | Error::Refused { path, .. }
+            | Error::UpperRefused { path, .. }
+            | Error::UpperMismatch { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
     /// Exit-code class, for errors reported by commands.
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Packet(e) => e.class(),
-            Error::UpperRefused { .. } | Error::UpperMismatch { .. } | Error::Replay { .. } => {
-                ErrorClass::Refused
-            }
+            Error::UpperRefused { .. }
+            | Error::UpperMismatch { .. }
+            | Error::Replay { .. }
+            | Error::Refused { .. } => ErrorClass::Refused,
             Error::Corrupt { .. } | Error::PacketChanged => ErrorClass::Invalid,
             _ => ErrorClass::Io,
         }
