@@ -1,0 +1,679 @@
+//! `seal`: equivalence with `pack` of the merged view, atomicity under
+//! SIGKILL, cost proportional to the change, receipts, exclusions, bad
+//! states, concurrency with writers, and `--rebase`.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::ops::{apply, op};
+use common::*;
+use proptest::prelude::*;
+use serde_json::Value;
+
+fn seal(m: &Mounted, out: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "seal".to_string(),
+        m.mnt.display().to_string(),
+        "-o".into(),
+        out.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    run(&args).ok().clone()
+}
+
+fn setup(tmp: &Path) -> (PathBuf, PathBuf) {
+    let ws = tmp.join("ws");
+    model_tree(&ws);
+    let packet = packet_of(&ws, tmp, "p", &[]);
+    let model = tmp.join("model");
+    run([
+        "unpack",
+        packet.to_str().unwrap(),
+        "--into",
+        model.to_str().unwrap(),
+        "--part",
+        "workspace",
+    ])
+    .ok();
+    (packet, model)
+}
+
+/// Copies the mount's file mtimes onto the model, so both record the same.
+fn copy_mtimes(from: &Path, to: &Path) {
+    for (rel, desc) in snapshot(to) {
+        if desc.starts_with("file") {
+            let m = fs::metadata(from.join(&rel)).unwrap();
+            set_mtime(&to.join(&rel), m.mtime() * 1_000_000_000 + m.mtime_nsec());
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// "The sealed packet is byte-identical to sessionfs pack run on an
+    /// extracted copy of the merged view" (and the offline seal to the
+    /// daemon's).
+    #[test]
+    fn seal_equals_pack_of_the_merged_view(ops in prop::collection::vec(op(), 1..30)) {
+        if !fuse_available() {
+            return Ok(());
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (packet, model) = setup(tmp.path());
+        let m = Mounted::new(&packet, &tmp.path().join("mnt"), &tmp.path().join("upper"), &["--part", "workspace"]);
+        for op in &ops {
+            prop_assert_eq!(apply(&m.mnt, op), apply(&model, op));
+        }
+        let z_seal = tmp.path().join("z-seal.packet");
+        let z_pack = tmp.path().join("z-pack.packet");
+        let a = seal(&m, &z_seal, &["--zero-mtimes"]);
+        let b = pack(&model, &z_pack, &["--zero-mtimes"]);
+        prop_assert_eq!(&a["digest"], &b["digest"]);
+        prop_assert!(fs::read(&z_seal).unwrap() == fs::read(&z_pack).unwrap(), "same digest, different bytes");
+        // With mtimes: the mount's, copied onto the model.
+        copy_mtimes(&m.mnt, &model);
+        let t_seal = tmp.path().join("t-seal.packet");
+        let t_pack = tmp.path().join("t-pack.packet");
+        let a = seal(&m, &t_seal, &[]);
+        let b = pack(&model, &t_pack, &[]);
+        prop_assert_eq!(&a["digest"], &b["digest"]);
+        m.umount();
+        // Offline, from the same packet and upper directory.
+        let off = tmp.path().join("offline.packet");
+        run(["seal", "--packet", packet.to_str().unwrap(), "--upper", tmp.path().join("upper").to_str().unwrap(), "-o", off.to_str().unwrap()]).ok();
+        prop_assert!(fs::read(&off).unwrap() == fs::read(&t_seal).unwrap(), "the offline seal differs from the daemon's");
+        run(["verify", t_seal.to_str().unwrap()]).ok();
+    }
+}
+
+#[test]
+fn renames_are_cheap_and_editor_saves_leave_no_trace() {
+    // "a file renamed on the mount keeps its digest and its bytes are
+    // copied, not re-hashed; a rename that replaces a file through a
+    // temporary name (sed -i, editors) leaves no trace of the temporary name".
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    sample_tree(&ws);
+    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    fs::rename(m.path("data/big.bin"), m.path("moved.bin")).unwrap();
+    let st = std::process::Command::new("sed")
+        .args(["-i", "s/sample/edited/"])
+        .arg(m.path("README.md"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = tmp.path().join("s.packet");
+    let receipt = tmp.path().join("receipt.json");
+    let v = seal(&m, &out, &["--receipt", receipt.to_str().unwrap()]);
+    assert_eq!(
+        (
+            v["renamed"].as_u64(),
+            v["changed"].as_u64(),
+            v["added"].as_u64(),
+            v["removed"].as_u64()
+        ),
+        (Some(1), Some(1), Some(0), Some(0)),
+        "{v}"
+    );
+    let manifest_bytes = tar::Header::from_byte_slice(&fs::read(&out).unwrap()[..512])
+        .entry_size()
+        .unwrap();
+    let hashed = v["bytes_hashed"].as_u64().unwrap();
+    assert!(
+        hashed <= manifest_bytes + 64,
+        "hashed {hashed} bytes for a rename and a 16-byte edit"
+    );
+    assert!(v["bytes_copied"].as_u64().unwrap() >= 4 * 1024 * 1024);
+    let listing = String::from_utf8(
+        std::process::Command::new("tar")
+            .arg("-tf")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        !listing.contains("sed"),
+        "a temporary name leaked: {listing}"
+    );
+    let r: Value = serde_json::from_slice(&fs::read(&receipt).unwrap()).unwrap();
+    assert_eq!(r["schema"], "sessionfs.receipt/1");
+    assert_eq!(r["parent"], m.result["digest"]);
+    assert_eq!(r["digest"], v["digest"]);
+    let changes = r["changes"].as_array().unwrap();
+    let renamed = changes.iter().find(|c| c["op"] == "renamed").unwrap();
+    assert_eq!(
+        (&renamed["from"], &renamed["to"]),
+        (
+            &Value::from("workspace/data/big.bin"),
+            &Value::from("workspace/moved.bin")
+        )
+    );
+    assert_eq!(renamed["old_sha256"], renamed["new_sha256"]);
+    let modified = changes.iter().find(|c| c["op"] == "modified").unwrap();
+    assert_eq!(modified["path"], "workspace/README.md");
+    assert_ne!(modified["old_sha256"], modified["new_sha256"]);
+    m.umount();
+}
+
+#[test]
+fn credentials_written_on_the_mount_are_excluded_and_reported() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = setup(tmp.path());
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    fs::write(m.path(".env"), b"TOKEN=x").unwrap();
+    fs::create_dir(m.path(".ssh")).unwrap();
+    fs::write(m.path(".ssh/id_ed25519"), b"key").unwrap();
+    fs::write(m.path("auth.pem"), b"pem").unwrap();
+    nix::unistd::mkfifo(
+        &m.path("pipe"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let out = tmp.path().join("s.packet");
+    let v = seal(&m, &out, &[]);
+    let ex: Vec<&str> = v["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ex,
+        ["workspace/.env", "workspace/.ssh", "workspace/auth.pem"]
+    );
+    assert_eq!(v["dropped"][0]["path"], "workspace/pipe");
+    let listing = String::from_utf8(
+        std::process::Command::new("tar")
+            .arg("-tf")
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        !listing.contains(".env")
+            && !listing.contains(".ssh")
+            && !listing.contains("pem")
+            && !listing.contains("pipe")
+    );
+    m.umount();
+}
+
+#[test]
+fn bad_states_fail_closed_with_no_output() {
+    // "an upper directory from another packet, a whiteout over nothing, an
+    // entry the packet limits forbid, a path differing only by case from
+    // another: a clear error and no output file."
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = setup(tmp.path());
+    let upper = tmp.path().join("upper");
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &upper,
+        &["--part", "workspace"],
+    );
+    let out = tmp.path().join("s.packet");
+    let o = out.to_str().unwrap();
+    let mp = m.mnt.to_str().unwrap();
+    fs::write(m.path("readme.md"), b"lower case").unwrap();
+    let e = run(["seal", mp, "-o", o]);
+    assert_eq!(e.fails(7, "path_collision")["path"], "workspace/readme.md");
+    fs::remove_file(m.path("readme.md")).unwrap();
+    fs::write(m.path("tab\tname"), b"x").unwrap();
+    run(["seal", mp, "-o", o]).fails(7, "invalid_path");
+    fs::remove_file(m.path("tab\tname")).unwrap();
+    run(["seal", mp, "-o", o, "--max-entries", "3"]).fails(5, "limit_exceeded");
+    assert!(!out.exists());
+    let leftovers: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // The mount is untouched by the failed seals.
+    run(["seal", mp, "-o", o]).ok();
+    m.umount();
+    // Offline: an upper directory from another packet, a whiteout over nothing.
+    let other_ws = tmp.path().join("other");
+    write(&other_ws, "x", b"x");
+    let other = packet_of(&other_ws, tmp.path(), "other", &[]);
+    let o2 = tmp.path().join("o2.packet");
+    run([
+        "seal",
+        "--packet",
+        other.to_str().unwrap(),
+        "--upper",
+        upper.to_str().unwrap(),
+        "-o",
+        o2.to_str().unwrap(),
+    ])
+    .fails(7, "upper_mismatch");
+    let mut j = fs::OpenOptions::new()
+        .append(true)
+        .open(upper.join("journal"))
+        .unwrap();
+    writeln!(
+        j,
+        "{{\"op\":\"unlink\",\"t\":1,\"parent\":1,\"name\":\"no-such-file\"}}"
+    )
+    .unwrap();
+    run([
+        "seal",
+        "--packet",
+        packet.to_str().unwrap(),
+        "--upper",
+        upper.to_str().unwrap(),
+        "-o",
+        o2.to_str().unwrap(),
+    ])
+    .fails(7, "upper_damaged");
+    assert!(!o2.exists());
+}
+
+/// Every point the seal's test barrier knows, in the order a seal passes them.
+const POINTS: [&str; 7] = [
+    "collected",
+    "sized",
+    "written",
+    "synced",
+    "committed",
+    "rebase-recorded",
+    "rebase-compacted",
+];
+
+/// Prepares barrier directory `bar` so that a seal pauses at `point` only:
+/// every other point finds its `.go` file already there.
+fn arm_barrier(bar: &Path, point: &str) {
+    fs::create_dir_all(bar).unwrap();
+    for p in POINTS.iter().filter(|p| **p != point) {
+        fs::write(bar.join(format!("{p}.go")), b"").unwrap();
+    }
+}
+
+/// Runs an offline seal that pauses at `point`, kills it there, and checks
+/// the output path holds nothing or the complete packet.
+fn kill_offline_seal_at(packet: &Path, upper: &Path, out: &Path, point: &str, bar: &Path) {
+    arm_barrier(bar, point);
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "seal",
+            "--packet",
+            packet.to_str().unwrap(),
+            "--upper",
+            upper.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .env("SESSIONFS_TEST_BARRIER", bar)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let reached = bar.join(format!("{point}.reached"));
+    let start = Instant::now();
+    while !reached.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{point} never reached"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    fs::remove_dir_all(bar).unwrap();
+}
+
+#[test]
+fn sigkill_at_any_point_leaves_nothing_or_the_whole_packet() {
+    // "A seal killed with SIGKILL at any point ... leaves either no file at
+    // the output path or the complete packet, never a partial one, and
+    // leaves the mount and its upper directory intact; running the same
+    // seal again gives the same digest."
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    sample_tree(&ws);
+    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let upper = tmp.path().join("upper");
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &upper,
+        &["--part", "workspace"],
+    );
+    fs::write(m.path("new.txt"), b"turn one").unwrap();
+    fs::rename(m.path("src"), m.path("source")).unwrap();
+    let reference = tmp.path().join("reference.packet");
+    let want = seal(&m, &reference, &[])["digest"].clone();
+    m.umount();
+    for point in ["collected", "sized", "written", "synced", "committed"] {
+        let out = tmp.path().join(format!("{point}.packet"));
+        kill_offline_seal_at(&packet, &upper, &out, point, &tmp.path().join("barrier"));
+        if out.exists() {
+            assert_eq!(
+                point, "committed",
+                "a file appeared at the output before the rename"
+            );
+            assert!(
+                fs::read(&out).unwrap() == fs::read(&reference).unwrap(),
+                "a different packet at the output after a kill at {point}"
+            );
+        }
+        let again = run([
+            "seal",
+            "--packet",
+            packet.to_str().unwrap(),
+            "--upper",
+            upper.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(again.ok()["digest"], want, "after a kill at {point}");
+    }
+    // The upper directory still mounts to the same view.
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &upper,
+        &["--part", "workspace"],
+    );
+    assert_eq!(fs::read(m.path("new.txt")).unwrap(), b"turn one");
+    assert_eq!(
+        seal(&m, &tmp.path().join("last.packet"), &[])["digest"],
+        want
+    );
+    m.umount();
+}
+
+#[test]
+fn a_seal_concurrent_with_a_writer_captures_whole_writes() {
+    // "A seal concurrent with a writer captures a consistent state: no torn
+    // file".
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = setup(tmp.path());
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let path = m.path("log.bin");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let writer = std::thread::spawn(move || {
+        let mut f = fs::File::create(&path).unwrap();
+        let mut k = 0u32;
+        // Paced, so the file stays far below the content limit.
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            f.write_all(&vec![(k % 251) as u8; 64 * 1024]).unwrap();
+            k += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let mut digests = Vec::new();
+    for n in 0..3 {
+        let out = tmp.path().join(format!("s{n}.packet"));
+        seal(&m, &out, &[]);
+        let r = tmp.path().join(format!("r{n}"));
+        run([
+            "unpack",
+            out.to_str().unwrap(),
+            "--into",
+            r.to_str().unwrap(),
+            "--part",
+            "workspace",
+        ])
+        .ok();
+        let data = fs::read(r.join("log.bin")).unwrap();
+        assert_eq!(
+            data.len() % (64 * 1024),
+            0,
+            "a write was torn: {} bytes",
+            data.len()
+        );
+        for (k, rec) in data.chunks(64 * 1024).enumerate() {
+            assert!(
+                rec.iter().all(|&b| b == (k % 251) as u8),
+                "record {k} damaged"
+            );
+        }
+        digests.push(data.len());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(
+        digests.windows(2).all(|w| w[0] <= w[1]) && digests[2] > 0,
+        "{digests:?}"
+    );
+    m.umount();
+}
+
+#[test]
+fn rebase_continues_on_the_new_packet() {
+    // "--rebase: after a successful seal the mount continues on the new
+    // packet with an empty upper directory, atomically, without unmounting:
+    // open files keep working, paths keep their inode numbers, and the next
+    // seal costs only what changed since this one."
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    sample_tree(&ws);
+    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let upper = tmp.path().join("upper");
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &upper,
+        &["--part", "workspace"],
+    );
+    fs::rename(m.path("data/big.bin"), m.path("big.bin")).unwrap();
+    fs::write(m.path("turn1.txt"), b"one").unwrap();
+    let inos: Vec<(String, u64)> = snapshot(&m.mnt)
+        .into_iter()
+        .map(|(r, _)| {
+            let i = fs::symlink_metadata(m.path(&r)).unwrap().ino();
+            (r, i)
+        })
+        .collect();
+    let mut open = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("README.md"))
+        .unwrap();
+    let p2 = tmp.path().join("turn1.packet");
+    let v = seal(&m, &p2, &["--rebase"]);
+    assert_eq!(v["rebased"], true);
+    assert_eq!(m.status()["digest"], v["digest"]);
+    let after: Vec<(String, u64)> = snapshot(&m.mnt)
+        .into_iter()
+        .map(|(r, _)| {
+            let i = fs::symlink_metadata(m.path(&r)).unwrap().ino();
+            (r, i)
+        })
+        .collect();
+    assert_eq!(inos, after, "inode numbers changed across the rebase");
+    let journal = fs::read_to_string(upper.join("journal")).unwrap();
+    assert_eq!(journal.lines().count(), 1, "{journal}");
+    assert!(journal.contains("\"op\":\"rebase\""));
+    assert_eq!(fs::read_dir(upper.join("data")).unwrap().count(), 0);
+    open.write_all(b"# still open\n").unwrap();
+    drop(open);
+    assert!(
+        fs::read_to_string(m.path("README.md"))
+            .unwrap()
+            .starts_with("# still open")
+    );
+    // Turn two: the seal copies everything it did not see change.
+    fs::write(m.path("turn2.txt"), b"two").unwrap();
+    let p3 = tmp.path().join("turn2.packet");
+    let v2 = seal(&m, &p3, &["--rebase"]);
+    assert_eq!(
+        (v2["added"].as_u64(), v2["changed"].as_u64()),
+        (Some(1), Some(1)),
+        "{v2}"
+    );
+    assert_eq!(
+        v2["bytes_verified"], 0,
+        "chunks written by the last seal count as verified"
+    );
+    assert_eq!(v2["parent"], v["digest"]);
+    let mnt = m.mnt.clone();
+    m.umount();
+    // The upper directory now belongs to the last packet; the first is refused.
+    let e = run([
+        "mount",
+        packet.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "--upper",
+        upper.to_str().unwrap(),
+        "--part",
+        "workspace",
+    ]);
+    assert!(
+        e.fails(7, "upper_mismatch")["message"]
+            .as_str()
+            .unwrap()
+            .contains("turn2.packet")
+    );
+    let m = Mounted::new(&p3, &mnt, &upper, &["--part", "workspace"]);
+    assert_eq!(fs::read(m.path("turn2.txt")).unwrap(), b"two");
+    assert_eq!(
+        fs::metadata(m.path("big.bin")).unwrap().ino(),
+        inos.iter().find(|(r, _)| r == "big.bin").unwrap().1
+    );
+    m.umount();
+}
+
+#[test]
+fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
+    // "A crash at any point of a rebase leaves a state that re-mounts to
+    // exactly what the application saw."
+    if !fuse_available() {
+        return;
+    }
+    for point in ["committed", "rebase-recorded", "rebase-compacted"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (packet, _) = setup(tmp.path());
+        let upper = tmp.path().join("upper");
+        let mnt = tmp.path().join("mnt");
+        let bar = tmp.path().join("barrier");
+        arm_barrier(&bar, point);
+        fs::create_dir_all(&mnt).unwrap();
+        let r = run_env(
+            [
+                "mount",
+                packet.to_str().unwrap(),
+                mnt.to_str().unwrap(),
+                "--upper",
+                upper.to_str().unwrap(),
+                "--part",
+                "workspace",
+            ],
+            &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
+        );
+        let pid = r.ok()["pid"].as_i64().unwrap() as i32;
+        fs::write(mnt.join("made.txt"), b"seen by the application").unwrap();
+        fs::remove_file(mnt.join("README.md")).unwrap();
+        let want = snapshot(&mnt);
+        let out = tmp.path().join("next.packet");
+        let seal_cmd = std::process::Command::new(bin())
+            .args([
+                "seal",
+                mnt.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "--rebase",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let reached = bar.join(format!("{point}.reached"));
+        let start = Instant::now();
+        while !reached.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{point} never reached"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let _ = seal_cmd.wait_with_output();
+        std::thread::sleep(Duration::from_millis(100));
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&mnt)
+            .status();
+        // Whichever packet the upper directory now belongs to shows the view.
+        let old = run([
+            "mount",
+            packet.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "--upper",
+            upper.to_str().unwrap(),
+            "--part",
+            "workspace",
+        ]);
+        let remounted_on_new = old.code != 0;
+        if remounted_on_new {
+            assert_ne!(point, "committed", "the switch happened before its record");
+            let m = Mounted::new(&out, &mnt, &upper, &["--part", "workspace"]);
+            assert_eq!(snapshot(&m.mnt), want, "after a kill at {point}");
+            m.umount();
+        } else {
+            assert_eq!(
+                point, "committed",
+                "the rebase record was written but the old packet still mounts"
+            );
+            assert_eq!(snapshot(&mnt), want, "after a kill at {point}");
+            run(["umount", mnt.to_str().unwrap()]).ok();
+        }
+    }
+}
