@@ -17,7 +17,7 @@ deps:
 
 test: deps fmt-check clippy
 	SESSIONFS_REQUIRE_FUSE=1 $(CARGO) test --all-targets
-	$(MAKE) schema-check suites
+	$(MAKE) schema-check suites demo
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
 
 check: test doc
