@@ -17,7 +17,7 @@ deps:
 
 test: deps fmt-check clippy
 	SESSIONFS_REQUIRE_FUSE=1 $(CARGO) test --all-targets
-	$(MAKE) schema-check suites demo
+	$(MAKE) schema-check suites demo bench-quick
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
 
 check: test doc
@@ -47,6 +47,15 @@ demo: release
 
 fuzz:
 	scripts/fuzz.sh
+
+# The benchmark against tar, fuse-overlayfs, squashfuse_ll, ratarmount and
+# archivemount: writes docs/benchmarks.md (about 45 minutes on 2 cores).
+bench: release
+	scripts/bench/run.sh
+
+# The same code on tiny corpora, so that it cannot rot (part of make test).
+bench-quick: release
+	QUICK=1 scripts/bench/run.sh
 
 bench-pack: release
 	$(CARGO) build --release --bin sessionfs-bench

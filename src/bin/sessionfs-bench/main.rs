@@ -52,6 +52,9 @@ enum Cmd {
         /// Run before each timed run, untimed (e.g. drop caches).
         #[arg(long)]
         prepare: Option<String>,
+        /// Run after each run, untimed (e.g. unmount).
+        #[arg(long)]
+        cleanup: Option<String>,
         #[arg(long, default_value_t = 1)]
         warmup: u32,
         #[arg(long, default_value_t = 5)]
@@ -63,12 +66,35 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Render JSON-lines results as a markdown table, with ratios against
-    /// the tool named by `--baseline` in each workload.
+    /// Record a value measured by the script itself (bytes, KiB of RSS,
+    /// seconds of a one-off step). Appends one JSON line to `--out`.
+    Record {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        tool: String,
+        /// One value per run.
+        #[arg(long, num_args = 1.., required = true)]
+        value: Vec<f64>,
+        /// `s`, `B`, `MiB`, ...
+        #[arg(long, default_value = "s")]
+        unit: String,
+        /// What the command was, for the report.
+        #[arg(long, default_value = "")]
+        cmd: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Render JSON-lines results as markdown tables, one per workload, with
+    /// ratios against the tool named by `--baseline` (when the workload has
+    /// it) and sessionfs against every other tool. `--chart` also writes a
+    /// gnuplot data file of the ratios to the baseline.
     Report {
         results: PathBuf,
+        #[arg(long, default_value = "native")]
+        baseline: String,
         #[arg(long)]
-        baseline: Option<String>,
+        chart: Option<PathBuf>,
     },
 }
 
@@ -82,6 +108,51 @@ struct Measurement {
     min: f64,
     max: f64,
     bytes: Option<u64>,
+    #[serde(default = "seconds")]
+    unit: String,
+}
+
+fn seconds() -> String {
+    "s".into()
+}
+
+impl Measurement {
+    fn new(name: String, tool: String, cmd: String, runs: Vec<f64>, unit: String) -> Self {
+        let mut sorted = runs.clone();
+        Measurement {
+            median: median(&mut sorted),
+            min: sorted.first().copied().unwrap_or(0.0),
+            max: sorted.last().copied().unwrap_or(0.0),
+            name,
+            tool,
+            cmd,
+            runs,
+            bytes: None,
+            unit,
+        }
+    }
+
+    fn append(&self, out: &std::path::Path) -> std::io::Result<()> {
+        eprintln!(
+            "{:<34} {:<28} median {:.3} {} (min {:.3}, max {:.3})",
+            self.name, self.tool, self.median, self.unit, self.min, self.max
+        );
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out)?;
+        writeln!(f, "{}", serde_json::to_string(self)?)
+    }
+
+    /// The median, printed in its unit.
+    fn show(&self, v: f64) -> String {
+        match self.unit.as_str() {
+            "s" if v < 1.0 => format!("{:.1} ms", v * 1e3),
+            "s" => format!("{v:.2} s"),
+            "B" => format!("{v:.0} B"),
+            u => format!("{v:.1} {u}"),
+        }
+    }
 }
 
 fn sh(cmd: &str) -> std::io::Result<()> {
@@ -107,6 +178,37 @@ fn median(v: &mut [f64]) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
+}
+
+/// A gnuplot data file: one row per workload, one column per tool (in the
+/// order tools first appear), `NaN` where a tool did not run the workload.
+fn pivot(rows: &[(String, String, f64)]) -> String {
+    let mut tools: Vec<&str> = Vec::new();
+    let mut names: Vec<&str> = Vec::new();
+    for (n, t, _) in rows {
+        if !tools.contains(&t.as_str()) {
+            tools.push(t);
+        }
+        if !names.contains(&n.as_str()) {
+            names.push(n);
+        }
+    }
+    let mut out = String::from("workload");
+    for t in &tools {
+        out.push_str(&format!("\t\"{t}\""));
+    }
+    out.push('\n');
+    for n in names {
+        out.push_str(&format!("\"{n}\""));
+        for t in &tools {
+            match rows.iter().find(|(rn, rt, _)| rn == n && rt == t) {
+                Some((_, _, v)) => out.push_str(&format!("\t{v:.4}")),
+                None => out.push_str("\tNaN"),
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn main() -> ExitCode {
@@ -150,6 +252,7 @@ fn run(cli: Cli) -> std::io::Result<()> {
             tool,
             cmd,
             prepare,
+            cleanup,
             warmup,
             runs,
             bytes,
@@ -160,6 +263,9 @@ fn run(cli: Cli) -> std::io::Result<()> {
                     sh(p)?;
                 }
                 sh(&cmd)?;
+                if let Some(c) = &cleanup {
+                    sh(c)?;
+                }
             }
             let mut times = Vec::new();
             for _ in 0..runs {
@@ -169,50 +275,88 @@ fn run(cli: Cli) -> std::io::Result<()> {
                 let t = Instant::now();
                 sh(&cmd)?;
                 times.push(t.elapsed().as_secs_f64());
+                if let Some(c) = &cleanup {
+                    sh(c)?;
+                }
             }
-            let mut sorted = times.clone();
-            let m = Measurement {
-                median: median(&mut sorted),
-                min: sorted.first().copied().unwrap_or(0.0),
-                max: sorted.last().copied().unwrap_or(0.0),
-                name,
-                tool,
-                cmd,
-                runs: times,
-                bytes,
-            };
-            eprintln!(
-                "{:<28} {:<24} median {:.3}s (min {:.3}, max {:.3})",
-                m.name, m.tool, m.median, m.min, m.max
-            );
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(out)?;
-            writeln!(f, "{}", serde_json::to_string(&m)?)
+            let mut m = Measurement::new(name, tool, cmd, times, seconds());
+            m.bytes = bytes;
+            m.append(&out)
         }
-        Cmd::Report { results, baseline } => {
+        Cmd::Record {
+            name,
+            tool,
+            value,
+            unit,
+            cmd,
+            out,
+        } => Measurement::new(name, tool, cmd, value, unit).append(&out),
+        Cmd::Report {
+            results,
+            baseline,
+            chart,
+        } => {
             let text = std::fs::read_to_string(results)?;
             let all: Vec<Measurement> = text
                 .lines()
                 .filter_map(|l| serde_json::from_str(l).ok())
                 .collect();
-            println!("| workload | tool | median | min-max | throughput | ratio |");
-            println!("|---|---|---|---|---|---|");
+            let mut names: Vec<&str> = Vec::new();
             for m in &all {
-                let base = baseline
-                    .as_ref()
-                    .and_then(|b| all.iter().find(|x| x.name == m.name && &x.tool == b));
-                let ratio = base.map_or(String::from("-"), |b| {
-                    format!("{:.2}x", m.median / b.median)
-                });
-                let tput = m.bytes.map_or(String::from("-"), |b| {
-                    format!("{:.0} MB/s", b as f64 / m.median / 1e6)
-                });
+                if !names.contains(&m.name.as_str()) {
+                    names.push(&m.name);
+                }
+            }
+            // Ratios to the baseline, for the chart: (workload, tool, ratio).
+            let mut chart_rows: Vec<(String, String, f64)> = Vec::new();
+            for name in names {
+                let rows: Vec<&Measurement> = all.iter().filter(|m| m.name == name).collect();
+                let base = rows.iter().find(|m| m.tool == baseline);
+                let ours = rows.iter().find(|m| m.tool.starts_with("sessionfs"));
+                println!("### {name}\n");
                 println!(
-                    "| {} | {} | {:.3} s | {:.3}-{:.3} s | {} | {} |",
-                    m.name, m.tool, m.median, m.min, m.max, tput, ratio
+                    "| tool | median | min-max | runs | throughput | x {baseline} | sessionfs ÷ this |"
                 );
+                println!("|---|---|---|---|---|---|---|");
+                for m in &rows {
+                    let ratio = |a: f64, b: f64| {
+                        if b > 0.0 {
+                            format!("{:.2}", a / b)
+                        } else {
+                            "-".into()
+                        }
+                    };
+                    let vs_base = base.map_or("-".into(), |b| ratio(m.median, b.median));
+                    let vs_ours = match ours {
+                        Some(o) if !m.tool.starts_with("sessionfs") => ratio(o.median, m.median),
+                        _ => "-".into(),
+                    };
+                    let tput = m.bytes.map_or(String::from("-"), |b| {
+                        format!("{:.0} MB/s", b as f64 / m.median / 1e6)
+                    });
+                    println!(
+                        "| {} | {} | {} – {} | {} | {} | {} | {} |",
+                        m.tool,
+                        m.show(m.median),
+                        m.show(m.min),
+                        m.show(m.max),
+                        m.runs.len(),
+                        tput,
+                        vs_base,
+                        vs_ours
+                    );
+                    if let Some(b) = base
+                        && b.median > 0.0
+                        && m.tool != baseline
+                        && m.unit == "s"
+                    {
+                        chart_rows.push((name.to_owned(), m.tool.clone(), m.median / b.median));
+                    }
+                }
+                println!();
+            }
+            if let Some(path) = chart {
+                std::fs::write(path, pivot(&chart_rows))?;
             }
             Ok(())
         }

@@ -1,0 +1,29 @@
+# Helpers of scripts/bench/run.sh, in a file of their own so that the
+# untimed steps the timer runs (remounts before cold runs) can use them.
+# Needs bin, dir, mnt and ratarmount in the environment.
+
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+unmount() { "$bin" umount "$1" >/dev/null 2>&1 || fusermount3 -u "$1" 2>/dev/null || fusermount -u "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true; }
+# mount_as TOOL NAME: mounts corpus NAME with TOOL at $mnt/TOOL, prints the root to use.
+mount_as() {
+  local t=$1 n=$2 m=$mnt/$1
+  mkdir -p "$m"
+  case $t in
+    native) echo "$dir/$n.native"; return ;;
+    sessionfs) rm -rf "$dir/upper-$n"; "$bin" mount "$dir/$n.packet" "$m" --upper "$dir/upper-$n" --part workspace >"$dir/mount-$n.json" ;;
+    squashfuse_ll) squashfuse_ll "$dir/$n.sqfs" "$m" ;;
+    fuse-overlayfs) rm -rf "$dir/ovl-$n"; mkdir -p "$dir/ovl-$n/u" "$dir/ovl-$n/w"
+      fuse-overlayfs -o "lowerdir=$dir/$n.native,upperdir=$dir/ovl-$n/u,workdir=$dir/ovl-$n/w" "$m" ;;
+    ratarmount) "$ratarmount" "$dir/$n.tar" "$m" >/dev/null 2>&1 ;;
+    archivemount) archivemount -o ro "$dir/$n.tar" "$m" ;;
+  esac
+  echo "$m"
+}
+unmount_as() { [ "$1" = native ] || unmount "$mnt/$1"; }
+daemon_pid() { # TOOL NAME
+  case $1 in
+    sessionfs) python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$dir/mount-$2.json" ;;
+    *) pgrep -n -f "$1 .*/$2\.(sqfs|tar|native)" ;;
+  esac
+}
+peak_rss_mib() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }

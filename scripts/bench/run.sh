@@ -1,0 +1,387 @@
+#!/usr/bin/env bash
+# make bench: sessionfs against the tools a user would pick instead, on the
+# same data, in one run; writes docs/benchmarks.md and its charts.
+# make bench-quick: the same code on tiny corpora (QUICK=1), inside make
+# test, so the benchmark cannot rot; its report goes to .bench/quick/.
+#
+# Needs root (drop_caches, mounts). Installs the peers it needs (Debian
+# packages, ratarmount from PyPI into .bench/venv). Timing and reports are
+# in sessionfs-bench (src/bin/sessionfs-bench); this script sets up state.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+bin=$root/target/release/sessionfs
+tool=$root/target/release/sessionfs-bench
+quick=${QUICK:-0}
+
+if [ "$quick" = 1 ]; then
+  dir=$root/.bench/quick
+  s_files=2000 m_entries=5000 b_count=1 b_size=$((64 << 20)) write_files=300
+  runs=1 slow_runs=1 scale_entries="1000 3000" scale_units="1 2" scale_unit=$((16 << 20))
+  report=$dir/benchmarks.md
+else
+  dir=$root/.bench
+  s_files=${BENCH_FILES:-100000} m_entries=250000 b_count=3 b_size=$((1 << 30)) write_files=5000
+  runs=${BENCH_RUNS:-5} slow_runs=${BENCH_SLOW_RUNS:-3}
+  scale_entries=${BENCH_SCALE_ENTRIES:-"10000 100000 250000"}
+  scale_units=${BENCH_SCALE_GIB:-"1 4 16"} scale_unit=$((1 << 30))
+  report=$root/docs/benchmarks.md
+fi
+mkdir -p "$dir"
+results=$dir/results.jsonl
+failures=$dir/failures.txt
+rm -f "$results" "$failures"
+export SESSIONFS_MAX_BYTES=64GiB SESSIONFS_MAX_ENTRIES=1000000
+
+log() { printf '\033[1mbench: %s\033[0m\n' "$*" >&2; }
+# Runs a step; a peer that fails is reported, not fatal. sessionfs failing is.
+try() {
+  if ! "$@"; then
+    echo "- a step failed: \`${*:1:5}\`…" >>"$failures"
+    log "FAILED: $*"
+  fi
+}
+measure() { "$tool" measure --out "$results" "$@"; }
+record() { "$tool" record --out "$results" "$@"; }
+
+# -- peers -------------------------------------------------------------------
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have fuse-overlayfs || need+=(fuse-overlayfs)
+have squashfuse_ll || need+=(squashfuse)
+have mksquashfs || need+=(squashfs-tools)
+have archivemount || need+=(archivemount)
+have gnuplot || need+=(gnuplot-nox)
+have fusermount || need+=(fuse3)
+have git || need+=(git)
+have bc || need+=(bc)
+have pgrep || need+=(procps)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+venv=$root/.bench/venv
+if [ ! -x "$venv/bin/ratarmount" ]; then
+  log "installing ratarmount into $venv"
+  python3 -m venv "$venv" && "$venv/bin/pip" install -q ratarmount
+fi
+ratarmount=$venv/bin/ratarmount
+
+# -- corpora -----------------------------------------------------------------
+corpus() { # KIND COUNT DIR [extra]
+  [ -d "$3" ] || { log "generating corpus $1 ($2) in $3"; "$tool" corpus --kind "$1" --count "$2" --out "$3" "${@:4}"; }
+}
+S=$dir/S-$s_files M=$dir/M-$m_entries B=$dir/B-$b_count-$b_size W=$dir/W-$write_files
+corpus s "$s_files" "$S"
+corpus m "$m_entries" "$M"
+corpus b "$b_count" "$B" --size "$b_size"
+if [ ! -d "$W" ]; then corpus s "$write_files" "$W.tmp" && rm -rf "$W.tmp/.git" && mv "$W.tmp" "$W"; fi
+
+# Each corpus as a packet, a tar (for tar -x, ratarmount, archivemount), a
+# squashfs image (uncompressed: the fastest squashfs can read) and an
+# extracted copy (native).
+images() { # NAME DIR
+  local n=$1 d=$2
+  [ -f "$dir/$n.packet" ] || "$bin" pack --workspace "$d" -o "$dir/$n.packet" >/dev/null
+  [ -f "$dir/$n.tar" ] || tar -cf "$dir/$n.tar" -C "$d" .
+  [ -f "$dir/$n.sqfs" ] || mksquashfs "$d" "$dir/$n.sqfs" -noappend -quiet -no-progress -noI -noD -noF -noX >/dev/null
+  [ -d "$dir/$n.native" ] || { mkdir "$dir/$n.native" && tar -xf "$dir/$n.tar" -C "$dir/$n.native"; }
+}
+log "building packets, tars, squashfs images, native copies"
+images S "$S"; images M "$M"; images B "$B"
+"$venv/bin/python3" -c 'print()' >/dev/null
+
+# -- mounting the peers ----------------------------------------------------------
+mnt=$dir/mnt
+mkdir -p "$mnt"/{sessionfs,squashfuse_ll,fuse-overlayfs,ratarmount,archivemount}
+export bin dir mnt ratarmount
+lib=$root/scripts/bench/lib.sh
+# shellcheck source=lib.sh
+. "$lib"
+for t in sessionfs squashfuse_ll fuse-overlayfs ratarmount archivemount; do unmount "$mnt/$t"; done
+# ratarmount's index, made once untimed so that "cached index" means it.
+[ -f "$dir/S.tar.index.sqlite" ] || { mount_as ratarmount S >/dev/null && unmount_as ratarmount; }
+[ -f "$dir/M.tar.index.sqlite" ] || { mount_as ratarmount M >/dev/null && unmount_as ratarmount; }
+[ -f "$dir/B.tar.index.sqlite" ] || { mount_as ratarmount B >/dev/null && unmount_as ratarmount; }
+
+# -- command to first byte ---------------------------------------------------
+first_file() { (cd "$1" && find . -type f -not -path './.git/*' | LC_ALL=C sort | sed -n 1p); }
+first_byte() { # NAME
+  local n=$1 f; f=$(first_file "$dir/$n.native")
+  log "first byte, $n ($f)"
+  local read="head -c1 $mnt/%s/$f >/dev/null"
+  measure --name "first byte $n" --tool sessionfs --runs "$runs" \
+    --cmd "$bin mount $dir/$n.packet $mnt/sessionfs --upper $dir/fb-upper --part workspace >/dev/null && $(printf "$read" sessionfs)" \
+    --cleanup "$bin umount $mnt/sessionfs >/dev/null; rm -rf $dir/fb-upper"
+  measure --name "first byte $n" --tool "tar -x" --runs "$slow_runs" --warmup 0 \
+    --cmd "mkdir $dir/x && tar -xf $dir/$n.tar -C $dir/x && head -c1 $dir/x/$f >/dev/null" --cleanup "rm -rf $dir/x"
+  try measure --name "first byte $n" --tool squashfuse_ll --runs "$runs" \
+    --cmd "squashfuse_ll $dir/$n.sqfs $mnt/squashfuse_ll && $(printf "$read" squashfuse_ll)" --cleanup "fusermount3 -u $mnt/squashfuse_ll"
+  try measure --name "first byte $n" --tool "ratarmount (cached index)" --runs "$runs" \
+    --cmd "$ratarmount $dir/$n.tar $mnt/ratarmount >/dev/null 2>&1 && $(printf "$read" ratarmount)" --cleanup "fusermount -u $mnt/ratarmount"
+  try measure --name "first byte $n" --tool "ratarmount (first mount)" --runs 1 --warmup 0 \
+    --prepare "mv $dir/$n.tar.index.sqlite $dir/$n.index.keep" \
+    --cmd "$ratarmount $dir/$n.tar $mnt/ratarmount >/dev/null 2>&1 && $(printf "$read" ratarmount)" \
+    --cleanup "fusermount -u $mnt/ratarmount; mv -f $dir/$n.index.keep $dir/$n.tar.index.sqlite"
+  try measure --name "first byte $n" --tool archivemount --runs 1 --warmup 0 \
+    --cmd "archivemount -o ro $dir/$n.tar $mnt/archivemount && $(printf "$read" archivemount)" --cleanup "fusermount -u $mnt/archivemount"
+}
+first_byte S
+first_byte M
+
+# -- metadata and content, warm and cold ------------------------------------
+tools_ro="native sessionfs squashfuse_ll fuse-overlayfs ratarmount"
+grep_cmd="grep -r -q zzzz-not-there %s || true"
+readall_cmd="find %s -type f -exec cat {} + >/dev/null"
+for t in $tools_ro; do
+  log "warm and cold workloads on S: $t"
+  r=$(mount_as "$t" S) || { echo "- mounting S with $t failed" >>"$failures"; continue; }
+  try measure --name "warm find S" --tool "$t" --runs "$runs" --cmd "find $r >/dev/null"
+  try measure --name "warm stat of every entry S" --tool "$t" --runs "$runs" --cmd "find $r -printf '%s %i %T@\n' >/dev/null"
+  try measure --name "warm ls -lR S" --tool "$t" --runs "$runs" --cmd "ls -lR $r >/dev/null"
+  try measure --name "warm du S" --tool "$t" --runs "$runs" --cmd "du -s $r >/dev/null"
+  try measure --name "warm grep -r S" --tool "$t" --runs "$runs" --cmd "$(printf "$grep_cmd" "$r")"
+  try measure --name "warm read all S" --tool "$t" --runs "$runs" --cmd "$(printf "$readall_cmd" "$r")"
+  try measure --name "warm git status S" --tool "$t" --runs "$runs" --cmd "git -C $r -c safe.directory='*' status --porcelain >/dev/null 2>&1 || true"
+  if [ "$t" != native ]; then
+    pid=$(daemon_pid "$t" S) && record --name "daemon peak RSS S (after the above)" --tool "$t" --unit MiB --value "$(peak_rss_mib "$pid")"
+  fi
+  # Cold: a fresh mount (nothing cached in the daemon either) after the
+  # kernel's caches are dropped.
+  remount=". $lib; unmount_as $t; drop_caches; mount_as $t S >/dev/null"
+  for w in "cold find S|find $r >/dev/null" "cold grep -r S|$(printf "$grep_cmd" "$r")" "cold read all S|$(printf "$readall_cmd" "$r")"; do
+    try measure --name "${w%%|*}" --tool "$t" --runs "$slow_runs" --warmup 0 --prepare "bash -c '$remount'" --cmd "${w#*|}"
+  done
+  unmount_as "$t"
+done
+
+log "big files (B): sequential and random reads"
+bigf=big0.bin
+for t in $tools_ro; do
+  r=$(mount_as "$t" B) || continue
+  try measure --name "warm sequential read of a 1 GiB file" --tool "$t" --runs "$runs" --bytes "$b_size" \
+    --cmd "dd if=$r/$bigf of=/dev/null bs=1M status=none"
+  remount=". $lib; unmount_as $t; drop_caches; mount_as $t B >/dev/null"
+  try measure --name "cold sequential read of a 1 GiB file" --tool "$t" --runs "$slow_runs" --warmup 0 --bytes "$b_size" \
+    --prepare "bash -c '$remount'" --cmd "dd if=$r/$bigf of=/dev/null bs=1M status=none"
+  try measure --name "first random 4 KiB read in a 1 GiB file (cold mount)" --tool "$t" --runs "$runs" --warmup 0 \
+    --prepare "bash -c '$remount'" --cmd "dd if=$r/$bigf of=/dev/null bs=4096 skip=$((b_size / 4096 / 2 + 3)) count=1 status=none"
+  unmount_as "$t"
+done
+
+# -- pack and verify ---------------------------------------------------------
+log "pack and verify S"
+sbytes=$(du -sb --apparent-size "$S" | cut -f1)
+measure --name "pack S" --tool sessionfs --runs "$runs" --bytes "$sbytes" --cmd "$bin pack --workspace $S -o $dir/p.packet"
+measure --name "pack S" --tool "tar -cf - | sha256sum" --runs "$runs" --bytes "$sbytes" --cmd "tar -cf - -C $S . | sha256sum"
+measure --name "verify S" --tool sessionfs --runs "$runs" --bytes "$sbytes" --cmd "$bin verify $dir/p.packet"
+measure --name "verify S" --tool "tar -cf - | sha256sum" --runs "$runs" --bytes "$sbytes" --cmd "tar -cf - -C $S . | sha256sum"
+measure --name "verify S" --tool "sha256sum FILE" --runs "$runs" --bytes "$sbytes" --cmd "sha256sum $dir/S.tar"
+rm -f "$dir/p.packet"
+
+# -- seal --------------------------------------------------------------------
+# change_files ROOT K SEED: rewrites every K-th regular file outside .git
+# with new bytes of the same size (1% for K=100); prints the bytes changed.
+change_files() {
+  (cd "$1" && find . -type f -not -path './.git/*' | LC_ALL=C sort | awk -v k="$2" -v s="$3" 'NR % k == s % k') |
+    while read -r f; do
+      n=$(stat -c %s "$1/$f"); head -c "$n" /dev/urandom >"$1/$f.new" && mv "$1/$f.new" "$1/$f"; echo "$n"
+    done | awk '{t += $1} END {print t + 0}'
+}
+log "seal after changing 1% of S"
+r=$(mount_as sessionfs S)
+changed=$(change_files "$r" 100 1)
+measure --name "seal after changing 1% of S" --tool sessionfs --runs "$runs" --cmd "$bin seal $r -o $dir/sealed.packet >$dir/seal.json"
+python3 - "$dir/seal.json" "$changed" <<'EOF' | while IFS=$'\t' read -r what value; do record --name "seal after changing 1% of S: bytes" --tool "$what" --value "$value" --unit B; done
+import json, sys
+s = json.load(open(sys.argv[1]))
+print("content bytes changed on the mount", sys.argv[2], sep="\t")
+print("bytes hashed by the seal", s["bytes_hashed"], sep="\t")
+print("bytes copied from the parent packet", s["bytes_copied"], sep="\t")
+print("bytes verified while copying", s["bytes_verified"], sep="\t")
+print("packet bytes written", s["packet_bytes"], sep="\t")
+EOF
+pk=$dir/S.packet
+measure --name "seal after changing 1% of S" --tool "I/O floor (cp + fsync of the packet)" --runs "$runs" \
+  --cmd "dd if=$pk of=$dir/floor.packet bs=4M conv=fsync status=none" --cleanup "rm -f $dir/floor.packet"
+merged=$dir/merged.native
+rm -rf "$merged" && "$bin" unpack "$dir/sealed.packet" --into "$dir/merged" --part workspace >/dev/null && mv "$dir/merged" "$merged"
+measure --name "seal after changing 1% of S" --tool "sessionfs pack of the merged view" --runs "$slow_runs" \
+  --cmd "$bin pack --workspace $merged -o $dir/full.packet" --cleanup "rm -f $dir/full.packet"
+measure --name "seal after changing 1% of S" --tool "tar -cf - | sha256sum of the merged view" --runs "$slow_runs" \
+  --cmd "tar -cf - -C $merged . | sha256sum"
+rm -rf "$merged"
+unmount_as sessionfs
+
+log "seal --rebase, turn after turn"
+r=$(mount_as sessionfs S)
+turn_times=()
+for turn in 1 2 3 4; do
+  change_files "$r" 100 "$((turn * 7))" >/dev/null
+  start=$(date +%s.%N)
+  "$bin" seal "$r" -o "$dir/turn$turn.packet" --rebase >"$dir/turn.json"
+  end=$(date +%s.%N)
+  turn_times+=("$(echo "$end - $start" | bc)")
+  [ "$turn" -gt 1 ] && rm -f "$dir/turn$((turn - 1)).packet"
+done
+record --name "seal --rebase after changing 1% of S" --tool "sessionfs, turn 1" --value "${turn_times[0]}"
+record --name "seal --rebase after changing 1% of S" --tool "sessionfs, turns 2-4" --value "${turn_times[@]:1}"
+unmount_as sessionfs
+rm -f "$dir"/turn*.packet "$dir/sealed.packet"
+
+# -- write path --------------------------------------------------------------
+log "write path: copy $write_files files in, git add, rm -rf"
+for t in native sessionfs fuse-overlayfs; do
+  r=$(mount_as "$t" S) || continue
+  try measure --name "write path: cp -a $write_files files, git add, rm -rf" --tool "$t" --runs "$slow_runs" \
+    --cmd "cp -a $W $r/newtree && git -C $r -c safe.directory='*' add -A newtree && rm -rf $r/newtree && git -C $r -c safe.directory='*' add -A newtree"
+  unmount_as "$t"
+done
+
+# -- memory on M -------------------------------------------------------------
+log "daemon memory on M"
+for t in sessionfs squashfuse_ll fuse-overlayfs ratarmount; do
+  r=$(mount_as "$t" M) || continue
+  find "$r" -printf '%s\n' >/dev/null && find "$r" -type f -exec cat {} + >/dev/null
+  pid=$(daemon_pid "$t" M) && try record --name "daemon peak RSS M (stat and read everything)" --tool "$t" --unit MiB --value "$(peak_rss_mib "$pid")"
+  unmount_as "$t"
+done
+
+# -- scale ---------------------------------------------------------------------
+scale=$dir/scale.dat
+echo "# entries mount_ms rss_mib seal_s" >"$scale"
+for n in $scale_entries; do
+  c=$dir/scale-M-$n
+  [ "$n" = "$m_entries" ] && c=$M
+  corpus m "$n" "$c"
+  "$bin" pack --workspace "$c" -o "$dir/scale.packet" >/dev/null
+  drop_caches
+  start=$(date +%s.%N)
+  "$bin" mount "$dir/scale.packet" "$mnt/sessionfs" --upper "$dir/scale-upper" --part workspace >"$dir/scale-mount.json"
+  ms=$(echo "($(date +%s.%N) - $start) * 1000" | bc)
+  find "$mnt/sessionfs" -printf '%s\n' >/dev/null
+  rss=$(peak_rss_mib "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$dir/scale-mount.json")")
+  echo x >>"$mnt/sessionfs/d0/e0/f2"
+  start=$(date +%s.%N)
+  "$bin" seal "$mnt/sessionfs" -o "$dir/scale-sealed.packet" >/dev/null
+  seal=$(echo "$(date +%s.%N) - $start" | bc)
+  unmount "$mnt/sessionfs"; rm -rf "$dir/scale-upper" "$dir/scale.packet" "$dir/scale-sealed.packet"
+  [ "$quick" = 1 ] || [ "$c" = "$M" ] || rm -rf "$c"
+  echo "$n $ms $rss $seal" >>"$scale"
+  record --name "scale: mount, entries" --tool "$n entries" --value "$(echo "$ms / 1000" | bc -l)"
+  record --name "scale: daemon RSS after find, entries" --tool "$n entries" --unit MiB --value "$rss"
+  record --name "scale: seal of one changed file, entries" --tool "$n entries" --value "$seal"
+done
+scale_b=$dir/scale-bytes.dat
+echo "# content_units mount_ms rss_mib seal_s floor_s" >"$scale_b"
+unit_name=$([ "$scale_unit" = $((1 << 30)) ] && echo GiB || echo "x $((scale_unit >> 20)) MiB")
+for g in $scale_units; do
+  c=$dir/scale-B-$g
+  corpus b "$g" "$c" --size "$scale_unit"
+  "$bin" pack --workspace "$c" -o "$dir/scale.packet" >/dev/null
+  rm -rf "$c"
+  drop_caches
+  start=$(date +%s.%N)
+  "$bin" mount "$dir/scale.packet" "$mnt/sessionfs" --upper "$dir/scale-upper" --part workspace >"$dir/scale-mount.json"
+  ms=$(echo "($(date +%s.%N) - $start) * 1000" | bc)
+  rss=$(peak_rss_mib "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$dir/scale-mount.json")")
+  printf 'changed' | dd of="$mnt/sessionfs/big0.bin" bs=1 seek=4096 conv=notrunc status=none
+  start=$(date +%s.%N)
+  "$bin" seal "$mnt/sessionfs" -o "$dir/scale-sealed.packet" >/dev/null
+  seal=$(echo "$(date +%s.%N) - $start" | bc)
+  unmount "$mnt/sessionfs"; rm -rf "$dir/scale-upper" "$dir/scale-sealed.packet"
+  start=$(date +%s.%N)
+  dd if="$dir/scale.packet" of="$dir/scale-floor" bs=4M conv=fsync status=none
+  floor=$(echo "$(date +%s.%N) - $start" | bc)
+  rm -f "$dir/scale.packet" "$dir/scale-floor"
+  echo "$g $ms $rss $seal $floor" >>"$scale_b"
+  record --name "scale: mount, content" --tool "$g $unit_name" --value "$(echo "$ms / 1000" | bc -l)"
+  record --name "scale: seal after a 7-byte change, content" --tool "$g $unit_name" --value "$seal"
+  record --name "scale: seal after a 7-byte change, content" --tool "$g $unit_name, I/O floor" --value "$floor"
+done
+
+# -- report ------------------------------------------------------------------
+log "writing $report"
+chart_dat=$dir/ratios.dat
+tables=$("$tool" report "$results" --baseline native --chart "$chart_dat")
+img_dir=$(dirname "$report")
+gnuplot <<EOF
+set terminal pngcairo size 1200,700 font ",10"
+set output "$img_dir/benchmarks.png"
+set title "Time relative to native (lower is better; log scale)"
+set style data histogram
+set style histogram cluster gap 1
+set style fill solid border -1
+set logscale y
+set yrange [0.1:*]
+set xtics rotate by -30
+set key top left
+set grid ytics
+plot for [i=2:*] "$chart_dat" using i:xtic(1) title columnheader(i)
+EOF
+gnuplot <<EOF
+set terminal pngcairo size 1200,450 font ",10"
+set output "$img_dir/benchmarks-scale.png"
+set multiplot layout 1,2
+set title "Mount time and daemon RSS by entries"
+set xlabel "entries"; set ylabel "ms / MiB"; set key top left; set grid
+plot "$scale" using 1:2 with linespoints title "mount (ms)", "$scale" using 1:3 with linespoints title "RSS after find (MiB)"
+set title "Seal time by content (one small change)"
+set xlabel "content ($unit_name)"; set ylabel "s"
+plot "$scale_b" using 1:4 with linespoints title "seal", "$scale_b" using 1:5 with linespoints title "I/O floor (copy + fsync)"
+unset multiplot
+EOF
+
+cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+disk=$(df -h "$dir" | awk 'NR==2 {print $1 " (" $2 ")"}')
+fs=$(stat -f -c %T "$dir")
+{
+  echo "# Benchmarks"
+  echo
+  echo "Made by \`$( [ "$quick" = 1 ] && echo "make bench-quick" || echo "make bench")\` (scripts/bench/run.sh) on $(date -u +%Y-%m-%d)."
+  echo "Every figure below comes from that one run; nothing is copied from elsewhere."
+  echo
+  echo "## Machine"
+  echo
+  echo "- CPU: $cpu, $(nproc) cores; $(free -g | awk '/Mem:/ {print $2}') GiB of memory"
+  echo "- Kernel: $(uname -r); disk: $disk, $fs"
+  echo "- sessionfs $("$bin" --version | cut -d' ' -f2) (release build, commit $(git rev-parse --short HEAD)); fuse-overlayfs $(dpkg-query -W -f '${Version}' fuse-overlayfs 2>/dev/null); squashfuse $(dpkg-query -W -f '${Version}' squashfuse 2>/dev/null); $("$ratarmount" --version 2>/dev/null | head -1); archivemount $(dpkg-query -W -f '${Version}' archivemount 2>/dev/null); $(tar --version | head -1); $(git --version)"
+  echo
+  echo "## Corpora"
+  echo
+  echo "Generated by \`sessionfs-bench corpus\` from seed 1: **S** $s_files files in nested directories (sizes drawn from a real code tree) plus a \`.git\` made by git, $(du -sh --apparent-size "$S" | cut -f1) in all, $(find "$S" | wc -l) entries; **B** $b_count file(s) of $((b_size >> 20)) MiB; **M** $m_entries entries (directories of 25, files of 0-2 KiB)."
+  echo "Each is served as a sessionfs packet (\`--part workspace\`), a GNU tar (for \`tar -x\`, ratarmount, archivemount), an uncompressed squashfs image (\`mksquashfs -noI -noD -noF -noX\`, squashfuse_ll's fastest case) and an extracted copy (native, and fuse-overlayfs' lower directory)."
+  echo
+  echo "## Method"
+  echo
+  echo "Each row is the median of the runs shown after one unrecorded warm-up (none for cold rows and one-off steps). Warm rows run on a mounted, read-once tree; cold rows drop the kernel's caches (\`echo 3 > /proc/sys/vm/drop_caches\`) and remount (a fresh daemon, nothing verified yet) before each run, outside the timing. \"x native\" divides by the native row of the same workload; \"sessionfs ÷ this\" is sessionfs' median over that tool's (below 1: sessionfs is faster). The exact command of every row is in \`.bench/results.jsonl\` (\`cmd\`)."
+  echo
+  echo "![ratios](benchmarks.png)"
+  echo
+  echo "## Results"
+  echo
+  echo "$tables"
+  echo
+  echo "## Scale"
+  echo
+  echo "![scale](benchmarks-scale.png)"
+  echo
+  echo '```'
+  cat "$scale" "$scale_b"
+  echo '```'
+  if [ -s "$failures" ]; then
+    echo
+    echo "## Failed steps"
+    echo
+    cat "$failures"
+  fi
+  if [ -f "$root/docs/benchmarks-analysis.md" ] && [ "$quick" != 1 ]; then
+    echo
+    cat "$root/docs/benchmarks-analysis.md"
+  fi
+} >"$report"
+log "done: $report"
+if [ "$quick" = 1 ] && [ -s "$failures" ]; then
+  log "steps failed:"; cat "$failures" >&2; exit 1
+fi
