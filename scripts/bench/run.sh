@@ -193,7 +193,8 @@ log "seal after changing 1% of S"
 r=$(mount_as sessionfs S)
 changed=$(change_files "$r" 100 1)
 measure --name "seal after changing 1% of S" --tool sessionfs --runs "$runs" --cmd "$bin seal $r -o $dir/sealed.packet >$dir/seal.json"
-python3 - "$dir/seal.json" "$changed" <<'EOF' | while IFS=$'\t' read -r what value; do record --name "seal after changing 1% of S: bytes" --tool "$what" --value "$value" --unit B; done
+manifest=$("$bin" inspect "$dir/sealed.packet" | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifest_bytes"])')
+python3 - "$dir/seal.json" "$changed" "$manifest" <<'EOF' | while IFS=$'\t' read -r what value; do record --name "seal after changing 1% of S: bytes" --tool "$what" --value "$value" --unit B; done
 import json, sys
 s = json.load(open(sys.argv[1]))
 print("content bytes changed on the mount", sys.argv[2], sep="\t")
@@ -201,13 +202,14 @@ print("bytes hashed by the seal", s["bytes_hashed"], sep="\t")
 print("bytes copied from the parent packet", s["bytes_copied"], sep="\t")
 print("bytes verified while copying", s["bytes_verified"], sep="\t")
 print("packet bytes written", s["packet_bytes"], sep="\t")
+print("manifest bytes of the sealed packet", sys.argv[3], sep="\t")
 EOF
 pk=$dir/S.packet
 measure --name "seal after changing 1% of S" --tool "I/O floor (cp + fsync of the packet)" --runs "$runs" \
   --cmd "dd if=$pk of=$dir/floor.packet bs=4M conv=fsync status=none" --cleanup "rm -f $dir/floor.packet"
 merged=$dir/merged.native
 rm -rf "$merged" && "$bin" unpack "$dir/sealed.packet" --into "$dir/merged" --part workspace >/dev/null && mv "$dir/merged" "$merged"
-measure --name "seal after changing 1% of S" --tool "sessionfs pack of the merged view" --runs "$slow_runs" \
+measure --name "seal after changing 1% of S" --tool "full pack of the merged view (sessionfs pack)" --runs "$slow_runs" \
   --cmd "$bin pack --workspace $merged -o $dir/full.packet" --cleanup "rm -f $dir/full.packet"
 measure --name "seal after changing 1% of S" --tool "tar -cf - | sha256sum of the merged view" --runs "$slow_runs" \
   --cmd "tar -cf - -C $merged . | sha256sum"

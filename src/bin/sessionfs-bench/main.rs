@@ -312,7 +312,8 @@ fn run(cli: Cli) -> std::io::Result<()> {
             for name in names {
                 let rows: Vec<&Measurement> = all.iter().filter(|m| m.name == name).collect();
                 let base = rows.iter().find(|m| m.tool == baseline);
-                let ours = rows.iter().find(|m| m.tool.starts_with("sessionfs"));
+                let is_ours = |t: &str| t == "sessionfs" || t.starts_with("sessionfs,");
+                let ours = rows.iter().find(|m| is_ours(&m.tool));
                 println!("### {name}\n");
                 println!(
                     "| tool | median | min-max | runs | throughput | x {baseline} | sessionfs ÷ this |"
@@ -328,7 +329,7 @@ fn run(cli: Cli) -> std::io::Result<()> {
                     };
                     let vs_base = base.map_or("-".into(), |b| ratio(m.median, b.median));
                     let vs_ours = match ours {
-                        Some(o) if !m.tool.starts_with("sessionfs") => ratio(o.median, m.median),
+                        Some(o) if !is_ours(&m.tool) => ratio(o.median, m.median),
                         _ => "-".into(),
                     };
                     let tput = m.bytes.map_or(String::from("-"), |b| {
@@ -336,7 +337,7 @@ fn run(cli: Cli) -> std::io::Result<()> {
                     });
                     println!(
                         "| {} | {} | {} – {} | {} | {} | {} | {} |",
-                        m.tool,
+                        m.tool.replace('|', "\\|"),
                         m.show(m.median),
                         m.show(m.min),
                         m.show(m.max),
