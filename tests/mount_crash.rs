@@ -7,7 +7,6 @@ mod common;
 
 use std::fs;
 use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::ops::{Op, apply, op, tree};
@@ -40,23 +39,6 @@ fn sequence(seed: u8, len: usize) -> Vec<Op> {
         .collect()
 }
 
-fn fresh(tmp: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let ws = tmp.join("ws");
-    model_tree(&ws);
-    let packet = packet_of(&ws, tmp, "p", &[]);
-    let model = tmp.join("model");
-    run([
-        "unpack",
-        packet.to_str().unwrap(),
-        "--into",
-        model.to_str().unwrap(),
-        "--part",
-        "workspace",
-    ])
-    .ok();
-    (packet, model)
-}
-
 #[test]
 fn sigkill_between_operations_loses_nothing() {
     if !fuse_available() {
@@ -64,7 +46,7 @@ fn sigkill_between_operations_loses_nothing() {
     }
     for (seed, kill_after) in [(1u8, 5usize), (2, 17), (3, 33), (4, 60)] {
         let tmp = tempfile::tempdir().unwrap();
-        let (packet, model) = fresh(tmp.path());
+        let (packet, model) = model_packet(tmp.path());
         let ops = sequence(seed, kill_after + 20);
         let upper = tmp.path().join("upper");
         let mnt = tmp.path().join("mnt");
@@ -104,7 +86,7 @@ fn sigkill_during_writes_keeps_every_completed_write() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (packet, _) = fresh(tmp.path());
+    let (packet, _) = model_packet(tmp.path());
     let upper = tmp.path().join("upper");
     let mnt = tmp.path().join("mnt");
     let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);

@@ -7,7 +7,7 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::ops::{apply, op};
@@ -24,23 +24,6 @@ fn seal(m: &Mounted, out: &Path, extra: &[&str]) -> Value {
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     run(&args).ok().clone()
-}
-
-fn setup(tmp: &Path) -> (PathBuf, PathBuf) {
-    let ws = tmp.join("ws");
-    model_tree(&ws);
-    let packet = packet_of(&ws, tmp, "p", &[]);
-    let model = tmp.join("model");
-    run([
-        "unpack",
-        packet.to_str().unwrap(),
-        "--into",
-        model.to_str().unwrap(),
-        "--part",
-        "workspace",
-    ])
-    .ok();
-    (packet, model)
 }
 
 /// Copies the mount's file mtimes onto the model, so both record the same.
@@ -65,7 +48,7 @@ proptest! {
             return Ok(());
         }
         let tmp = tempfile::tempdir().unwrap();
-        let (packet, model) = setup(tmp.path());
+        let (packet, model) = model_packet(tmp.path());
         let m = Mounted::new(&packet, &tmp.path().join("mnt"), &tmp.path().join("upper"), &["--part", "workspace"]);
         for op in &ops {
             prop_assert_eq!(apply(&m.mnt, op), apply(&model, op));
@@ -101,15 +84,7 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let m = Mounted::new(
-        &packet,
-        &tmp.path().join("mnt"),
-        &tmp.path().join("upper"),
-        &["--part", "workspace"],
-    );
+    let (_, m) = sample_mount(tmp.path());
     fs::rename(m.path("data/big.bin"), m.path("moved.bin")).unwrap();
     let st = std::process::Command::new("sed")
         .args(["-i", "s/sample/edited/"])
@@ -178,7 +153,7 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (packet, _) = setup(tmp.path());
+    let (packet, _) = model_packet(tmp.path());
     let m = Mounted::new(
         &packet,
         &tmp.path().join("mnt"),
@@ -234,7 +209,7 @@ fn bad_states_fail_closed_with_no_output() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (packet, _) = setup(tmp.path());
+    let (packet, _) = model_packet(tmp.path());
     let upper = tmp.path().join("upper");
     let m = Mounted::new(
         &packet,
@@ -368,16 +343,8 @@ fn sigkill_at_any_point_leaves_nothing_or_the_whole_packet() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let upper = tmp.path().join("upper");
-    let m = Mounted::new(
-        &packet,
-        &tmp.path().join("mnt"),
-        &upper,
-        &["--part", "workspace"],
-    );
+    let (packet, m) = sample_mount(tmp.path());
+    let upper = m.upper.clone();
     fs::write(m.path("new.txt"), b"turn one").unwrap();
     fs::rename(m.path("src"), m.path("source")).unwrap();
     let reference = tmp.path().join("reference.packet");
@@ -430,7 +397,7 @@ fn a_seal_concurrent_with_a_writer_captures_whole_writes() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (packet, _) = setup(tmp.path());
+    let (packet, _) = model_packet(tmp.path());
     let m = Mounted::new(
         &packet,
         &tmp.path().join("mnt"),
@@ -499,16 +466,8 @@ fn rebase_continues_on_the_new_packet() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let upper = tmp.path().join("upper");
-    let m = Mounted::new(
-        &packet,
-        &tmp.path().join("mnt"),
-        &upper,
-        &["--part", "workspace"],
-    );
+    let (packet, m) = sample_mount(tmp.path());
+    let upper = m.upper.clone();
     fs::rename(m.path("data/big.bin"), m.path("big.bin")).unwrap();
     fs::write(m.path("turn1.txt"), b"one").unwrap();
     let inos: Vec<(String, u64)> = snapshot(&m.mnt)
@@ -596,7 +555,7 @@ fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
     }
     for point in ["committed", "rebase-recorded", "rebase-compacted"] {
         let tmp = tempfile::tempdir().unwrap();
-        let (packet, _) = setup(tmp.path());
+        let (packet, _) = model_packet(tmp.path());
         let upper = tmp.path().join("upper");
         let mnt = tmp.path().join("mnt");
         let bar = tmp.path().join("barrier");
@@ -676,4 +635,44 @@ fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
             run(["umount", mnt.to_str().unwrap()]).ok();
         }
     }
+}
+
+#[test]
+fn a_seal_through_the_control_socket_reports_progress_before_its_answer() {
+    // "Progress shows on stderr when it is a terminal": the daemon sends the
+    // byte count to a client that asks, before the result.
+    if !fuse_available() {
+        return;
+    }
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, m) = sample_mount(tmp.path());
+    fs::write(m.path("new.bin"), vec![7u8; 1 << 20]).unwrap();
+    let out = tmp.path().join("s.packet");
+    let socket = m.result["control_socket"].as_str().unwrap().to_owned();
+    let conn = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    let req = serde_json::json!({
+        "op": "seal", "output": out, "receipt": null, "rebase": false, "zero_mtimes": false,
+        "reject_external_symlinks": false, "exclude": [], "keep": [],
+        "max_bytes": 1u64 << 30, "max_entries": 250000, "max_path_bytes": 4096,
+        "mode": 0o644, "progress": true,
+    });
+    (&conn).write_all(format!("{req}\n").as_bytes()).unwrap();
+    let lines: Vec<Value> = BufReader::new(&conn)
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let (answer, interim) = lines.split_last().unwrap();
+    assert_eq!(answer["schema"], "sessionfs.seal-result/1", "{answer}");
+    assert!(!interim.is_empty(), "no progress before the answer");
+    let counts: Vec<u64> = interim
+        .iter()
+        .map(|v| v["progress"]["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        counts[0] > 0 && counts.windows(2).all(|w| w[0] <= w[1]),
+        "{counts:?}"
+    );
+    assert!(out.exists());
+    m.umount();
 }

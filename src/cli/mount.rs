@@ -213,12 +213,11 @@ pub fn run(a: Args) -> Result<Output, CliError> {
             super::print_output(out);
             *result.borrow_mut() = Some(());
         },
-        move |overlay, req| match req["op"].as_str() {
+        move |overlay, req, notify| match req["op"].as_str() {
             Some("seal") => Some(
                 match serde_json::from_value::<super::seal::Request>(req.clone()) {
-                    Ok(r) => {
-                        super::seal::handle(overlay, &r, &roots).unwrap_or_else(|e| e.to_value())
-                    }
+                    Ok(r) => super::seal::handle(overlay, &r, &roots, Some(notify))
+                        .unwrap_or_else(|e| e.to_value()),
                     Err(e) => CliError::usage(format!("bad seal request: {e}")).to_value(),
                 },
             ),

@@ -32,6 +32,16 @@ impl Progress {
     pub fn add(&self, n: u64) {
         self.bar.inc(n);
     }
+
+    /// Sets the count of bytes done (progress reported by another process).
+    pub fn set(&self, n: u64) {
+        self.bar.set_position(n);
+    }
+
+    /// Whether the bar is drawn (stderr is a terminal).
+    pub fn visible(&self) -> bool {
+        !self.bar.is_hidden()
+    }
 }
 
 impl Drop for Progress {

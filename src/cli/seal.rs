@@ -85,6 +85,9 @@ pub struct Request {
     max_entries: u64,
     max_path_bytes: u64,
     mode: u32,
+    /// Send progress messages before the answer (the client draws them).
+    #[serde(default)]
+    progress: bool,
 }
 
 #[derive(Serialize)]
@@ -114,6 +117,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         max_entries: limits.max_entries,
         max_path_bytes: limits.max_path_bytes,
         mode: file_mode_from_umask(),
+        progress: false,
     };
     if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {
         let packet = Packet::open(packet, &limits)?;
@@ -128,12 +132,18 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 part,
             },
         )?;
-        return handle(&overlay, &req, &load_roots(upper)).map(Output::raw);
+        return handle(&overlay, &req, &load_roots(upper), None).map(Output::raw);
     }
     let mp = a.mountpoint.unwrap_or_default();
+    let bar = super::progress::Progress::bytes("sealing", 0);
     let mut msg = serde_json::to_value(&req).unwrap_or(Value::Null);
     msg["op"] = Value::String("seal".into());
-    match control::request(&mp, &msg, None) {
+    msg["progress"] = Value::Bool(bar.visible());
+    let answer = control::request_with_progress(&mp, &msg, None, &mut |p| {
+        bar.set(p["bytes"].as_u64().unwrap_or(0));
+    });
+    drop(bar);
+    match answer {
         Ok(v) if v["schema"] == "sessionfs.error/1" => Err(CliError::relayed(v)),
         Ok(v) => Ok(Output::raw(v)),
         Err(e) => Err(CliError::new(
@@ -152,6 +162,7 @@ pub fn handle(
     overlay: &Overlay,
     req: &Request,
     roots: &HashMap<Part, Vec<String>>,
+    notify: Option<control::Notify>,
 ) -> std::result::Result<Value, CliError> {
     let started = std::time::Instant::now();
     let opts = SealOptions {
@@ -171,7 +182,22 @@ pub fn handle(
         rebase: req.rebase,
     };
     let progress = super::progress::Progress::bytes("sealing", 0);
-    let outcome = overlay.seal(&opts, &|n| progress.add(n))?;
+    // A client that asked for progress gets the count at once, then at most
+    // every 100 ms.
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let last = parking_lot::Mutex::new(None::<std::time::Instant>);
+    let report = |n: u64| {
+        progress.add(n);
+        let total = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+        if let Some(notify) = notify.filter(|_| req.progress)
+            && let Some(mut last) = last.try_lock()
+            && last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_millis(100))
+        {
+            *last = Some(std::time::Instant::now());
+            notify(&serde_json::json!({"progress": {"bytes": total}}));
+        }
+    };
+    let outcome = overlay.seal(&opts, &report)?;
     drop(progress);
     if let Some(path) = &req.receipt {
         write_receipt(path, &outcome)?;

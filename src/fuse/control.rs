@@ -113,8 +113,18 @@ pub fn drain(limit: Duration) {
     }
 }
 
-/// Serves requests until the process exits; `handle` answers each one.
-pub fn serve(listener: UnixListener, handle: impl Fn(&Value) -> Value + Send + Sync + 'static) {
+/// Sends an interim message (a line before the answer, such as a seal's
+/// progress) to the client of a request.
+pub type Notify<'a> = &'a (dyn Fn(&Value) + Sync);
+
+/// Serves requests until the process exits; `handle` answers each one, and
+/// may send interim messages first through the [`Notify`] it is given:
+/// objects with a `progress` key, which [`request_with_progress`] hands to
+/// its callback.
+pub fn serve(
+    listener: UnixListener,
+    handle: impl Fn(&Value, Notify) -> Value + Send + Sync + 'static,
+) {
     let handle = std::sync::Arc::new(handle);
     let me = nix::unistd::geteuid().as_raw();
     for conn in listener.incoming() {
@@ -133,15 +143,19 @@ pub fn serve(listener: UnixListener, handle: impl Fn(&Value) -> Value + Send + S
             let mut reader = BufReader::new(&conn);
             let mut line = String::new();
             if reader.read_line(&mut line).is_ok() {
+                // Writers from several threads (a seal's workers) take turns.
+                let out = parking_lot::Mutex::new(&conn);
+                let notify = |v: &Value| {
+                    let _ = out.lock().write_all(format!("{v}\n").as_bytes());
+                };
                 let reply = match serde_json::from_str::<Value>(&line) {
-                    Ok(req) => handle(&req),
+                    Ok(req) => handle(&req, &notify),
                     Err(e) => serde_json::json!({
                         "schema": "sessionfs.error/1", "kind": "usage",
                         "message": format!("bad control request: {e}"), "exit_code": 2
                     }),
                 };
-                let mut w = &conn;
-                let _ = w.write_all(format!("{reply}\n").as_bytes());
+                notify(&reply);
             }
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         });
@@ -152,6 +166,16 @@ pub fn serve(listener: UnixListener, handle: impl Fn(&Value) -> Value + Send + S
 /// `timeout` bounds the wait for the answer (a seal of a large tree takes a
 /// while: pass `None` to wait as long as it takes).
 pub fn request(mountpoint: &Path, req: &Value, timeout: Option<Duration>) -> io::Result<Value> {
+    request_with_progress(mountpoint, req, timeout, &mut |_| {})
+}
+
+/// [`request`], handing each interim `progress` message to `progress`.
+pub fn request_with_progress(
+    mountpoint: &Path,
+    req: &Value,
+    timeout: Option<Duration>,
+    progress: &mut dyn FnMut(&Value),
+) -> io::Result<Value> {
     let path = socket_path(mountpoint)?;
     let conn = UnixStream::connect(&path).map_err(|e| {
         io::Error::new(
@@ -165,7 +189,20 @@ pub fn request(mountpoint: &Path, req: &Value, timeout: Option<Duration>) -> io:
     })?;
     conn.set_read_timeout(timeout)?;
     (&conn).write_all(format!("{req}\n").as_bytes())?;
-    let mut line = String::new();
-    BufReader::new(&conn).read_line(&mut line)?;
-    serde_json::from_str(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    let mut reader = BufReader::new(&conn);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the daemon closed the control connection without an answer",
+            ));
+        }
+        let v: Value = serde_json::from_str(&line)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        match v.get("progress") {
+            Some(p) if v.get("schema").is_none() => progress(p),
+            _ => return Ok(v),
+        }
+    }
 }

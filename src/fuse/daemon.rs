@@ -38,7 +38,7 @@ pub fn serve(
     overlay: Arc<Overlay>,
     opts: &ServeOptions,
     ready: impl FnOnce(&Ready),
-    handler: impl Fn(&Overlay, &Value) -> Option<Value> + Send + Sync + 'static,
+    handler: impl Fn(&Overlay, &Value, control::Notify) -> Option<Value> + Send + Sync + 'static,
 ) -> io::Result<()> {
     // Signals are taken by a dedicated thread; block them in this one first
     // so every thread spawned from here inherits the mask.
@@ -102,7 +102,7 @@ pub fn serve(
         let overlay = overlay.clone();
         let mountpoint = opts.mountpoint.clone();
         std::thread::Builder::new().name("control".into()).spawn(move || {
-            control::serve(listener, move |req| match req["op"].as_str() {
+            control::serve(listener, move |req, notify| match req["op"].as_str() {
                 Some("status") => status(&overlay, &mountpoint),
                 Some("unmount") => {
                     let lazy = req["lazy"].as_bool().unwrap_or(false);
@@ -119,7 +119,7 @@ pub fn serve(
                         Err(e) => error("io", &format!("cannot unmount: {e}")),
                     }
                 }
-                _ => handler(&overlay, req).unwrap_or_else(|| error("usage", "unknown control request")),
+                _ => handler(&overlay, req, notify).unwrap_or_else(|| error("usage", "unknown control request")),
             })
         })?;
     }

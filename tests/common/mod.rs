@@ -314,3 +314,38 @@ pub fn packet_of(ws: &Path, dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     pack(ws, &p, extra);
     p
 }
+
+/// A packet of [`model_tree`] in `tmp`, and the model: the packet's
+/// workspace unpacked beside it, for tests that replay operations on both.
+pub fn model_packet(tmp: &Path) -> (PathBuf, PathBuf) {
+    let ws = tmp.join("ws");
+    model_tree(&ws);
+    let packet = packet_of(&ws, tmp, "p", &[]);
+    let model = tmp.join("model");
+    run([
+        "unpack",
+        packet.to_str().unwrap(),
+        "--into",
+        model.to_str().unwrap(),
+        "--part",
+        "workspace",
+    ])
+    .ok();
+    (packet, model)
+}
+
+/// A packet of [`sample_tree`] in `tmp`, mounted with `--part workspace` at
+/// `tmp/mnt` with upper directory `tmp/upper`.
+#[track_caller]
+pub fn sample_mount(tmp: &Path) -> (PathBuf, Mounted) {
+    let ws = tmp.join("ws");
+    sample_tree(&ws);
+    let packet = packet_of(&ws, tmp, "p", &[]);
+    let m = Mounted::new(
+        &packet,
+        &tmp.join("mnt"),
+        &tmp.join("upper"),
+        &["--part", "workspace"],
+    );
+    (packet, m)
+}
