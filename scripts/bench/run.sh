@@ -8,32 +8,15 @@
 # packages, ratarmount from PyPI into .bench/venv). Timing and reports are
 # in sessionfs-bench (src/bin/sessionfs-bench); this script sets up state.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-root=$PWD
-bin=$root/target/release/sessionfs
-tool=$root/target/release/sessionfs-bench
-quick=${QUICK:-0}
-
-if [ "$quick" = 1 ]; then
-  dir=$root/.bench/quick
-  s_files=2000 m_entries=5000 b_count=1 b_size=$((64 << 20)) write_files=300
-  runs=1 slow_runs=1 scale_entries="1000 3000" scale_units="1 2" scale_unit=$((16 << 20))
-  report=$dir/benchmarks.md
-else
-  dir=$root/.bench
-  s_files=${BENCH_FILES:-100000} m_entries=250000 b_count=3 b_size=$((1 << 30)) write_files=5000
-  runs=${BENCH_RUNS:-5} slow_runs=${BENCH_SLOW_RUNS:-3}
-  scale_entries=${BENCH_SCALE_ENTRIES:-"10000 100000 250000"}
-  scale_units=${BENCH_SCALE_GIB:-"1 4 16"} scale_unit=$((1 << 30))
-  report=$root/docs/benchmarks.md
-fi
+# shellcheck source=config.sh
+. "$(dirname "$0")/config.sh"
+cd "$root"
 mkdir -p "$dir"
-results=$dir/results.jsonl
-failures=$dir/failures.txt
-rm -f "$results" "$failures"
+# BENCH_RESUME=1 keeps the results of an interrupted run and measures only
+# what they lack (sessionfs-bench skips a workload and tool it has).
+if [ "${BENCH_RESUME:-0}" != 1 ]; then rm -f "$results" "$failures"; fi
 export SESSIONFS_MAX_BYTES=64GiB SESSIONFS_MAX_ENTRIES=1000000
 
-log() { printf '\033[1mbench: %s\033[0m\n' "$*" >&2; }
 # Runs a step; a peer that fails is reported, not fatal. sessionfs failing is.
 try() {
   if ! "$@"; then
@@ -61,18 +44,15 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-venv=$root/.bench/venv
 if [ ! -x "$venv/bin/ratarmount" ]; then
   log "installing ratarmount into $venv"
   python3 -m venv "$venv" && "$venv/bin/pip" install -q ratarmount
 fi
-ratarmount=$venv/bin/ratarmount
 
 # -- corpora -----------------------------------------------------------------
 corpus() { # KIND COUNT DIR [extra]
   [ -d "$3" ] || { log "generating corpus $1 ($2) in $3"; "$tool" corpus --kind "$1" --count "$2" --out "$3" "${@:4}"; }
 }
-S=$dir/S-$s_files M=$dir/M-$m_entries B=$dir/B-$b_count-$b_size W=$dir/W-$write_files
 corpus s "$s_files" "$S"
 corpus m "$m_entries" "$M"
 corpus b "$b_count" "$B" --size "$b_size"
@@ -93,7 +73,6 @@ images S "$S"; images M "$M"; images B "$B"
 "$venv/bin/python3" -c 'print()' >/dev/null
 
 # -- mounting the peers ----------------------------------------------------------
-mnt=$dir/mnt
 mkdir -p "$mnt"/{sessionfs,squashfuse_ll,fuse-overlayfs,ratarmount,archivemount}
 export bin dir mnt ratarmount
 lib=$root/scripts/bench/lib.sh
@@ -137,13 +116,16 @@ readall_cmd="find %s -type f -exec cat {} + >/dev/null"
 for t in $tools_ro; do
   log "warm and cold workloads on S: $t"
   r=$(mount_as "$t" S) || { echo "- mounting S with $t failed" >>"$failures"; continue; }
-  try measure --name "warm find S" --tool "$t" --runs "$runs" --cmd "find $r >/dev/null"
-  try measure --name "warm stat of every entry S" --tool "$t" --runs "$runs" --cmd "find $r -printf '%s %i %T@\n' >/dev/null"
-  try measure --name "warm ls -lR S" --tool "$t" --runs "$runs" --cmd "ls -lR $r >/dev/null"
-  try measure --name "warm du S" --tool "$t" --runs "$runs" --cmd "du -s $r >/dev/null"
-  try measure --name "warm grep -r S" --tool "$t" --runs "$runs" --cmd "$(printf "$grep_cmd" "$r")"
-  try measure --name "warm read all S" --tool "$t" --runs "$runs" --cmd "$(printf "$readall_cmd" "$r")"
-  try measure --name "warm git status S" --tool "$t" --runs "$runs" --cmd "git -C $r -c safe.directory='*' status --porcelain >/dev/null 2>&1 || true"
+  # ratarmount takes up to a minute a run here: fewer runs, said in the table.
+  runs_t=$runs slow_t=$slow_runs
+  [ "$t" = ratarmount ] && runs_t=$slow_runs slow_t=1
+  try measure --name "warm find S" --tool "$t" --runs "$runs_t" --cmd "find $r >/dev/null"
+  try measure --name "warm stat of every entry S" --tool "$t" --runs "$runs_t" --cmd "find $r -printf '%s %i %T@\n' >/dev/null"
+  try measure --name "warm ls -lR S" --tool "$t" --runs "$runs_t" --cmd "ls -lR $r >/dev/null"
+  try measure --name "warm du S" --tool "$t" --runs "$runs_t" --cmd "du -s $r >/dev/null"
+  try measure --name "warm grep -r S" --tool "$t" --runs "$runs_t" --cmd "$(printf "$grep_cmd" "$r")"
+  try measure --name "warm read all S" --tool "$t" --runs "$runs_t" --cmd "$(printf "$readall_cmd" "$r")"
+  try measure --name "warm git status S" --tool "$t" --runs "$runs_t" --cmd "git -C $r -c safe.directory='*' status --porcelain >/dev/null 2>&1 || true"
   if [ "$t" != native ]; then
     pid=$(daemon_pid "$t" S) && record --name "daemon peak RSS S (after the above)" --tool "$t" --unit MiB --value "$(peak_rss_mib "$pid")"
   fi
@@ -151,7 +133,7 @@ for t in $tools_ro; do
   # kernel's caches are dropped.
   remount=". $lib; unmount_as $t; drop_caches; mount_as $t S >/dev/null"
   for w in "cold find S|find $r >/dev/null" "cold grep -r S|$(printf "$grep_cmd" "$r")" "cold read all S|$(printf "$readall_cmd" "$r")"; do
-    try measure --name "${w%%|*}" --tool "$t" --runs "$slow_runs" --warmup 0 --prepare "bash -c '$remount'" --cmd "${w#*|}"
+    try measure --name "${w%%|*}" --tool "$t" --runs "$slow_t" --warmup 0 --prepare "bash -c '$remount'" --cmd "${w#*|}"
   done
   unmount_as "$t"
 done
@@ -251,7 +233,6 @@ for t in sessionfs squashfuse_ll fuse-overlayfs ratarmount; do
 done
 
 # -- scale ---------------------------------------------------------------------
-scale=$dir/scale.dat
 echo "# entries mount_ms rss_mib seal_s" >"$scale"
 for n in $scale_entries; do
   c=$dir/scale-M-$n
@@ -275,9 +256,7 @@ for n in $scale_entries; do
   record --name "scale: daemon RSS after find, entries" --tool "$n entries" --unit MiB --value "$rss"
   record --name "scale: seal of one changed file, entries" --tool "$n entries" --value "$seal"
 done
-scale_b=$dir/scale-bytes.dat
 echo "# content_units mount_ms rss_mib seal_s floor_s" >"$scale_b"
-unit_name=$([ "$scale_unit" = $((1 << 30)) ] && echo GiB || echo "x $((scale_unit >> 20)) MiB")
 for g in $scale_units; do
   c=$dir/scale-B-$g
   corpus b "$g" "$c" --size "$scale_unit"
@@ -304,86 +283,8 @@ for g in $scale_units; do
 done
 
 # -- report ------------------------------------------------------------------
-log "writing $report"
-chart_dat=$dir/ratios.dat
-tables=$("$tool" report "$results" --baseline native --chart "$chart_dat")
-img_dir=$(dirname "$report")
-gnuplot <<EOF
-set terminal pngcairo size 1200,700 font ",10"
-set output "$img_dir/benchmarks.png"
-set title "Time relative to native (lower is better; log scale)"
-set style data histogram
-set style histogram cluster gap 1
-set style fill solid border -1
-set logscale y
-set yrange [0.1:*]
-set xtics rotate by -30
-set key top left
-set grid ytics
-plot for [i=2:*] "$chart_dat" using i:xtic(1) title columnheader(i)
-EOF
-gnuplot <<EOF
-set terminal pngcairo size 1200,450 font ",10"
-set output "$img_dir/benchmarks-scale.png"
-set multiplot layout 1,2
-set title "Mount time and daemon RSS by entries"
-set xlabel "entries"; set ylabel "ms / MiB"; set key top left; set grid
-plot "$scale" using 1:2 with linespoints title "mount (ms)", "$scale" using 1:3 with linespoints title "RSS after find (MiB)"
-set title "Seal time by content (one small change)"
-set xlabel "content ($unit_name)"; set ylabel "s"
-plot "$scale_b" using 1:4 with linespoints title "seal", "$scale_b" using 1:5 with linespoints title "I/O floor (copy + fsync)"
-unset multiplot
-EOF
-
-cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
-disk=$(df -h "$dir" | awk 'NR==2 {print $1 " (" $2 ")"}')
-fs=$(stat -f -c %T "$dir")
-{
-  echo "# Benchmarks"
-  echo
-  echo "Made by \`$( [ "$quick" = 1 ] && echo "make bench-quick" || echo "make bench")\` (scripts/bench/run.sh) on $(date -u +%Y-%m-%d)."
-  echo "Every figure below comes from that one run; nothing is copied from elsewhere."
-  echo
-  echo "## Machine"
-  echo
-  echo "- CPU: $cpu, $(nproc) cores; $(free -g | awk '/Mem:/ {print $2}') GiB of memory"
-  echo "- Kernel: $(uname -r); disk: $disk, $fs"
-  echo "- sessionfs $("$bin" --version | cut -d' ' -f2) (release build, commit $(git rev-parse --short HEAD)); fuse-overlayfs $(dpkg-query -W -f '${Version}' fuse-overlayfs 2>/dev/null); squashfuse $(dpkg-query -W -f '${Version}' squashfuse 2>/dev/null); $("$ratarmount" --version 2>/dev/null | head -1); archivemount $(dpkg-query -W -f '${Version}' archivemount 2>/dev/null); $(tar --version | head -1); $(git --version)"
-  echo
-  echo "## Corpora"
-  echo
-  echo "Generated by \`sessionfs-bench corpus\` from seed 1: **S** $s_files files in nested directories (sizes drawn from a real code tree) plus a \`.git\` made by git, $(du -sh --apparent-size "$S" | cut -f1) in all, $(find "$S" | wc -l) entries; **B** $b_count file(s) of $((b_size >> 20)) MiB; **M** $m_entries entries (directories of 25, files of 0-2 KiB)."
-  echo "Each is served as a sessionfs packet (\`--part workspace\`), a GNU tar (for \`tar -x\`, ratarmount, archivemount), an uncompressed squashfs image (\`mksquashfs -noI -noD -noF -noX\`, squashfuse_ll's fastest case) and an extracted copy (native, and fuse-overlayfs' lower directory)."
-  echo
-  echo "## Method"
-  echo
-  echo "Each row is the median of the runs shown after one unrecorded warm-up (none for cold rows and one-off steps). Warm rows run on a mounted, read-once tree; cold rows drop the kernel's caches (\`echo 3 > /proc/sys/vm/drop_caches\`) and remount (a fresh daemon, nothing verified yet) before each run, outside the timing. \"x native\" divides by the native row of the same workload; \"sessionfs ÷ this\" is sessionfs' median over that tool's (below 1: sessionfs is faster). The exact command of every row is in \`.bench/results.jsonl\` (\`cmd\`)."
-  echo
-  echo "![ratios](benchmarks.png)"
-  echo
-  echo "## Results"
-  echo
-  echo "$tables"
-  echo
-  echo "## Scale"
-  echo
-  echo "![scale](benchmarks-scale.png)"
-  echo
-  echo '```'
-  cat "$scale" "$scale_b"
-  echo '```'
-  if [ -s "$failures" ]; then
-    echo
-    echo "## Failed steps"
-    echo
-    cat "$failures"
-  fi
-  if [ -f "$root/docs/benchmarks-analysis.md" ] && [ "$quick" != 1 ]; then
-    echo
-    cat "$root/docs/benchmarks-analysis.md"
-  fi
-} >"$report"
-log "done: $report"
+# shellcheck source=report.sh
+. "$root/scripts/bench/report.sh"
 if [ "$quick" = 1 ] && [ -s "$failures" ]; then
   log "steps failed:"; cat "$failures" >&2; exit 1
 fi

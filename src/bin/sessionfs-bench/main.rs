@@ -211,6 +211,23 @@ fn pivot(rows: &[(String, String, f64)]) -> String {
     out
 }
 
+/// With `BENCH_RESUME=1`, whether `out` already holds a result for this
+/// workload and tool (an interrupted run measures only what it lacks).
+fn already_measured(out: &std::path::Path, name: &str, tool: &str) -> bool {
+    if std::env::var_os("BENCH_RESUME").is_none_or(|v| v != "1") {
+        return false;
+    }
+    let found = std::fs::read_to_string(out).is_ok_and(|text| {
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Measurement>(l).ok())
+            .any(|m| m.name == name && m.tool == tool)
+    });
+    if found {
+        eprintln!("{name:<34} {tool:<28} kept from the interrupted run");
+    }
+    found
+}
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -258,6 +275,9 @@ fn run(cli: Cli) -> std::io::Result<()> {
             bytes,
             out,
         } => {
+            if already_measured(&out, &name, &tool) {
+                return Ok(());
+            }
             for _ in 0..warmup {
                 if let Some(p) = &prepare {
                     sh(p)?;
@@ -290,7 +310,12 @@ fn run(cli: Cli) -> std::io::Result<()> {
             unit,
             cmd,
             out,
-        } => Measurement::new(name, tool, cmd, value, unit).append(&out),
+        } => {
+            if already_measured(&out, &name, &tool) {
+                return Ok(());
+            }
+            Measurement::new(name, tool, cmd, value, unit).append(&out)
+        }
         Cmd::Report {
             results,
             baseline,
