@@ -102,6 +102,23 @@ pub fn reserve(file: &std::fs::File, len: u64) -> io::Result<()> {
     }
 }
 
+/// Asks the kernel to start reading `len` bytes at `offset` of `file` into
+/// the page cache now (`POSIX_FADV_WILLNEED`), so that I/O overlaps the
+/// caller's work. Advice only: does nothing where unsupported.
+pub fn will_need(file: &std::fs::File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
+        if let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) {
+            let _ = posix_fadvise(file, off, len, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, offset, len);
+    }
+}
+
 /// `fallocate(2)` with raw `mode` flags (Linux); `EOPNOTSUPP` elsewhere.
 pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
     #[cfg(target_os = "linux")]

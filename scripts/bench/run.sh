@@ -25,6 +25,9 @@ try() {
   fi
 }
 measure() { "$tool" measure --out "$results" "$@"; }
+# Whether a resumed run already has this workload and tool (to skip the
+# set-up of steps sessionfs-bench would skip anyway).
+have_result() { [ "${BENCH_RESUME:-0}" = 1 ] && grep -qF "{\"name\":\"$1\",\"tool\":\"$2\"" "$results" 2>/dev/null; }
 record() { "$tool" record --out "$results" "$@"; }
 
 # -- peers -------------------------------------------------------------------
@@ -226,6 +229,7 @@ done
 # -- memory on M -------------------------------------------------------------
 log "daemon memory on M"
 for t in sessionfs squashfuse_ll fuse-overlayfs ratarmount; do
+  have_result "daemon peak RSS M (stat and read everything)" "$t" && continue
   r=$(mount_as "$t" M) || continue
   find "$r" -printf '%s\n' >/dev/null && find "$r" -type f -exec cat {} + >/dev/null
   pid=$(daemon_pid "$t" M) && try record --name "daemon peak RSS M (stat and read everything)" --tool "$t" --unit MiB --value "$(peak_rss_mib "$pid")"
@@ -233,8 +237,9 @@ for t in sessionfs squashfuse_ll fuse-overlayfs ratarmount; do
 done
 
 # -- scale ---------------------------------------------------------------------
-echo "# entries mount_ms rss_mib seal_s" >"$scale"
+have_result "scale: mount, entries" "${scale_entries##* } entries" || echo "# entries mount_ms rss_mib seal_s" >"$scale"
 for n in $scale_entries; do
+  have_result "scale: mount, entries" "$n entries" && continue
   c=$dir/scale-M-$n
   [ "$n" = "$m_entries" ] && c=$M
   corpus m "$n" "$c"
@@ -256,8 +261,9 @@ for n in $scale_entries; do
   record --name "scale: daemon RSS after find, entries" --tool "$n entries" --unit MiB --value "$rss"
   record --name "scale: seal of one changed file, entries" --tool "$n entries" --value "$seal"
 done
-echo "# content_units mount_ms rss_mib seal_s floor_s" >"$scale_b"
+have_result "scale: mount, content" "${scale_units##* } $unit_name" || echo "# content_units mount_ms rss_mib seal_s floor_s" >"$scale_b"
 for g in $scale_units; do
+  have_result "scale: mount, content" "$g $unit_name" && continue
   c=$dir/scale-B-$g
   corpus b "$g" "$c" --size "$scale_unit"
   "$bin" pack --workspace "$c" -o "$dir/scale.packet" >/dev/null

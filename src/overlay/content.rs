@@ -43,7 +43,15 @@ pub struct Verifier {
     pub hashed: AtomicU64,
     /// Chunks verified.
     pub chunks: AtomicU64,
+    /// Striped locks over chunk bits: a chunk is hashed by one reader while
+    /// the others that want it wait (the kernel sends a file's readahead
+    /// requests to several threads at once; without this each of them
+    /// hashed the same chunk).
+    hashing: Box<[parking_lot::Mutex<()>]>,
 }
+
+/// Stripes of [`Verifier::hashing`].
+const HASH_STRIPES: u64 = 64;
 
 /// Number of chunks of a file of `size` bytes as verified by a mount.
 fn chunks_of(size: u64, chunked: bool) -> u64 {
@@ -73,6 +81,9 @@ impl Verifier {
             at_open: identity(packet)?,
             hashed: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
+            hashing: (0..HASH_STRIPES)
+                .map(|_| parking_lot::Mutex::new(()))
+                .collect(),
         })
     }
 
@@ -133,6 +144,10 @@ impl Verifier {
             let cend = (cstart + csize).min(f.size);
             let take_end = end.min(cend);
             let bit = self.base[i as usize] + k;
+            // Whoever hashes this chunk holds its stripe; a reader that
+            // waited finds it verified.
+            let _hashing = (!self.is_verified(bit))
+                .then(|| self.hashing[(bit % HASH_STRIPES) as usize].lock());
             if self.is_verified(bit) {
                 let at = out.len();
                 out.resize(at + (take_end - pos) as usize, 0);
@@ -140,6 +155,15 @@ impl Verifier {
                     .read_content_at(i as usize, pos, &mut out[at..])
                     .map_err(Error::PacketIo)?;
             } else {
+                // A reader that goes on will want the next chunk: the disk
+                // fetches it while this one is hashed.
+                if cend < f.size {
+                    crate::sys::will_need(
+                        packet.file(),
+                        packet.content_offset(i as usize) + cend,
+                        csize.min(f.size - cend),
+                    );
+                }
                 chunk_buf.resize((cend - cstart) as usize, 0);
                 packet
                     .read_content_at(i as usize, cstart, &mut chunk_buf)

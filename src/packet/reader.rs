@@ -290,12 +290,16 @@ impl Packet {
         Ok(())
     }
 
+    /// Where entry `i`'s content starts in the packet file.
+    pub fn content_offset(&self, i: usize) -> u64 {
+        self.layout.data_offset(i, &self.manifest.entries[i])
+    }
+
     /// Reads `buf.len()` bytes of entry `i`'s content at `offset` within the
     /// file, without checking them (callers verify chunks themselves).
     pub fn read_content_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let e = &self.manifest.entries[i];
-        let base = self.layout.data_offset(i, e);
-        self.file.read_exact_at(buf, base + offset)
+        self.file
+            .read_exact_at(buf, self.content_offset(i) + offset)
     }
 
     /// Hashes the whole file (for `file_sha256`), reading it in order.
