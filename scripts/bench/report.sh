@@ -10,6 +10,7 @@ img_dir=$(dirname "$report")
 gnuplot <<EOF || log "the ratio chart failed"
 set terminal pngcairo size 1400,800 font ",10" noenhanced
 set bmargin 14
+set rmargin 14
 set output "$img_dir/benchmarks.png"
 set title "Time relative to native (lower is better; log scale)"
 set style data histogram
@@ -42,7 +43,7 @@ fs=$(stat -f -c %T "$dir")
   echo "# Benchmarks"
   echo
   echo "Made by \`$( [ "$quick" = 1 ] && echo "make bench-quick" || echo "make bench")\` (scripts/bench/run.sh) on $(date -u +%Y-%m-%d)."
-  echo "Every figure below comes from that one run; nothing is copied from elsewhere."
+  echo "Every figure below was measured by it on this machine; nothing is copied from elsewhere. A run resumed after an interruption (\`BENCH_RESUME=1\`) keeps the rows it had; the analysis at the end says when that happened."
   echo
   echo "## Machine"
   echo
@@ -72,6 +73,18 @@ fs=$(stat -f -c %T "$dir")
   echo '```'
   cat "$scale" "$scale_b"
   echo '```'
+  echo
+  echo "## Commands"
+  echo
+  echo "What each row timed (set-up steps such as the remount before a cold run are in scripts/bench/run.sh):"
+  echo
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("cmd"):
+        print("- {} / {}: `{}`".format(m["name"], m["tool"], m["cmd"].replace("`", "")))
+' "$results"
   if [ -s "$failures" ]; then
     echo
     echo "## Failed steps"
