@@ -199,15 +199,7 @@ fn credentials_are_excluded_and_reported() {
         );
     }
     // Nothing excluded is in the packet; everything kept is.
-    let listing = String::from_utf8(
-        Command::new("tar")
-            .arg("-tf")
-            .arg(&out)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let listing = tar_listing(&out);
     for s in secrets {
         assert!(
             !listing.lines().any(|l| l == format!("workspace/{s}")),
@@ -266,15 +258,7 @@ fn user_patterns_and_keep() {
     );
     assert_eq!(v["excluded"][0]["reason"]["rule"], "excluded");
     assert_eq!(v["excluded"][0]["reason"]["pattern"], "*.log");
-    let listing = String::from_utf8(
-        Command::new("tar")
-            .arg("-tf")
-            .arg(&out)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let listing = tar_listing(&out);
     assert!(
         listing.contains("workspace/cert.pem"),
         "--keep lifted the *.pem default"
@@ -328,15 +312,7 @@ fn sqlite_side_files_follow_their_database() {
         "sqlite_side_file".into()
     )));
     assert!(ex.contains(&("workspace/orphan-wal".into(), "excluded".into())));
-    let listing = String::from_utf8(
-        Command::new("tar")
-            .arg("-tf")
-            .arg(&out)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let listing = tar_listing(&out);
     assert!(
         listing.contains("workspace/app.db-wal"),
         "a kept database keeps its WAL: {listing}"

@@ -114,15 +114,7 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
         "hashed {hashed} bytes for a rename and a 16-byte edit"
     );
     assert!(v["bytes_copied"].as_u64().unwrap() >= 4 * 1024 * 1024);
-    let listing = String::from_utf8(
-        std::process::Command::new("tar")
-            .arg("-tf")
-            .arg(&out)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let listing = tar_listing(&out);
     assert!(
         !listing.contains("sed"),
         "a temporary name leaked: {listing}"
@@ -154,12 +146,7 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (packet, _) = model_packet(tmp.path());
-    let m = Mounted::new(
-        &packet,
-        &tmp.path().join("mnt"),
-        &tmp.path().join("upper"),
-        &["--part", "workspace"],
-    );
+    let m = mount_workspace(&packet, tmp.path());
     fs::write(m.path(".env"), b"TOKEN=x").unwrap();
     fs::create_dir(m.path(".ssh")).unwrap();
     fs::write(m.path(".ssh/id_ed25519"), b"key").unwrap();
@@ -182,15 +169,7 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
         ["workspace/.env", "workspace/.ssh", "workspace/auth.pem"]
     );
     assert_eq!(v["dropped"][0]["path"], "workspace/pipe");
-    let listing = String::from_utf8(
-        std::process::Command::new("tar")
-            .arg("-tf")
-            .arg(&out)
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let listing = tar_listing(&out);
     assert!(
         !listing.contains(".env")
             && !listing.contains(".ssh")
@@ -398,12 +377,7 @@ fn a_seal_concurrent_with_a_writer_captures_whole_writes() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (packet, _) = model_packet(tmp.path());
-    let m = Mounted::new(
-        &packet,
-        &tmp.path().join("mnt"),
-        &tmp.path().join("upper"),
-        &["--part", "workspace"],
-    );
+    let m = mount_workspace(&packet, tmp.path());
     let path = m.path("log.bin");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();

@@ -334,18 +334,35 @@ pub fn model_packet(tmp: &Path) -> (PathBuf, PathBuf) {
     (packet, model)
 }
 
-/// A packet of [`sample_tree`] in `tmp`, mounted with `--part workspace` at
-/// `tmp/mnt` with upper directory `tmp/upper`.
+/// `packet` mounted with `--part workspace` at `tmp/mnt`, with upper
+/// directory `tmp/upper`.
+#[track_caller]
+pub fn mount_workspace(packet: &Path, tmp: &Path) -> Mounted {
+    Mounted::new(
+        packet,
+        &tmp.join("mnt"),
+        &tmp.join("upper"),
+        &["--part", "workspace"],
+    )
+}
+
+/// A packet of [`sample_tree`] in `tmp`, mounted by [`mount_workspace`].
 #[track_caller]
 pub fn sample_mount(tmp: &Path) -> (PathBuf, Mounted) {
     let ws = tmp.join("ws");
     sample_tree(&ws);
     let packet = packet_of(&ws, tmp, "p", &[]);
-    let m = Mounted::new(
-        &packet,
-        &tmp.join("mnt"),
-        &tmp.join("upper"),
-        &["--part", "workspace"],
-    );
+    let m = mount_workspace(&packet, tmp);
     (packet, m)
+}
+
+/// The member names GNU tar lists in `archive`, one per line.
+pub fn tar_listing(archive: &Path) -> String {
+    let out = std::process::Command::new("tar")
+        .arg("-tf")
+        .arg(archive)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tar -tf {}", archive.display());
+    String::from_utf8(out.stdout).unwrap()
 }
