@@ -172,12 +172,7 @@ fn credentials_are_excluded_and_reported() {
         out.to_str().unwrap(),
     ]);
     let v = r.ok();
-    let excluded: Vec<&str> = v["excluded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["path"].as_str().unwrap())
-        .collect();
+    let excluded: Vec<&str> = excluded_paths(v);
     for want in [
         "workspace/.ssh",
         "workspace/.aws",
@@ -246,12 +241,7 @@ fn user_patterns_and_keep() {
             "*.pem",
         ],
     );
-    let ex: Vec<&str> = v["excluded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["path"].as_str().unwrap())
-        .collect();
+    let ex: Vec<&str> = excluded_paths(&v);
     assert_eq!(
         ex,
         ["workspace/a.log", "workspace/sub/b.log", "workspace/target"]
@@ -360,12 +350,7 @@ fn opencode_database_is_refused_unless_excluded_or_kept() {
     let mut args = base.to_vec();
     args.extend(["--exclude", "opencode.db"]);
     let v = run(&args).ok().clone();
-    let ex: Vec<&str> = v["excluded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["path"].as_str().unwrap())
-        .collect();
+    let ex: Vec<&str> = excluded_paths(&v);
     assert!(
         ex.contains(&"harness/opencode.db-wal")
             && ex.contains(&"harness/auth.json")

@@ -158,12 +158,7 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
     .unwrap();
     let out = tmp.path().join("s.packet");
     let v = seal(&m, &out, &[]);
-    let ex: Vec<&str> = v["excluded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["path"].as_str().unwrap())
-        .collect();
+    let ex: Vec<&str> = excluded_paths(&v);
     assert_eq!(
         ex,
         ["workspace/.env", "workspace/.ssh", "workspace/auth.pem"]

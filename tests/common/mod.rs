@@ -366,3 +366,13 @@ pub fn tar_listing(archive: &Path) -> String {
     assert!(out.status.success(), "tar -tf {}", archive.display());
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// The `path` of every entry in a result's `excluded` list, in order.
+pub fn excluded_paths(result: &Value) -> Vec<&str> {
+    result["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect()
+}
