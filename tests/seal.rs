@@ -530,6 +530,7 @@ fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
         let bar = tmp.path().join("barrier");
         arm_barrier(&bar, point);
         fs::create_dir_all(&mnt).unwrap();
+        let _unmount = LazyUnmount(mnt.clone());
         let r = run_env(
             [
                 "mount",

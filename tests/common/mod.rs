@@ -376,3 +376,14 @@ pub fn excluded_paths(result: &Value) -> Vec<&str> {
         .map(|e| e["path"].as_str().unwrap())
         .collect()
 }
+
+/// Detaches whatever is mounted at the path when dropped, for tests that
+/// mount by hand (with a barrier in the environment, or to kill the daemon):
+/// a failed assertion then leaves no mount behind.
+pub struct LazyUnmount(pub PathBuf);
+
+impl Drop for LazyUnmount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3").arg("-uz").arg(&self.0).output();
+    }
+}
