@@ -22,8 +22,13 @@ mount_as() {
 unmount_as() { [ "$1" = native ] || unmount "$mnt/$1"; }
 daemon_pid() { # TOOL NAME
   case $1 in
-    sessionfs) python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$dir/mount-$2.json" ;;
+    sessionfs) json_field pid <"$dir/mount-$2.json" ;;
     *) pgrep -n -f "$1 .*/$2\.(sqfs|tar|native)" ;;
   esac
 }
 peak_rss_mib() { awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
+
+# json_field KEY: the value of KEY in the JSON object on stdin.
+json_field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+# seconds_since START: seconds elapsed since START (a `date +%s.%N`).
+seconds_since() { echo "$(date +%s.%N) - $1" | bc; }

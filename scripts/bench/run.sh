@@ -180,7 +180,7 @@ log "seal after changing 1% of S"
 r=$(mount_as sessionfs S)
 changed=$(change_files "$r" 100 1)
 measure --name "seal after changing 1% of S" --tool sessionfs --runs "$runs" --cmd "$bin seal $r -o $dir/sealed.packet >$dir/seal.json"
-manifest=$("$bin" inspect "$dir/sealed.packet" | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifest_bytes"])')
+manifest=$("$bin" inspect "$dir/sealed.packet" | json_field manifest_bytes)
 python3 - "$dir/seal.json" "$changed" "$manifest" <<'EOF' | while IFS=$'\t' read -r what value; do record --name "seal after changing 1% of S: bytes" --tool "$what" --value "$value" --unit B; done
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -212,8 +212,7 @@ for turn in 1 2 3 4; do
   change_files "$r" 100 "$((turn * 7))" >/dev/null
   start=$(date +%s.%N)
   "$bin" seal "$r" -o "$dir/turn$turn.packet" --rebase >"$dir/turn.json"
-  end=$(date +%s.%N)
-  turn_times+=("$(echo "$end - $start" | bc)")
+  turn_times+=("$(seconds_since "$start")")
   [ "$turn" -gt 1 ] && rm -f "$dir/turn$((turn - 1)).packet"
 done
 record --name "seal --rebase after changing 1% of S" --tool "sessionfs, turn 1" --value "${turn_times[0]}"
@@ -241,6 +240,25 @@ for t in sessionfs squashfuse_ll fuse-overlayfs ratarmount; do
 done
 
 # -- scale ---------------------------------------------------------------------
+# scale_point CHANGE: mounts scale.packet cold (timed), stats every entry,
+# runs CHANGE (a command, given the mounted root), seals (timed); sets ms,
+# rss and seal.
+scale_point() {
+  drop_caches
+  local start; start=$(date +%s.%N)
+  "$bin" mount "$dir/scale.packet" "$mnt/sessionfs" --upper "$dir/scale-upper" --part workspace >"$dir/scale-mount.json"
+  ms=$(echo "$(seconds_since "$start") * 1000" | bc)
+  find "$mnt/sessionfs" -printf '%s\n' >/dev/null
+  rss=$(peak_rss_mib "$(json_field pid <"$dir/scale-mount.json")")
+  $1 "$mnt/sessionfs"
+  start=$(date +%s.%N)
+  "$bin" seal "$mnt/sessionfs" -o "$dir/scale-sealed.packet" >/dev/null
+  seal=$(seconds_since "$start")
+  unmount "$mnt/sessionfs"; rm -rf "$dir/scale-upper" "$dir/scale-sealed.packet"
+}
+append_line() { echo x >>"$1/d0/e0/f2"; }
+overwrite_7_bytes() { printf 'changed' | dd of="$1/big0.bin" bs=1 seek=4096 conv=notrunc status=none; }
+
 have_result "scale: mount, entries" "${scale_entries##* } entries" || echo "# entries mount_ms rss_mib seal_s" >"$scale"
 for n in $scale_entries; do
   have_result "scale: mount, entries" "$n entries" && continue
@@ -248,17 +266,8 @@ for n in $scale_entries; do
   [ "$n" = "$m_entries" ] && c=$M
   corpus m "$n" "$c"
   "$bin" pack --workspace "$c" -o "$dir/scale.packet" >/dev/null
-  drop_caches
-  start=$(date +%s.%N)
-  "$bin" mount "$dir/scale.packet" "$mnt/sessionfs" --upper "$dir/scale-upper" --part workspace >"$dir/scale-mount.json"
-  ms=$(echo "($(date +%s.%N) - $start) * 1000" | bc)
-  find "$mnt/sessionfs" -printf '%s\n' >/dev/null
-  rss=$(peak_rss_mib "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$dir/scale-mount.json")")
-  echo x >>"$mnt/sessionfs/d0/e0/f2"
-  start=$(date +%s.%N)
-  "$bin" seal "$mnt/sessionfs" -o "$dir/scale-sealed.packet" >/dev/null
-  seal=$(echo "$(date +%s.%N) - $start" | bc)
-  unmount "$mnt/sessionfs"; rm -rf "$dir/scale-upper" "$dir/scale.packet" "$dir/scale-sealed.packet"
+  scale_point append_line
+  rm -f "$dir/scale.packet"
   [ "$quick" = 1 ] || [ "$c" = "$M" ] || rm -rf "$c"
   echo "$n $ms $rss $seal" >>"$scale"
   record --name "scale: mount, entries" --tool "$n entries" --value "$(echo "$ms / 1000" | bc -l)"
@@ -271,20 +280,11 @@ for g in $scale_units; do
   c=$dir/scale-B-$g
   corpus b "$g" "$c" --size "$scale_unit"
   "$bin" pack --workspace "$c" -o "$dir/scale.packet" >/dev/null
-  rm -rf "$c"
-  drop_caches
-  start=$(date +%s.%N)
-  "$bin" mount "$dir/scale.packet" "$mnt/sessionfs" --upper "$dir/scale-upper" --part workspace >"$dir/scale-mount.json"
-  ms=$(echo "($(date +%s.%N) - $start) * 1000" | bc)
-  rss=$(peak_rss_mib "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$dir/scale-mount.json")")
-  printf 'changed' | dd of="$mnt/sessionfs/big0.bin" bs=1 seek=4096 conv=notrunc status=none
-  start=$(date +%s.%N)
-  "$bin" seal "$mnt/sessionfs" -o "$dir/scale-sealed.packet" >/dev/null
-  seal=$(echo "$(date +%s.%N) - $start" | bc)
-  unmount "$mnt/sessionfs"; rm -rf "$dir/scale-upper" "$dir/scale-sealed.packet"
+  rm -rf "$c" # before the seal: at 16 GiB the disk holds two packets, not three trees
+  scale_point overwrite_7_bytes
   start=$(date +%s.%N)
   dd if="$dir/scale.packet" of="$dir/scale-floor" bs=4M conv=fsync status=none
-  floor=$(echo "$(date +%s.%N) - $start" | bc)
+  floor=$(seconds_since "$start")
   rm -f "$dir/scale.packet" "$dir/scale-floor"
   echo "$g $ms $rss $seal $floor" >>"$scale_b"
   record --name "scale: mount, content" --tool "$g $unit_name" --value "$(echo "$ms / 1000" | bc -l)"
