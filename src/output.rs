@@ -252,7 +252,7 @@ pub struct WriteStats {
 
 /// Writes every member of `manifest` (headers from the manifest, content
 /// from `src`) at its offset in `out`, on all cores, in batches of about
-/// [`BATCH_BYTES`] assembled in memory and written with one call; a member
+/// `BATCH_BYTES` assembled in memory and written with one call; a member
 /// larger than a batch is streamed. Returns the hashes computed.
 pub fn write_members<S: Contents>(
     out: &Output,
