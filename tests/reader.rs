@@ -629,3 +629,26 @@ fn every_byte_outside_the_manifest_is_checked() {
         assert_eq!(r.code, 3, "flipping byte {at} went unnoticed: {}", r.json);
     }
 }
+
+#[test]
+fn fuzz_regressions_for_the_manifest_parser() {
+    // Inputs cargo-fuzz found: the parser must refuse them or accept only
+    // what re-encodes to the same bytes (fuzz/fuzz_targets/manifest.rs).
+    let limits = sessionfs::packet::format::Limits {
+        max_entries: 1000,
+        max_bytes: 1 << 30,
+        max_path_bytes: 4096,
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let data = std::fs::read(&path).unwrap();
+        if let Ok(m) = sessionfs::packet::manifest::Manifest::parse(&data, &limits) {
+            assert!(
+                m.encode() == data,
+                "{}: accepted a non-canonical manifest",
+                path.display()
+            );
+        }
+    }
+}

@@ -712,9 +712,14 @@ impl<'a> Parser<'a> {
                         Some(b't') => ('\t', 2),
                         Some(b'u') => {
                             let hex = bytes.get(i + 2..i + 6).unwrap_or(b"");
+                            // Exactly four hex digits: from_str_radix alone
+                            // would also take a sign (`\u+00f`, found by
+                            // cargo-fuzz), which does not re-encode the same.
                             let value = std::str::from_utf8(hex)
                                 .ok()
-                                .filter(|h| h.len() == 4)
+                                .filter(|h| {
+                                    h.len() == 4 && h.bytes().all(|b| b.is_ascii_hexdigit())
+                                })
                                 .and_then(|h| u32::from_str_radix(h, 16).ok());
                             let Some(value) = value else {
                                 self.pos = esc_at;
