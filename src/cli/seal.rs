@@ -187,6 +187,11 @@ pub fn handle(
     let done = std::sync::atomic::AtomicU64::new(0);
     let last = parking_lot::Mutex::new(None::<std::time::Instant>);
     let report = |n: u64| {
+        if n == 0 {
+            // Members without content (directories, empty files) report 0:
+            // nothing to tell the client, and a first count of 0 says nothing.
+            return;
+        }
         progress.add(n);
         let total = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
         if let Some(notify) = notify.filter(|_| req.progress)
