@@ -66,6 +66,15 @@ fn exited(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether nothing holds the lock on upper directory `dir` (taken and
+/// released at once to find out).
+fn lock_free(dir: &Path) -> bool {
+    let Ok(d) = std::fs::File::open(dir) else {
+        return true;
+    };
+    nix::fcntl::Flock::lock(d, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+}
+
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let mp = &a.mountpoint;
     let fail = |kind: &str, message: String| {
@@ -96,6 +105,15 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 let start = Instant::now();
                 while !exited(pid) && start.elapsed() < Duration::from_secs(30) {
                     std::thread::sleep(Duration::from_millis(5));
+                }
+                // A process whose main thread is a zombie may still have
+                // threads finishing their exit, holding its files (and the
+                // lock): wait for the lock itself.
+                if let Some(upper) = v["upper"].as_str() {
+                    while !lock_free(Path::new(upper)) && start.elapsed() < Duration::from_secs(30)
+                    {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
                 }
             }
             "daemon"
