@@ -137,42 +137,25 @@ pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::
     }
 }
 
-/// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off` inside
-/// the kernel (`copy_file_range`), without passing them through memory.
-/// Fails (for the caller to fall back to reading) where unsupported.
-pub fn copy_range(
-    src: &std::fs::File,
-    src_off: u64,
-    dst: &std::fs::File,
-    dst_off: u64,
-    len: u64,
-) -> io::Result<()> {
+/// Starts writing back the dirty pages of `len` bytes at `offset` of
+/// `file` without waiting for them, so that a later fsync waits only for
+/// what was written since. Linux has no safe call for exactly this
+/// (`sync_file_range` is not in nix); `POSIX_FADV_DONTNEED` does it: it
+/// submits the range's dirty pages for writeback (without waiting) and then
+/// drops only pages that are clean and idle, so the pages just written stay
+/// cached. PostgreSQL uses it the same way where `sync_file_range` is
+/// missing. Advice only: does nothing elsewhere.
+pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
     {
-        let to_off =
-            |v: u64| i64::try_from(v).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG));
-        let (mut off_in, mut off_out) = (to_off(src_off)?, to_off(dst_off)?);
-        let mut left = len;
-        while left > 0 {
-            let n = nix::fcntl::copy_file_range(
-                src,
-                Some(&mut off_in),
-                dst,
-                Some(&mut off_out),
-                left as usize,
-            )
-            .map_err(io::Error::from)?;
-            if n == 0 {
-                return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
-            }
-            left -= n as u64;
+        use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
+        if let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) {
+            let _ = posix_fadvise(file, off, len, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
         }
-        Ok(())
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (src, src_off, dst, dst_off, len);
-        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+        let _ = (file, offset, len);
     }
 }
 

@@ -255,8 +255,9 @@ fn bad_states_fail_closed_with_no_output() {
 }
 
 /// Every point the seal's test barrier knows, in the order a seal passes them.
-const POINTS: [&str; 7] = [
+const POINTS: [&str; 8] = [
     "collected",
+    "hashed",
     "sized",
     "written",
     "synced",
@@ -308,6 +309,150 @@ fn kill_offline_seal_at(packet: &Path, upper: &Path, out: &Path, point: &str, ba
 }
 
 #[test]
+fn large_files_are_copied_chunk_by_chunk_and_tampering_is_caught() {
+    // Reused content is verified as it is copied: a small file against its
+    // hash, a large one chunk by chunk; the packet equals `pack` of the
+    // merged view, and a tampered chunk fails the seal with nothing written.
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tmp.path();
+    let ws = tmp.join("ws");
+    fs::create_dir_all(ws.join("d")).unwrap();
+    let big: Vec<u8> = (0..(9u32 << 20) + 123)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fs::write(ws.join("big.bin"), &big).unwrap();
+    fs::write(ws.join("exact.bin"), vec![3u8; 4 << 20]).unwrap();
+    fs::write(ws.join("d/small.txt"), b"small").unwrap();
+    let packet = packet_of(&ws, tmp, "p", &["--zero-mtimes"]);
+    let m = mount_workspace(&packet, tmp);
+    fs::write(m.path("d/new.txt"), b"new").unwrap();
+    let out = tmp.join("s.packet");
+    let v = seal(&m, &out, &["--zero-mtimes"]);
+    let lower_bytes = big.len() as u64 + (4 << 20) + 5;
+    assert_eq!(v["bytes_verified"], lower_bytes, "{v}");
+    assert_eq!(v["bytes_copied"], lower_bytes, "{v}");
+    fs::write(ws.join("d/new.txt"), b"new").unwrap();
+    let want = packet_of(&ws, tmp, "want", &["--zero-mtimes"]);
+    assert!(
+        fs::read(&out).unwrap() == fs::read(&want).unwrap(),
+        "the seal differs from pack of the merged view"
+    );
+    let checked = run(["verify", out.to_str().unwrap()]);
+    assert_eq!(checked.ok()["file_sha256"], v["file_sha256"]);
+
+    // Tamper with chunk 1 of big.bin in the packet under the mount.
+    let bytes = fs::read(&packet).unwrap();
+    let at = bytes
+        .windows(64)
+        .position(|w| w == &big[..64])
+        .expect("big.bin's content in the packet") as u64;
+    let f = fs::OpenOptions::new().write(true).open(&packet).unwrap();
+    let pos = at + (5 << 20);
+    std::os::unix::fs::FileExt::write_all_at(&f, &[bytes[pos as usize] ^ 1], pos).unwrap();
+    drop(f);
+    let out2 = tmp.join("s2.packet");
+    let args = [
+        "seal",
+        m.mnt.to_str().unwrap(),
+        "-o",
+        out2.to_str().unwrap(),
+    ];
+    run(args).fails(3, "packet_changed");
+    assert!(!out2.exists());
+    m.umount();
+    // Offline, the packet is opened afresh: the chunk's hash catches it.
+    let r = run([
+        "seal",
+        "--packet",
+        packet.to_str().unwrap(),
+        "--upper",
+        tmp.join("upper").to_str().unwrap(),
+        "-o",
+        out2.to_str().unwrap(),
+    ]);
+    let e = r.fails(3, "content_mismatch");
+    assert_eq!(e["path"], "workspace/big.bin", "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains(&(4u64 << 20).to_string()), "{msg}");
+    assert!(!out2.exists());
+}
+
+#[test]
+fn content_changed_between_hashing_and_writing_is_refused() {
+    // New content is hashed before the packet is written and not hashed
+    // again: if anything rewrites an upper data file in between (possible
+    // only offline, where no daemon holds changes back), the seal must fail
+    // rather than write a packet whose manifest lies.
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, m) = sample_mount(tmp.path());
+    let upper = m.upper.clone();
+    fs::write(m.path("new.txt"), b"turn one").unwrap();
+    m.umount();
+    let data = walk_files(&upper)
+        .into_iter()
+        .find(|p| fs::read(p).is_ok_and(|b| b == b"turn one"))
+        .expect("the data file of new.txt");
+    let bar = tmp.path().join("barrier");
+    arm_barrier(&bar, "hashed");
+    let out = tmp.path().join("out.packet");
+    let child = std::process::Command::new(bin())
+        .args(["seal", "--packet", packet.to_str().unwrap()])
+        .args([
+            "--upper",
+            upper.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .env("SESSIONFS_TEST_BARRIER", &bar)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !bar.join("hashed.reached").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "hashed never reached"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    fs::write(&data, b"turn two").unwrap(); // same size: only the stamp tells
+    fs::write(bar.join("hashed.go"), b"").unwrap();
+    let done = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(done.status.code(), Some(7), "{v}");
+    assert_eq!(v["kind"], "changed_while_sealing", "{v}");
+    assert!(v["path"].as_str().unwrap().ends_with("new.txt"), "{v}");
+    assert!(!out.exists());
+    let leftovers: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// Every regular file under `dir`.
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap().filter_map(|e| e.ok()) {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
 fn sigkill_at_any_point_leaves_nothing_or_the_whole_packet() {
     // "A seal killed with SIGKILL at any point ... leaves either no file at
     // the output path or the complete packet, never a partial one, and
@@ -324,7 +469,14 @@ fn sigkill_at_any_point_leaves_nothing_or_the_whole_packet() {
     let reference = tmp.path().join("reference.packet");
     let want = seal(&m, &reference, &[])["digest"].clone();
     m.umount();
-    for point in ["collected", "sized", "written", "synced", "committed"] {
+    for point in [
+        "collected",
+        "hashed",
+        "sized",
+        "written",
+        "synced",
+        "committed",
+    ] {
         let out = tmp.path().join(format!("{point}.packet"));
         kill_offline_seal_at(&packet, &upper, &out, point, &tmp.path().join("barrier"));
         if out.exists() {

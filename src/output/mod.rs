@@ -2,9 +2,13 @@
 //! beside the destination, then fsync, rename and directory fsync, so the
 //! destination holds either nothing new or the complete packet.
 //!
-//! Because a packet's layout is known from the manifest's length alone
-//! (hashes are fixed-width), writers size the file first and fill members in
-//! parallel, in any order; the manifest, which needs every hash, goes last.
+//! Two writers. `pack` ([`write_members`]) learns the hashes as it writes:
+//! because a packet's layout is known from the manifest's length alone
+//! (hashes are fixed-width), it sizes the file first and fills members in
+//! parallel, in any order; the manifest, which needs every hash, goes last,
+//! and the whole file is read back for `file_sha256`. `seal`
+//! ([`write_in_order`]) knows every hash before it writes, so it writes the
+//! file once, in order, hashing it as it goes (see [`in_order`]).
 //! Padding and the end marker are the zeros of the freshly sized file.
 //!
 //! Writes are buffered. `O_DIRECT` was measured (docs/benchmarks.md): it
@@ -25,6 +29,9 @@ use crate::packet::error::{Error, Result};
 use crate::packet::format::BLOCK;
 use crate::packet::layout::{Layout, MANIFEST_DATA_OFFSET, manifest_header};
 use crate::packet::manifest::Manifest;
+
+pub mod in_order;
+pub use in_order::{hash_new, write_in_order};
 
 /// Size of the pieces read back when hashing the finished file.
 const HASH_PIECE: usize = 4 << 20;
@@ -162,6 +169,13 @@ impl Output {
         Ok(hash)
     }
 
+    /// Waits until the data written is on disk (`fdatasync`).
+    pub fn sync_data(&self) -> Result<()> {
+        self.file()
+            .sync_data()
+            .map_err(|e| Error::io("cannot fsync the output", e))
+    }
+
     /// Makes the packet durable and visible: mode, fsync, rename over the
     /// destination, fsync of the directory.
     pub fn commit(self, mode: u32) -> Result<()> {
@@ -226,11 +240,16 @@ pub trait ContentReader {
     type Error;
     /// Fills `buf` with the next bytes; a short file is an error.
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Self::Error>;
-    /// Copies the next `len` bytes straight to `out` at `offset`, without
-    /// passing them through memory (copy_file_range), when the source
-    /// allows; `false` when it does not.
-    fn copy_to(&mut self, _out: &File, _offset: u64, _len: u64) -> Result<bool, Self::Error> {
-        Ok(false)
+    /// Skips the next `n` bytes (by reading them, unless the source can
+    /// seek).
+    fn skip(&mut self, mut n: u64) -> Result<(), Self::Error> {
+        let mut scratch = vec![0u8; n.min(1 << 20) as usize];
+        while n > 0 {
+            let k = n.min(scratch.len() as u64) as usize;
+            self.read_exact(&mut scratch[..k])?;
+            n -= k as u64;
+        }
+        Ok(())
     }
     /// Called after the last byte: a source can check it did not change.
     fn finish(self) -> Result<(), Self::Error>;
@@ -408,11 +427,6 @@ impl<S: Contents> MemberWriter<'_, S> {
         let check = self.src.check(i);
         let mut d = Digesting::new(check, size);
         let mut r = self.src.open(i)?;
-        if check == Check::Trust && r.copy_to(self.out.file(), base, size)? {
-            self.stats.copied.fetch_add(size, Ordering::Relaxed);
-            (self.progress)(size);
-            return r.finish();
-        }
         let mut done = 0;
         while done < size {
             let n = (size - done).min(BATCH_BYTES) as usize;

@@ -95,6 +95,17 @@ impl Verifier {
         }
     }
 
+    /// Fails with [`Error::PacketChanged`] if the packet file is not the
+    /// one the chunks were verified in (its size, mtime or ctime moved):
+    /// nothing verified before can be trusted then.
+    pub fn check_unchanged(&self, packet: &Packet) -> Result<()> {
+        if identity(packet).map_err(Error::PacketIo)? != self.at_open {
+            tracing::error!(packet = %packet.path().display(), "the packet file changed while mounted");
+            return Err(Error::PacketChanged);
+        }
+        Ok(())
+    }
+
     fn is_verified(&self, bit: u64) -> bool {
         self.bits[(bit / 64) as usize].load(Ordering::Acquire) & (1 << (bit % 64)) != 0
     }
@@ -129,10 +140,7 @@ impl Verifier {
         if offset >= f.size || len == 0 {
             return Ok(());
         }
-        if identity(packet).map_err(Error::PacketIo)? != self.at_open {
-            tracing::error!(packet = %packet.path().display(), "the packet file changed while mounted");
-            return Err(Error::PacketChanged);
-        }
+        self.check_unchanged(packet)?;
         let end = f.size.min(offset.saturating_add(len));
         let chunked = !f.chunks.is_empty();
         let csize = if chunked { CHUNK_SIZE } else { f.size };

@@ -11,10 +11,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
@@ -25,7 +25,7 @@ use super::ino::Ino;
 use super::journal::Record;
 use super::node::{Content, Kind};
 use super::state::{Lower, Ref};
-use crate::output::{Check, ContentReader, Contents, Output, WriteStats, write_members};
+use crate::output::{Check, ContentReader, Contents, Output, WriteStats, hash_new, write_in_order};
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
 use crate::packet::layout::Layout;
@@ -209,6 +209,10 @@ impl Overlay {
     /// done; readers do not.
     pub fn seal(&self, opts: &SealOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<SealOutcome> {
         let _hold = self.mutations.write();
+        let t0 = std::time::Instant::now();
+        let phase = |name: &str| {
+            tracing::debug!(phase = name, ms = t0.elapsed().as_millis() as u64, "seal")
+        };
         // Nothing can rebase while the seal holds changes.
         let lower = self.lower();
         let parent = lower.packet.digest;
@@ -221,9 +225,10 @@ impl Overlay {
             })?;
         let (items, mut report) = self.collect(opts, &policy)?;
         barrier(&opts.barrier, "collected");
+        phase("collected");
 
         // The manifest: known hashes for reused content, placeholders for
-        // the rest (same length: hashes are fixed-width).
+        // the rest until they are hashed.
         let old = lower.manifest();
         // The harness part cannot be removed on a mount, so its kind carries over.
         let has_harness = items.iter().any(|i| i.path == "harness");
@@ -259,31 +264,53 @@ impl Overlay {
             });
         }
         manifest.validate(&opts.limits).map_err(refusal)?;
-        let manifest_len = manifest.encode().len() as u64;
-        let layout = Layout::compute(&manifest, manifest_len);
-        let output = Output::create(&opts.output)?;
-        output.size_for(&layout)?;
-        barrier(&opts.barrier, "sized");
-
         let sources = SealContents {
             overlay: self,
             lower: &lower,
             items: &items,
+            stamps: items.iter().map(|_| OnceLock::new()).collect(),
         };
+        // New content is hashed first, so the manifest is complete before
+        // anything is written and the packet goes out in one ordered pass.
         let stats = WriteStats::default();
-        let computed = write_members(&output, &manifest, &layout, &sources, &stats, progress)?;
-        for (i, sha, chunks) in computed {
+        for (i, sha, chunks) in hash_new(&manifest, &sources, &stats)? {
             if let EntryKind::File(f) = &mut manifest.entries[i].kind {
                 f.sha256 = sha;
                 f.chunks = chunks.into();
             }
         }
+        barrier(&opts.barrier, "hashed");
+        phase("hashed");
+        let manifest_bytes = manifest.encode();
+        let manifest_len = manifest_bytes.len() as u64;
+        let layout = Layout::compute(&manifest, manifest_len);
+        let output = Output::create(&opts.output)?;
+        output.size_for(&layout)?;
+        barrier(&opts.barrier, "sized");
+        phase("sized");
+
+        // Chunks verified earlier are trusted only in the file they were
+        // verified in: checked before the copy and after it.
+        lower.verifier.check_unchanged(&lower.packet)?;
+        let file_sha256 = write_in_order(
+            &output,
+            &manifest,
+            &manifest_bytes,
+            &layout,
+            &sources,
+            &stats,
+            progress,
+        )?;
+        lower.verifier.check_unchanged(&lower.packet)?;
+        let digest = Digest::of_manifest(&manifest_bytes);
         barrier(&opts.barrier, "written");
-        let digest = output.write_manifest(&manifest, manifest_len)?;
-        let file_sha256 = output.hash_and_sync(layout.total_len())?;
+        phase("written");
+        output.sync_data()?;
         barrier(&opts.barrier, "synced");
+        phase("synced");
         output.commit(opts.mode)?;
         barrier(&opts.barrier, "committed");
+        phase("committed");
         if opts.rebase {
             self.rebase_onto(&opts.output, &items, &opts.limits, &opts.barrier)?;
         }
@@ -730,10 +757,27 @@ struct SealContents<'a> {
     overlay: &'a Overlay,
     lower: &'a Lower,
     items: &'a [Item],
+    /// Per entry: how its upper data file looked when first read, so that
+    /// content hashed once and written later is known to be the same.
+    stamps: Vec<OnceLock<Stamp>>,
+}
+
+/// Size, mtime and ctime of an upper data file: any write changes them.
+type Stamp = (u64, i64, i64, i64, i64);
+
+fn stamp(file: &File) -> std::io::Result<Stamp> {
+    let m = file.metadata()?;
+    Ok((
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    ))
 }
 
 /// Reading one file for the seal.
-enum SealReader {
+enum SealReader<'a> {
     /// From the old packet, at an absolute offset.
     Lower {
         file: File,
@@ -745,13 +789,14 @@ enum SealReader {
         file: Arc<File>,
         pos: u64,
         path: Arc<str>,
+        stamp: &'a OnceLock<Stamp>,
     },
 }
 
 impl Contents for SealContents<'_> {
     type Error = Error;
     type Reader<'a>
-        = SealReader
+        = SealReader<'a>
     where
         Self: 'a;
 
@@ -771,7 +816,7 @@ impl Contents for SealContents<'_> {
         }
     }
 
-    fn open(&self, i: usize) -> Result<SealReader> {
+    fn open(&self, i: usize) -> Result<SealReader<'_>> {
         let ItemKind::File(f) = &self.items[i].kind else {
             return Err(Error::NotFound);
         };
@@ -791,18 +836,21 @@ impl Contents for SealContents<'_> {
                 file: self.overlay.upper.data(id)?,
                 pos: 0,
                 path,
+                stamp: &self.stamps[i],
             }),
         }
     }
 }
 
-impl ContentReader for SealReader {
+impl ContentReader for SealReader<'_> {
     type Error = Error;
 
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
         let (file, pos, path): (&File, &mut u64, &Arc<str>) = match self {
             SealReader::Lower { file, pos, path } => (file, pos, path),
-            SealReader::Upper { file, pos, path } => (file, pos, path),
+            SealReader::Upper {
+                file, pos, path, ..
+            } => (file, pos, path),
         };
         file.read_exact_at(buf, *pos).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -822,16 +870,34 @@ impl ContentReader for SealReader {
         Ok(())
     }
 
-    fn copy_to(&mut self, out: &File, offset: u64, len: u64) -> Result<bool> {
-        let SealReader::Lower { file, pos, .. } = self else {
-            return Ok(false);
-        };
-        Ok(crate::sys::copy_range(file, *pos, out, offset, len)
-            .map(|_| true)
-            .unwrap_or(false))
+    fn skip(&mut self, n: u64) -> Result<()> {
+        match self {
+            SealReader::Lower { pos, .. } | SealReader::Upper { pos, .. } => *pos += n,
+        }
+        Ok(())
     }
 
     fn finish(self) -> Result<()> {
+        let SealReader::Upper {
+            file,
+            path,
+            stamp: seen,
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let now = stamp(&file).map_err(|e| Error::Upper {
+            context: format!("{path}: stat"),
+            source: e,
+        })?;
+        if *seen.get_or_init(|| now) != now {
+            return Err(Error::Refused {
+                path: path.to_string(),
+                kind: "changed_while_sealing",
+                reason: "its upper data file changed after the seal hashed it (only the daemon may write the upper directory)".into(),
+            });
+        }
         Ok(())
     }
 }
