@@ -165,6 +165,7 @@ pub fn write_in_order<S: Contents>(
     let pieces = pieces(manifest, layout);
     let count = pieces.len();
     let next = AtomicUsize::new(0);
+    let write_lock = parking_lot::Mutex::new(());
     let failed = AtomicBool::new(false);
     let (pool_tx, pool_rx) = mpsc::channel::<Vec<u8>>();
     for _ in 0..IN_FLIGHT {
@@ -198,7 +199,8 @@ pub fn write_in_order<S: Contents>(
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 let done_tx = done_tx.clone();
-                let (a, pieces, next, failed, pool_rx) = (&a, &pieces, &next, &failed, &pool_rx);
+                let (a, pieces, next, failed, pool_rx, write_lock) =
+                    (&a, &pieces, &next, &failed, &pool_rx, &write_lock);
                 s.spawn(move || -> std::result::Result<(), S::Error> {
                     let _guard = FailOnPanic(&done_tx);
                     loop {
@@ -220,6 +222,10 @@ pub fn write_in_order<S: Contents>(
                             return Ok(());
                         };
                         match a.fill(piece, &mut buf).and_then(|at| {
+                            // The kernel serializes buffered writes to a
+                            // file (and spins while it waits): a waiter
+                            // that sleeps here leaves the core to others.
+                            let _one = write_lock.lock();
                             out.write_at(&buf, at).map_err(S::Error::from)?;
                             crate::sys::start_writeback(out.file(), at, buf.len() as u64);
                             Ok(())
