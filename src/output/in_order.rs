@@ -5,12 +5,19 @@
 //! new content is hashed first by [`hash_new`]), so it can write the
 //! manifest first and stream the rest behind it. The file is cut into
 //! pieces of about one chunk (small members grouped, a larger file split
-//! at its chunk boundaries); worker threads, one per core, take pieces in
-//! order, assemble them (headers, content, padding), verify reused content
-//! against the manifest (a small file's hash, or the one chunk a piece of a
-//! large file holds), write them, and start their writeback; one more
-//! thread hashes the pieces in file order for `file_sha256`. Nothing is
-//! read back, and the final fsync waits only for the tail.
+//! at its chunk boundaries). Worker threads (one per core but one) take
+//! pieces in order, assemble them (headers, content, padding) and verify
+//! reused content against the manifest (a small file's hash, or the one
+//! chunk a piece of a large file holds); a writer thread writes them; a
+//! hasher thread, on the remaining core, hashes them in file order for
+//! `file_sha256`: that hash is sequential and costs as much as the
+//! verification, so it must never wait for a core. Nothing is read back.
+//!
+//! The writer goes around the page cache (`O_DIRECT`) when asked: for a
+//! packet that is shipped rather than read here, that saves the copy into
+//! the cache (the largest cost after hashing) and leaves nothing dirty for
+//! the final fsync. Otherwise it writes through the cache and starts each
+//! piece's writeback at once, so the fsync waits only for the tail.
 //!
 //! Why not `copy_file_range` for reused content: its bytes pass through
 //! memory anyway, to be verified and to feed `file_sha256`; and the
@@ -21,7 +28,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use sha2::Digest as _;
 
@@ -144,9 +151,14 @@ fn range(piece: &Piece, manifest: &Manifest, layout: &Layout) -> Range<u64> {
 
 /// Writes the whole packet for a complete `manifest` (whose encoding is
 /// `manifest_bytes`) into `out`, as the module describes, and returns the
-/// SHA-256 of the file. The caller syncs and commits.
+/// SHA-256 of the file. The caller syncs and commits. With `direct`, the
+/// bytes go to the disk without the page cache (`O_DIRECT`, where the file
+/// system takes it): no copy into the cache and nothing left dirty, for a
+/// packet that will not be read here soon.
+#[allow(clippy::too_many_arguments)]
 pub fn write_in_order<S: Contents>(
     out: &Output,
+    direct: bool,
     manifest: &Manifest,
     manifest_bytes: &[u8],
     layout: &Layout,
@@ -165,85 +177,115 @@ pub fn write_in_order<S: Contents>(
     let pieces = pieces(manifest, layout);
     let count = pieces.len();
     let next = AtomicUsize::new(0);
-    let write_lock = parking_lot::Mutex::new(());
     let failed = AtomicBool::new(false);
-    let (pool_tx, pool_rx) = mpsc::channel::<Vec<u8>>();
+    let sink = Sink {
+        out,
+        direct: if direct { out.open_direct() } else { None },
+    };
+    // The file hash is sequential and as costly as the verification: it
+    // gets a core of its own, the other cores assemble and verify, and one
+    // more thread, mostly waiting on the disk, writes.
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .saturating_sub(1)
+        .max(1);
+    tracing::debug!(
+        direct = sink.direct.is_some(),
+        workers,
+        pieces = count,
+        "writing the packet in file order"
+    );
+    let (pool_tx, pool_rx) = mpsc::channel::<PieceBuf>();
     for _ in 0..IN_FLIGHT {
-        let _ = pool_tx.send(Vec::new());
+        let _ = pool_tx.send(PieceBuf::default());
     }
     let pool_rx = Mutex::new(pool_rx);
-    // `None` says a worker failed: the hasher stops waiting.
-    let (done_tx, done_rx) = mpsc::channel::<Option<(usize, Vec<u8>)>>();
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (hash_tx, hash_rx) = mpsc::channel::<(usize, Arc<PieceBuf>)>();
+    let (write_tx, write_rx) = mpsc::channel::<(u64, Arc<PieceBuf>)>();
     let trailer = layout.total_len() - layout.end_offset();
 
     std::thread::scope(|s| {
-        // The hasher holds the pool's only sender: when it stops, workers
-        // waiting for a buffer stop too.
-        let hasher = s.spawn(move || -> Option<Sha256> {
-            let mut h = sha2::Sha256::new();
-            let mut waiting = BTreeMap::new();
-            let mut want = 0;
-            while want < count {
-                let (idx, buf) = done_rx.recv().ok()??;
-                waiting.insert(idx, buf);
-                while let Some(buf) = waiting.remove(&want) {
-                    h.update(&buf);
-                    let _ = pool_tx.send(buf);
-                    want += 1;
+        let (failed, pool_rx) = (&failed, &pool_rx);
+        let hasher = {
+            let pool_tx = pool_tx.clone();
+            s.spawn(move || -> Option<Sha256> {
+                let _guard = FailOnPanic(failed);
+                let mut h = sha2::Sha256::new();
+                let mut waiting = BTreeMap::new();
+                let mut want = 0;
+                while want < count {
+                    if failed.load(Ordering::Relaxed) {
+                        return None;
+                    }
+                    match hash_rx.recv_timeout(POLL) {
+                        Ok((idx, buf)) => waiting.insert(idx, buf),
+                        Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+                    };
+                    while let Some(buf) = waiting.remove(&want) {
+                        h.update(buf.bytes());
+                        give_back(&pool_tx, buf);
+                        want += 1;
+                    }
                 }
-            }
-            h.update(vec![0u8; trailer as usize]);
-            Some(Sha256(h.finalize().into()))
-        });
+                h.update(vec![0u8; trailer as usize]);
+                Some(Sha256(h.finalize().into()))
+            })
+        };
+        let writer = {
+            let (pool_tx, sink) = (pool_tx.clone(), &sink);
+            s.spawn(move || -> Result<()> {
+                let _guard = FailOnPanic(failed);
+                // Ends when every worker is done (their senders dropped).
+                while let Ok((at, buf)) = write_rx.recv() {
+                    if failed.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    if let Err(e) = sink.write(buf.bytes(), at) {
+                        failed.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                    give_back(&pool_tx, buf);
+                }
+                Ok(())
+            })
+        };
+        drop(pool_tx);
         let handles: Vec<_> = (0..workers)
             .map(|_| {
-                let done_tx = done_tx.clone();
-                let (a, pieces, next, failed, pool_rx, write_lock) =
-                    (&a, &pieces, &next, &failed, &pool_rx, &write_lock);
+                let (hash_tx, write_tx) = (hash_tx.clone(), write_tx.clone());
+                let (a, pieces, next) = (&a, &pieces, &next);
                 s.spawn(move || -> std::result::Result<(), S::Error> {
-                    let _guard = FailOnPanic(&done_tx);
+                    let _guard = FailOnPanic(failed);
                     loop {
-                        if failed.load(Ordering::Relaxed) {
-                            return Ok(());
-                        }
                         // A buffer first, then a piece: the lowest piece
                         // in progress always has its buffer, so the
-                        // hasher can never wait on a piece that waits on it.
-                        let Ok(mut buf) = pool_rx
-                            .lock()
-                            .map_err(|_| ())
-                            .and_then(|rx| rx.recv().map_err(|_| ()))
-                        else {
+                        // hasher never waits on a piece that waits on it.
+                        let Some(mut buf) = take_buffer(pool_rx, failed) else {
                             return Ok(());
                         };
                         let idx = next.fetch_add(1, Ordering::Relaxed);
                         let Some(piece) = pieces.get(idx) else {
                             return Ok(());
                         };
-                        match a.fill(piece, &mut buf).and_then(|at| {
-                            // The kernel serializes buffered writes to a
-                            // file (and spins while it waits): a waiter
-                            // that sleeps here leaves the core to others.
-                            let _one = write_lock.lock();
-                            out.write_at(&buf, at).map_err(S::Error::from)?;
-                            crate::sys::start_writeback(out.file(), at, buf.len() as u64);
-                            Ok(())
-                        }) {
-                            Ok(()) => {
-                                let _ = done_tx.send(Some((idx, buf)));
-                            }
-                            Err(e) => {
-                                failed.store(true, Ordering::Relaxed);
-                                let _ = done_tx.send(None);
-                                return Err(e);
-                            }
+                        let r = range(piece, a.manifest, a.layout);
+                        if let Err(e) = a.fill(piece, buf.window((r.end - r.start) as usize)) {
+                            failed.store(true, Ordering::Relaxed);
+                            return Err(e);
+                        }
+                        let buf = Arc::new(buf);
+                        if write_tx.send((r.start, buf.clone())).is_err()
+                            || hash_tx.send((idx, buf)).is_err()
+                        {
+                            // The writer or the hasher stopped: it reports why.
+                            failed.store(true, Ordering::Relaxed);
+                            return Ok(());
                         }
                     }
                 })
             })
             .collect();
-        drop(done_tx);
+        drop((hash_tx, write_tx));
         let mut first_err = None;
         for h in handles {
             match h.join() {
@@ -254,28 +296,158 @@ pub fn write_in_order<S: Contents>(
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }
+        let written = writer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let hash = hasher
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        match (first_err, hash) {
-            (Some(e), _) => Err(e),
-            (None, Some(h)) => Ok(h),
-            (None, None) => Err(S::Error::from(Error::io(
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        written?;
+        hash.ok_or_else(|| {
+            S::Error::from(Error::io(
                 "the packet writer stopped early",
                 std::io::Error::other("internal error"),
-            ))),
-        }
+            ))
+        })
     })
 }
 
-/// Tells the hasher to stop waiting when a worker panics.
-struct FailOnPanic<'a>(&'a mpsc::Sender<Option<(usize, Vec<u8>)>>);
+/// How often threads waiting on a channel look at the failure flag.
+const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A free buffer, or `None` once something failed.
+fn take_buffer(pool: &Mutex<mpsc::Receiver<PieceBuf>>, failed: &AtomicBool) -> Option<PieceBuf> {
+    loop {
+        if failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let rx = pool.lock().ok()?;
+        match rx.recv_timeout(POLL) {
+            Ok(buf) => return Some(buf),
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
+/// Returns a buffer to the pool once both the writer and the hasher are
+/// done with it (whichever is last gets it back).
+fn give_back(pool: &mpsc::Sender<PieceBuf>, buf: Arc<PieceBuf>) {
+    if let Some(buf) = Arc::into_inner(buf) {
+        let _ = pool.send(buf);
+    }
+}
+
+/// Stops the other threads when one panics.
+struct FailOnPanic<'a>(&'a AtomicBool);
 
 impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let _ = self.0.send(None);
+            self.0.store(true, Ordering::Relaxed);
         }
+    }
+}
+
+/// Where pieces go: the output, through the page cache or around it.
+struct Sink<'a> {
+    out: &'a Output,
+    /// The output opened with `O_DIRECT`, until a write shows the file
+    /// system will not take it.
+    direct: Option<std::fs::File>,
+}
+
+impl Sink<'_> {
+    fn write(&self, bytes: &[u8], at: u64) -> Result<()> {
+        if let Some(d) = &self.direct {
+            use std::os::unix::fs::FileExt;
+            match d.write_all_at(bytes, at) {
+                Ok(()) => return Ok(()),
+                // Not aligned enough for this disk: the page cache takes it.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::debug!(at, "direct write refused; writing through the page cache");
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("cannot write the output at byte {at}"),
+                        e,
+                    ));
+                }
+            }
+        }
+        self.out.write_at(bytes, at)?;
+        crate::sys::start_writeback(self.out.file(), at, bytes.len() as u64);
+        Ok(())
+    }
+}
+
+/// Writes into a piece's buffer from its start.
+struct Cursor<'b> {
+    buf: &'b mut [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
+    }
+
+    /// The next `n` bytes, for the caller to fill whole.
+    fn take(&mut self, n: usize) -> &mut [u8] {
+        self.at += n;
+        &mut self.buf[self.at - n..self.at]
+    }
+
+    /// Zeros up to the next block boundary (a member's padding).
+    fn pad(&mut self) {
+        let end = self.at.next_multiple_of(BLOCK as usize);
+        self.buf[self.at..end].fill(0);
+        self.at = end;
+    }
+
+    /// Zeros the rest (the manifest's or a large file's last padding).
+    fn zero_rest(&mut self) {
+        self.buf[self.at..].fill(0);
+        self.at = self.buf.len();
+    }
+}
+
+/// Alignment of buffers, offsets and lengths for direct I/O: the logical
+/// block size of the disks we write to (512 bytes; a disk with larger
+/// blocks refuses the first direct write and the writer falls back).
+const DIRECT_ALIGN: usize = 4096;
+
+/// A reusable piece buffer whose bytes start at an address aligned for
+/// direct I/O.
+#[derive(Default)]
+struct PieceBuf {
+    mem: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl PieceBuf {
+    /// The buffer resized to `len` bytes (old bytes may remain: the caller
+    /// overwrites them all).
+    fn window(&mut self, len: usize) -> &mut [u8] {
+        if self.mem.len() < len + DIRECT_ALIGN {
+            self.mem.resize(len + DIRECT_ALIGN, 0);
+        }
+        self.start = self
+            .mem
+            .as_ptr()
+            .align_offset(DIRECT_ALIGN)
+            .min(DIRECT_ALIGN);
+        self.len = len;
+        &mut self.mem[self.start..self.start + len]
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.mem[self.start..self.start + self.len]
     }
 }
 
@@ -289,48 +461,48 @@ struct Assembler<'a, S> {
 }
 
 impl<S: Contents> Assembler<'_, S> {
-    /// Fills `buf` with the bytes of `piece`, returning its offset.
-    fn fill(&self, piece: &Piece, buf: &mut Vec<u8>) -> std::result::Result<u64, S::Error> {
-        let r = range(piece, self.manifest, self.layout);
-        buf.clear();
+    /// Fills `out` (exactly the piece's length) with the bytes of `piece`.
+    /// Every byte is written: a reused buffer's old bytes never leak.
+    fn fill(&self, piece: &Piece, out: &mut [u8]) -> std::result::Result<(), S::Error> {
+        let mut cur = Cursor { buf: out, at: 0 };
+        let mut headers = Vec::new();
         match *piece {
             Piece::Manifest => {
-                buf.extend_from_slice(&manifest_header(self.manifest_bytes.len() as u64));
-                buf.extend_from_slice(self.manifest_bytes);
+                cur.put(&manifest_header(self.manifest_bytes.len() as u64));
+                cur.put(self.manifest_bytes);
             }
             Piece::Members(ref members) => {
                 for i in members.clone() {
                     let e = &self.manifest.entries[i];
-                    write_entry_headers(e, buf);
+                    headers.clear();
+                    write_entry_headers(e, &mut headers);
+                    cur.put(&headers);
                     let Some(f) = e.file() else { continue };
-                    let at = buf.len();
-                    buf.resize(at + f.size as usize, 0);
+                    let dst = cur.take(f.size as usize);
                     let mut reader = self.src.open(i)?;
-                    reader.read_exact(&mut buf[at..])?;
+                    reader.read_exact(dst)?;
                     reader.finish()?;
-                    self.check(i, e, None, &buf[at..])?;
-                    buf.resize(buf.len().next_multiple_of(BLOCK as usize), 0);
+                    self.check(i, e, None, dst)?;
+                    cur.pad();
                 }
             }
             Piece::Chunk { member, k } => {
                 let e = &self.manifest.entries[member];
                 if k == 0 {
-                    write_entry_headers(e, buf);
+                    write_entry_headers(e, &mut headers);
+                    cur.put(&headers);
                 }
                 let skip = k * CHUNK_SIZE;
-                let n = (e.size() - skip).min(CHUNK_SIZE) as usize;
-                let at = buf.len();
-                buf.resize(at + n, 0);
+                let dst = cur.take((e.size() - skip).min(CHUNK_SIZE) as usize);
                 let mut reader = self.src.open(member)?;
                 reader.skip(skip)?;
-                reader.read_exact(&mut buf[at..])?;
+                reader.read_exact(dst)?;
                 reader.finish()?;
-                self.check(member, e, Some(k), &buf[at..])?;
+                self.check(member, e, Some(k), dst)?;
             }
         }
-        buf.resize(buf.len().next_multiple_of(BLOCK as usize), 0);
-        debug_assert_eq!(buf.len() as u64, r.end - r.start, "{piece:?}");
-        Ok(r.start)
+        cur.zero_rest();
+        Ok(())
     }
 
     /// Verifies reused content that is not trusted yet (a whole small file,

@@ -169,6 +169,28 @@ impl Output {
         Ok(hash)
     }
 
+    /// The temporary file opened again with `O_DIRECT` (Linux), or `None`
+    /// where the file system (or a missing /proc) refuses it.
+    pub fn open_direct(&self) -> Option<File> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::fs::OpenOptionsExt;
+            // Through /proc, so that it is the same inode even if someone
+            // renamed another file to the temporary name meanwhile.
+            let path = format!("/proc/self/fd/{}", self.file().as_raw_fd());
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .ok()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            None
+        }
+    }
+
     /// Waits until the data written is on disk (`fdatasync`).
     pub fn sync_data(&self) -> Result<()> {
         self.file()

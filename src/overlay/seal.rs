@@ -292,8 +292,12 @@ impl Overlay {
         // Chunks verified earlier are trusted only in the file they were
         // verified in: checked before the copy and after it.
         lower.verifier.check_unchanged(&lower.packet)?;
+        // A packet the mount goes on with (rebase) is written through the
+        // page cache, where its next reads will find it; one that is
+        // shipped elsewhere goes around it.
         let file_sha256 = write_in_order(
             &output,
+            !opts.rebase,
             &manifest,
             &manifest_bytes,
             &layout,
@@ -357,7 +361,12 @@ impl Overlay {
         bar: &Option<PathBuf>,
     ) -> Result<()> {
         use rayon::prelude::*;
+        let t0 = std::time::Instant::now();
+        let phase = |name: &str| {
+            tracing::debug!(phase = name, ms = t0.elapsed().as_millis() as u64, "rebase")
+        };
         let packet = crate::packet::reader::Packet::open(output, limits)?;
+        phase("opened");
         let digest = packet.digest;
         // Numbers a fresh mount of the new packet would not give: kept.
         let mut given: Vec<(String, Ino)> = items
@@ -387,11 +396,13 @@ impl Overlay {
         self.upper.append(&rec)?;
         self.upper.sync_journal()?;
         barrier(bar, "rebase-recorded");
+        phase("recorded");
         let given_map: hashbrown::HashMap<String, Ino> = given.into_iter().collect();
         let (lower, inos) = super::new_lower(packet, self.opts, &given_map)?;
         // Every chunk was verified or hashed as this daemon wrote it.
         lower.verifier.mark_all();
         let lower = Arc::new(lower);
+        phase("indexed");
         let mut fresh = super::state::State::new(lower, inos);
         let (old_inos, old_data, kept_data) = {
             let mut st = self.state.write();
@@ -422,6 +433,7 @@ impl Overlay {
         };
         self.upper.compact(&rec, &digest)?;
         barrier(bar, "rebase-compacted");
+        phase("compacted");
         for id in old_data {
             if !kept_data.contains(&id) {
                 self.upper.remove_data(id);
@@ -433,6 +445,7 @@ impl Overlay {
             }
             f(super::ino::ROOT);
         }
+        phase("invalidated");
         tracing::info!(%digest, "rebased onto the sealed packet");
         Ok(())
     }
