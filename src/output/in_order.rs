@@ -46,6 +46,10 @@ const PIECE_BYTES: u64 = CHUNK_SIZE;
 /// memory to this many buffers of about a chunk.
 const IN_FLIGHT: usize = 8;
 
+/// How many pieces ahead of the one being assembled its sources are asked
+/// to start reading (16 MiB: enough to keep a disk busy).
+const LOOKAHEAD: usize = 4;
+
 /// Reads new content in pieces of this size when hashing it.
 const READ_PIECE: usize = 1 << 20;
 
@@ -268,6 +272,9 @@ pub fn write_in_order<S: Contents>(
                         let Some(piece) = pieces.get(idx) else {
                             return Ok(());
                         };
+                        if let Some(ahead) = pieces.get(idx + LOOKAHEAD) {
+                            a.prefetch(ahead);
+                        }
                         let r = range(piece, a.manifest, a.layout);
                         if let Err(e) = a.fill(piece, buf.window((r.end - r.start) as usize)) {
                             failed.store(true, Ordering::Relaxed);
@@ -461,6 +468,17 @@ struct Assembler<'a, S> {
 }
 
 impl<S: Contents> Assembler<'_, S> {
+    /// Asks the source to start reading what `piece` will need.
+    fn prefetch(&self, piece: &Piece) {
+        match *piece {
+            Piece::Manifest => {}
+            Piece::Members(ref r) => self.src.prefetch(r.clone(), None),
+            Piece::Chunk { member, k } => self
+                .src
+                .prefetch(member..member + 1, Some((k * CHUNK_SIZE, CHUNK_SIZE))),
+        }
+    }
+
     /// Fills `out` (exactly the piece's length) with the bytes of `piece`.
     /// Every byte is written: a reused buffer's old bytes never leak.
     fn fill(&self, piece: &Piece, out: &mut [u8]) -> std::result::Result<(), S::Error> {
@@ -567,6 +585,144 @@ mod tests {
                     .into(),
                 }),
             },
+        }
+    }
+
+    /// Files held in memory, all to be verified against the manifest.
+    struct Memory(Vec<Option<Vec<u8>>>);
+
+    struct MemReader<'a>(&'a [u8]);
+
+    impl ContentReader for MemReader<'_> {
+        type Error = Error;
+        fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
+            let (head, rest) = self.0.split_at(buf.len());
+            buf.copy_from_slice(head);
+            self.0 = rest;
+            Ok(())
+        }
+        fn finish(self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Contents for Memory {
+        type Error = Error;
+        type Reader<'a> = MemReader<'a>;
+        fn check(&self, _i: usize) -> Check {
+            Check::Verify
+        }
+        fn open(&self, i: usize) -> Result<MemReader<'_>> {
+            Ok(MemReader(self.0[i].as_deref().unwrap_or_default()))
+        }
+    }
+
+    fn file_entry(path: &str, data: &[u8]) -> Entry {
+        let mut h = ContentHasher::new(data.len() as u64);
+        h.update(data);
+        let (sha256, chunks) = h.finish();
+        Entry {
+            path: path.into(),
+            kind: EntryKind::File(FileMeta {
+                size: data.len() as u64,
+                mtime_ns: 0,
+                executable: false,
+                sha256,
+                chunks: chunks.into(),
+            }),
+        }
+    }
+
+    /// Writes a packet of `files` (directly or through the page cache)
+    /// and returns its bytes and the hash the writer reported.
+    fn write(
+        dir: &std::path::Path,
+        direct: bool,
+        files: &[(&str, Vec<u8>)],
+        tamper: bool,
+    ) -> Result<(Vec<u8>, Sha256)> {
+        let mut entries = vec![entry("workspace", None)];
+        let mut data = vec![None];
+        for (p, d) in files {
+            entries.push(file_entry(p, d));
+            data.push(Some(d.clone()));
+        }
+        if tamper {
+            // The last file's bytes no longer match its manifest hash.
+            if let Some(Some(d)) = data.last_mut() {
+                let mid = d.len() / 2;
+                d[mid] ^= 1;
+            }
+        }
+        let m = Manifest {
+            harness: None,
+            entries,
+        };
+        let bytes = m.encode();
+        let layout = Layout::compute(&m, bytes.len() as u64);
+        let dest = dir.join(format!("p-{direct}.packet"));
+        let out = Output::create(&dest)?;
+        out.size_for(&layout)?;
+        let stats = WriteStats::default();
+        let sha = write_in_order(
+            &out,
+            direct,
+            &m,
+            &bytes,
+            &layout,
+            &Memory(data),
+            &stats,
+            &|_| {},
+        )?;
+        out.sync_data()?;
+        out.commit(0o644)?;
+        Ok((std::fs::read(&dest).unwrap(), sha))
+    }
+
+    #[test]
+    fn direct_and_cached_writes_give_the_same_valid_packet() {
+        let tmp = tempfile::tempdir().unwrap();
+        let big: Vec<u8> = (0..(9u32 << 20) + 77)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect();
+        let files = [
+            ("workspace/a", b"alpha".to_vec()),
+            ("workspace/big", big),
+            ("workspace/empty", Vec::new()),
+            ("workspace/z", vec![7u8; 3 << 20]),
+        ];
+        let (direct, d_sha) = write(tmp.path(), true, &files, false).unwrap();
+        let (cached, c_sha) = write(tmp.path(), false, &files, false).unwrap();
+        assert!(direct == cached, "the two modes wrote different bytes");
+        assert_eq!(d_sha, Sha256::of(&direct));
+        assert_eq!(c_sha, d_sha);
+        let p = crate::packet::reader::Packet::open(
+            &tmp.path().join("p-true.packet"),
+            &crate::packet::format::Limits::DEFAULT,
+        )
+        .unwrap();
+        let report = crate::packet::verify::verify(&p, &|_| {}).unwrap();
+        assert_eq!(report.files, 4);
+    }
+
+    #[test]
+    fn a_mismatch_fails_the_write_with_the_chunk() {
+        let tmp = tempfile::tempdir().unwrap();
+        let files = [
+            ("workspace/a", b"alpha".to_vec()),
+            ("workspace/big", vec![1u8; 9 << 20]),
+        ];
+        for direct in [true, false] {
+            match write(tmp.path(), direct, &files, true) {
+                Err(Error::ContentMismatch { path, start, end }) => {
+                    assert_eq!(
+                        (path.as_str(), start, end),
+                        ("workspace/big", 4 << 20, 8 << 20)
+                    );
+                }
+                other => panic!("{:?}", other.map(|(_, s)| s)),
+            }
+            assert!(!tmp.path().join(format!("p-{direct}.packet")).exists());
         }
     }
 

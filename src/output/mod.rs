@@ -254,6 +254,10 @@ pub trait Contents: Sync {
     fn check(&self, i: usize) -> Check;
     /// Opens entry `i` (a regular file) for reading.
     fn open(&self, i: usize) -> Result<Self::Reader<'_>, Self::Error>;
+    /// A hint that `entries` (only bytes `window` of them, when given: a
+    /// large file's chunk) will be read soon: a source on disk can start
+    /// reading them in now.
+    fn prefetch(&self, _entries: std::ops::Range<usize>, _window: Option<(u64, u64)>) {}
 }
 
 /// A file's content being read from its start.

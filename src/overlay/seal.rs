@@ -292,12 +292,12 @@ impl Overlay {
         // Chunks verified earlier are trusted only in the file they were
         // verified in: checked before the copy and after it.
         lower.verifier.check_unchanged(&lower.packet)?;
-        // A packet the mount goes on with (rebase) is written through the
-        // page cache, where its next reads will find it; one that is
-        // shipped elsewhere goes around it.
+        // Around the page cache: the packet is shipped, or read back
+        // lazily by a rebased mount; copying it into the cache cost more
+        // than it saved (docs/SEMANTICS.md, "Seal").
         let file_sha256 = write_in_order(
             &output,
-            !opts.rebase,
+            true,
             &manifest,
             &manifest_bytes,
             &layout,
@@ -826,6 +826,28 @@ impl Contents for SealContents<'_> {
                 _ => Check::Compute,
             },
             _ => Check::Trust,
+        }
+    }
+
+    fn prefetch(&self, entries: std::ops::Range<usize>, window: Option<(u64, u64)>) {
+        // The lower bytes these entries come from, as one range of the old
+        // packet when they lie close together (they mostly keep their order).
+        let p = &self.lower.packet;
+        let (mut lo, mut hi, mut sum) = (u64::MAX, 0u64, 0u64);
+        for it in &self.items[entries] {
+            let ItemKind::File(f) = &it.kind else {
+                continue;
+            };
+            let Source::Lower(idx) = f.from else { continue };
+            let (off, len) =
+                window.map_or((0, f.size), |(o, l)| (o, l.min(f.size.saturating_sub(o))));
+            let start = p.content_offset(idx as usize) + off;
+            lo = lo.min(start);
+            hi = hi.max(start + len);
+            sum += len;
+        }
+        if sum > 0 && hi - lo <= 2 * sum + (1 << 20) {
+            crate::sys::will_need(p.file(), lo, hi - lo);
         }
     }
 
