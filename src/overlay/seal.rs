@@ -264,6 +264,7 @@ impl Overlay {
             });
         }
         manifest.validate(&opts.limits).map_err(refusal)?;
+        phase("validated");
         let sources = SealContents {
             overlay: self,
             lower: &lower,
@@ -793,15 +794,15 @@ fn stamp(file: &File) -> std::io::Result<Stamp> {
 enum SealReader<'a> {
     /// From the old packet, at an absolute offset.
     Lower {
-        file: File,
+        file: &'a File,
         pos: u64,
-        path: Arc<str>,
+        path: &'a str,
     },
     /// From an upper data file.
     Upper {
         file: Arc<File>,
         pos: u64,
-        path: Arc<str>,
+        path: &'a str,
         stamp: &'a OnceLock<Stamp>,
     },
 }
@@ -855,14 +856,14 @@ impl Contents for SealContents<'_> {
         let ItemKind::File(f) = &self.items[i].kind else {
             return Err(Error::NotFound);
         };
-        let path: Arc<str> = self.items[i].path.as_str().into();
+        let path = self.items[i].path.as_str();
         match f.from {
             Source::Lower(idx) => {
                 let p = &self.lower.packet;
                 let e = &p.manifest.entries[idx as usize];
-                let file = p.file().try_clone().map_err(Error::PacketIo)?;
+                // Positional reads: every reader shares the packet's file.
                 Ok(SealReader::Lower {
-                    file,
+                    file: p.file(),
                     pos: p.layout.data_offset(idx as usize, e),
                     path,
                 })
@@ -881,7 +882,7 @@ impl ContentReader for SealReader<'_> {
     type Error = Error;
 
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
-        let (file, pos, path): (&File, &mut u64, &Arc<str>) = match self {
+        let (file, pos, path): (&File, &mut u64, &str) = match self {
             SealReader::Lower { file, pos, path } => (file, pos, path),
             SealReader::Upper {
                 file, pos, path, ..

@@ -793,9 +793,23 @@ impl Manifest {
         let mut keys: HashMap<Cow<'_, str>, &str> = HashMap::with_capacity(self.entries.len());
         let mut total: u64 = 0;
         let mut previous: Option<&str> = None;
-        for e in &self.entries {
+        // The per-path checks (the costly part: the path rules, and the
+        // normalized key for collisions) run on all cores; the loop below
+        // consults them in order, so the first error is the one a
+        // sequential pass would report.
+        let checked: Vec<Result<Cow<'_, str>>> = {
+            use rayon::prelude::*;
+            self.entries
+                .par_iter()
+                .map(|e| {
+                    check_path(&e.path, limits)?;
+                    Ok(collision_key(&e.path))
+                })
+                .collect()
+        };
+        for (e, checked) in self.entries.iter().zip(checked) {
             let p: &str = &e.path;
-            check_path(p, limits)?;
+            let key = checked?;
             if let Some(prev) = previous {
                 match prev.as_bytes().cmp(p.as_bytes()) {
                     std::cmp::Ordering::Less => {}
@@ -836,7 +850,6 @@ impl Manifest {
                 },
             }
             kinds.insert(p, e.is_dir());
-            let key = collision_key(p);
             if let Some(other) = keys.insert(key, p) {
                 return Err(Error::PathCollision {
                     path: p.into(),
