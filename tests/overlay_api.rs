@@ -232,7 +232,7 @@ fn api(o: &Overlay, op: &Op) -> Result<String, i32> {
         }
         Op::Read(a) => {
             let ino = resolve_follow(o, n(a), 0)?;
-            let fh = o.open(ino, false, false)?;
+            let fh = o.open(ino, false)?;
             let mut buf = Vec::new();
             let r = o.read(fh, 0, 1 << 20, &mut buf);
             o.release(fh)?;
@@ -269,7 +269,7 @@ fn api_tree(o: &Overlay) -> BTreeMap<String, String> {
                     String::from_utf8(o.readlink(e.ino).unwrap()).unwrap()
                 ),
                 _ => {
-                    let fh = o.open(e.ino, false, false).unwrap();
+                    let fh = o.open(e.ino, false).unwrap();
                     let mut buf = Vec::new();
                     o.read(fh, 0, u32::MAX, &mut buf).unwrap();
                     o.release(fh).unwrap();

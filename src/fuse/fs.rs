@@ -137,9 +137,13 @@ fn empty(reply: ReplyEmpty, r: Result<(), Error>, op: &'static str, ino: u64) {
 
 impl Filesystem for SessionFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Not FUSE_ATOMIC_O_TRUNC: with it the kernel sends O_TRUNC in OPEN,
+        // and the daemon truncates before the kernel's ETXTBSY check, which
+        // then fails the open of a running executable with its content
+        // already gone. Without it the kernel checks first and truncates
+        // with SETATTR.
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_AUTO_INVAL_DATA;
@@ -321,10 +325,8 @@ impl Filesystem for SessionFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let acc = flags.0 & libc::O_ACCMODE;
-        let write = acc == libc::O_WRONLY || acc == libc::O_RDWR;
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        match self.overlay.open(ino.0, write, truncate) {
+        match self.overlay.open(ino.0, truncate) {
             // Lower content never changes and upper content changes only
             // through this mount: the kernel's page cache stays valid.
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),

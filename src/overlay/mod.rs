@@ -993,22 +993,25 @@ impl Overlay {
         self.new_handle(Handle { ino })
     }
 
-    /// `open`. Opening for writing (or with `O_TRUNC`) copies a lower file
-    /// up first; truncation copies nothing.
-    pub fn open(&self, ino: Ino, write: bool, truncate: bool) -> Result<u64> {
+    /// `open`. `truncate` (`O_TRUNC`, from kernels that pass it) empties the
+    /// file, copying nothing; opening for writing copies nothing either
+    /// (see below).
+    pub fn open(&self, ino: Ino, truncate: bool) -> Result<u64> {
         match self.getattr(ino)?.kind {
             Kind::File => {}
             Kind::Dir => return Err(Error::IsDir),
             _ => return Err(Error::Invalid),
         }
-        if write || truncate {
-            let id = self.copy_up(ino, truncate.then_some(0))?;
-            if truncate {
-                self.upper.data(id)?.set_len(0).map_err(|e| Error::Upper {
-                    context: "truncate".into(),
-                    source: e,
-                })?;
-            }
+        // Opening for writing copies nothing: the first change does (a
+        // write, a truncate, a shared mapping's writeback), so an open with
+        // O_TRUNC, which the kernel follows with a truncate to 0, never
+        // copies the old content.
+        if truncate {
+            let id = self.copy_up(ino, Some(0))?;
+            self.upper.data(id)?.set_len(0).map_err(|e| Error::Upper {
+                context: "truncate".into(),
+                source: e,
+            })?;
         }
         Ok(self.open_handle(ino))
     }
