@@ -140,7 +140,7 @@ fn write_at(
         }
     }
     let fh = match ino {
-        Some(i) => o.open(i, true, truncate)?,
+        Some(i) => o.open(i, truncate)?,
         None => {
             let (dir, name) = split(&path);
             let d = resolve_dir(o, dir)?;
