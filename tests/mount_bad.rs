@@ -5,7 +5,7 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -182,13 +182,15 @@ fn tampered_chunks_fail_exactly_the_reads_that_touch_them() {
         &big[CHUNK - 4096..CHUNK]
     );
     assert_eq!(fs::read(m.path("small.txt")).unwrap(), b"small\n");
-    // Copy-up verifies too: opening the file for writing fails, and the
-    // upper directory gets no copy of bad bytes.
-    let e = fs::OpenOptions::new()
+    // Copy-up verifies too: the first write (which copies the file up)
+    // fails, and the upper directory gets no copy of bad bytes.
+    let mut w = fs::OpenOptions::new()
         .append(true)
         .open(m.path("big.bin"))
-        .unwrap_err();
+        .unwrap();
+    let e = w.write_all(b"more").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    drop(w);
     assert_eq!(fs::read_dir(m.upper.join("data")).unwrap().count(), 0);
     drop(f);
     m.umount();
