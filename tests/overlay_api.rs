@@ -312,19 +312,7 @@ fn disk_tree(root: &Path) -> BTreeMap<String, String> {
 /// result and tree, then replays the journal.
 fn check(ops: &[Op]) -> Result<(), TestCaseError> {
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    model_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let model = tmp.path().join("model");
-    run([
-        "unpack",
-        packet.to_str().unwrap(),
-        "--into",
-        model.to_str().unwrap(),
-        "--part",
-        "workspace",
-    ])
-    .ok();
+    let (packet, model) = model_packet(tmp.path());
     let upper = tmp.path().join("upper");
     let o = open(&packet, &upper);
     prop_assert_eq!(api_tree(&o), disk_tree(&model));

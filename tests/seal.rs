@@ -275,6 +275,20 @@ fn arm_barrier(bar: &Path, point: &str) {
     }
 }
 
+/// Waits (at most 30 s) until a seal paused by barrier directory `bar`
+/// reaches `point`.
+fn wait_reached(bar: &Path, point: &str) {
+    let reached = bar.join(format!("{point}.reached"));
+    let start = Instant::now();
+    while !reached.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{point} never reached"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Runs an offline seal that pauses at `point`, kills it there, and checks
 /// the output path holds nothing or the complete packet.
 fn kill_offline_seal_at(packet: &Path, upper: &Path, out: &Path, point: &str, bar: &Path) {
@@ -294,15 +308,7 @@ fn kill_offline_seal_at(packet: &Path, upper: &Path, out: &Path, point: &str, ba
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let reached = bar.join(format!("{point}.reached"));
-    let start = Instant::now();
-    while !reached.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{point} never reached"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_reached(bar, point);
     child.kill().unwrap();
     child.wait().unwrap();
     fs::remove_dir_all(bar).unwrap();
@@ -414,14 +420,7 @@ fn content_changed_between_hashing_and_writing_is_refused() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    while !bar.join("hashed.reached").exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "hashed never reached"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_reached(&bar, "hashed");
     fs::write(&data, b"turn two").unwrap(); // same size: only the stamp tells
     fs::write(bar.join("hashed.go"), b"").unwrap();
     let done = child.wait_with_output().unwrap();
@@ -712,15 +711,7 @@ fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let reached = bar.join(format!("{point}.reached"));
-        let start = Instant::now();
-        while !reached.exists() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "{point} never reached"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_reached(&bar, point);
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
