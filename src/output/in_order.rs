@@ -542,13 +542,7 @@ impl<S: Contents> Assembler<'_, S> {
                     ),
                 };
                 if Sha256::of(data) != want {
-                    let end = start + n;
-                    tracing::error!(path = %e.path, start, end, "lower content does not match the manifest");
-                    return Err(Error::ContentMismatch {
-                        path: e.path.to_string(),
-                        start,
-                        end,
-                    });
+                    return Err(super::content_mismatch(&e.path, start, start + n));
                 }
                 self.stats.verified.fetch_add(n, Ordering::Relaxed);
                 self.stats.copied.fetch_add(n, Ordering::Relaxed);

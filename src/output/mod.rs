@@ -336,6 +336,22 @@ struct MemberWriter<'a, S> {
     progress: &'a (dyn Fn(u64) + Sync),
 }
 
+/// The error (and log line) for reused content that does not match the
+/// manifest, bytes `start..end` of the file at `path`.
+fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
+    tracing::error!(
+        path,
+        start,
+        end,
+        "lower content does not match the manifest"
+    );
+    Error::ContentMismatch {
+        path: path.to_string(),
+        start,
+        end,
+    }
+}
+
 /// Hashing state for one file, per its [`Check`].
 struct Digesting {
     check: Check,
@@ -385,12 +401,7 @@ impl Digesting {
                         let s = k as u64 * crate::packet::format::CHUNK_SIZE;
                         (s, (s + crate::packet::format::CHUNK_SIZE).min(size))
                     });
-                    tracing::error!(path = %e.path, start, end, "lower content does not match the manifest");
-                    return Err(Error::ContentMismatch {
-                        path: e.path.to_string(),
-                        start,
-                        end,
-                    });
+                    return Err(content_mismatch(&e.path, start, end));
                 }
             }
             Check::Trust => {}
