@@ -381,7 +381,7 @@ impl Overlay {
             let st = self.state.read_recursive();
             st.nodes
                 .iter()
-                .filter(|(_, n)| n.nlink == 0 && n.opens > 0 && n.kind == Kind::File)
+                .filter(|(i, n)| n.nlink == 0 && st.opens.contains_key(*i) && n.kind == Kind::File)
                 .map(|(i, _)| *i)
                 .collect()
         };
@@ -429,6 +429,8 @@ impl Overlay {
             }
             fresh.next_data = st.next_data;
             fresh.applied = st.applied;
+            // Handles stay open across the switch (paths keep their numbers).
+            fresh.opens = std::mem::take(&mut st.opens);
             *st = fresh;
             (old_inos, old_data, kept_data)
         };
@@ -779,8 +781,11 @@ struct SealContents<'a> {
 /// Size, mtime and ctime of an upper data file: any write changes them.
 type Stamp = (u64, i64, i64, i64, i64);
 
-fn stamp(file: &File) -> std::io::Result<Stamp> {
-    let m = file.metadata()?;
+fn stamp_of(file: &File, path: &str) -> Result<Stamp> {
+    let m = file.metadata().map_err(|e| Error::Upper {
+        context: format!("{path}: stat"),
+        source: e,
+    })?;
     Ok((
         m.len(),
         m.mtime(),
@@ -788,6 +793,14 @@ fn stamp(file: &File) -> std::io::Result<Stamp> {
         m.ctime(),
         m.ctime_nsec(),
     ))
+}
+
+fn changed_while_sealing(path: &str) -> Error {
+    Error::Refused {
+        path: path.to_string(),
+        kind: "changed_while_sealing",
+        reason: "its upper data file changed while the seal read it (only the daemon may write the upper directory)".into(),
+    }
 }
 
 /// Reading one file for the seal.
@@ -868,12 +881,22 @@ impl Contents for SealContents<'_> {
                     path,
                 })
             }
-            Source::Upper(id) => Ok(SealReader::Upper {
-                file: self.overlay.upper.data(id)?,
-                pos: 0,
-                path,
-                stamp: &self.stamps[i],
-            }),
+            Source::Upper(id) => {
+                // The stamp is taken before the first read, and must match
+                // the size the seal recorded, at every open and every end.
+                let file = self.overlay.upper.data(id)?;
+                let cell = &self.stamps[i];
+                let now = stamp_of(&file, path)?;
+                if *cell.get_or_init(|| now) != now || now.0 != f.size {
+                    return Err(changed_while_sealing(path));
+                }
+                Ok(SealReader::Upper {
+                    file,
+                    pos: 0,
+                    path,
+                    stamp: cell,
+                })
+            }
         }
     }
 }
@@ -923,16 +946,8 @@ impl ContentReader for SealReader<'_> {
         else {
             return Ok(());
         };
-        let now = stamp(&file).map_err(|e| Error::Upper {
-            context: format!("{path}: stat"),
-            source: e,
-        })?;
-        if *seen.get_or_init(|| now) != now {
-            return Err(Error::Refused {
-                path: path.to_string(),
-                kind: "changed_while_sealing",
-                reason: "its upper data file changed after the seal hashed it (only the daemon may write the upper directory)".into(),
-            });
+        if seen.get() != Some(&stamp_of(&file, path)?) {
+            return Err(changed_while_sealing(path));
         }
         Ok(())
     }
