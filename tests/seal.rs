@@ -577,6 +577,41 @@ fn a_seal_concurrent_with_a_writer_captures_whole_writes() {
 }
 
 #[test]
+fn files_opened_before_any_change_survive_unlink_and_rebase() {
+    // A lower file opened before anything changed it has no node yet; its
+    // handle must still keep it alive when it is unlinked and the mount
+    // rebases (found in review: opening no longer copies up).
+    if !fuse_available() {
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, m) = sample_mount(tmp.path());
+    let rw = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("README.md"))
+        .unwrap();
+    let ro = fs::File::open(m.path("src/main.rs")).unwrap();
+    let main_rs = fs::read(m.path("src/main.rs")).unwrap();
+    rw.write_all_at(b"##", 0).unwrap();
+    fs::remove_file(m.path("README.md")).unwrap();
+    fs::remove_file(m.path("src/main.rs")).unwrap();
+    seal(&m, &tmp.path().join("turn1.packet"), &["--rebase"]);
+    seal(&m, &tmp.path().join("turn2.packet"), &["--rebase"]);
+    rw.write_all_at(b"!", 2).unwrap();
+    let mut got = vec![0u8; 9];
+    rw.read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(got, b"##!ample\n");
+    let mut back = vec![0u8; main_rs.len()];
+    ro.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(back, main_rs);
+    assert!(!m.path("README.md").exists());
+    drop((rw, ro));
+    m.umount();
+}
+
+#[test]
 fn rebase_continues_on_the_new_packet() {
     // "--rebase: after a successful seal the mount continues on the new
     // packet with an empty upper directory, atomically, without unmounting:

@@ -462,8 +462,11 @@ impl Overlay {
         let h = self.handles.lock().remove(&fh).ok_or(Error::BadHandle)?;
         let data = {
             let mut st = self.state.write();
-            if let Some(n) = st.nodes.get_mut(&h.ino) {
-                n.opens = n.opens.saturating_sub(1);
+            if let std::collections::hash_map::Entry::Occupied(mut o) = st.opens.entry(h.ino) {
+                *o.get_mut() -= 1;
+                if *o.get() == 0 {
+                    o.remove();
+                }
             }
             st.drop_if_unused(h.ino)
         };
@@ -981,9 +984,7 @@ impl Overlay {
     // -- file I/O ------------------------------------------------------------
 
     fn open_handle(&self, ino: Ino) -> u64 {
-        if let Some(n) = self.state.write().nodes.get_mut(&ino) {
-            n.opens += 1;
-        }
+        *self.state.write().opens.entry(ino).or_default() += 1;
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
         let mut log = self.stats.opened.lock();
         if log.len() < OPENED_LOG {

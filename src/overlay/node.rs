@@ -103,17 +103,16 @@ pub struct Node {
     /// daemon's life with no write since (a seal then reuses the packet's
     /// bytes and hashes); replay sets it, not knowing.
     pub modified: Flag,
-    /// Open handles.
-    pub opens: u32,
     /// A lower entry's node whose kernel references were not counted before
     /// it was materialized: it stays until unmount.
     pub immortal: bool,
 }
 
 impl Node {
-    /// Whether it can be forgotten: no name, no handle, no kernel reference.
+    /// Whether it can be forgotten as far as the node knows: no name, no
+    /// kernel reference (open handles are counted in the state).
     pub fn droppable(&self) -> bool {
-        self.nlink == 0 && self.opens == 0 && self.lookups.get() == 0 && !self.immortal
+        self.nlink == 0 && self.lookups.get() == 0 && !self.immortal
     }
 
     /// The kernel reference count.

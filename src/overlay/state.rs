@@ -106,7 +106,6 @@ impl Lower {
             name: file_name(&e.path).into(),
             lookups: Default::default(),
             modified: Flag::new(true),
-            opens: 0,
             immortal: true,
         }
     }
@@ -143,6 +142,10 @@ pub struct State {
     pub next_data: u64,
     /// Records applied since mount (replayed ones included).
     pub applied: u64,
+    /// Open handles per inode. Kept here rather than on nodes: a lower file
+    /// opened before anything changed it has no node yet, and must still
+    /// count as open when it gets one (unlinked, copied up, rebased).
+    pub opens: HashMap<Ino, u32>,
 }
 
 impl State {
@@ -184,7 +187,6 @@ impl State {
                     name: "".into(),
                     lookups: Default::default(),
                     modified: Flag::new(true),
-                    opens: 0,
                     immortal: true,
                 },
             );
@@ -196,6 +198,7 @@ impl State {
             gens: HashMap::new(),
             next_data: 1,
             applied: 0,
+            opens: HashMap::new(),
         }
     }
 
@@ -371,7 +374,7 @@ impl State {
     /// the caller to remove.
     pub fn drop_if_unused(&mut self, ino: Ino) -> Option<u64> {
         let n = self.nodes.get(&ino)?;
-        if !n.droppable() {
+        if !n.droppable() || self.opens.contains_key(&ino) {
             return None;
         }
         let n = self.nodes.remove(&ino)?;
@@ -445,7 +448,6 @@ impl State {
                         name: name.as_str().into(),
                         lookups: Default::default(),
                         modified: Flag::new(true),
-                        opens: 0,
                         immortal: false,
                     },
                 );
