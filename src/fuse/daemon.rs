@@ -108,7 +108,7 @@ pub fn serve(
                     let lazy = req["lazy"].as_bool().unwrap_or(false);
                     let r = if lazy { unmounter.lock().unmount() } else { unmount_now(&mountpoint) };
                     match r {
-                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": overlay.upper_dir()}),
+                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": std::path::absolute(overlay.upper_dir()).unwrap_or_else(|_| overlay.upper_dir().to_owned())}),
                         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
                             "busy",
                             &format!(
