@@ -289,25 +289,35 @@ fn wait_reached(bar: &Path, point: &str) {
     }
 }
 
-/// Runs an offline seal that pauses at `point`, kills it there, and checks
-/// the output path holds nothing or the complete packet.
-fn kill_offline_seal_at(packet: &Path, upper: &Path, out: &Path, point: &str, bar: &Path) {
-    arm_barrier(bar, point);
-    let mut child = std::process::Command::new(bin())
+/// Starts `seal --packet PACKET --upper UPPER -o OUT` with the test
+/// barrier at `bar`, its stdout going to `stdout`.
+fn spawn_offline_seal(
+    packet: &Path,
+    upper: &Path,
+    out: &Path,
+    bar: &Path,
+    stdout: std::process::Stdio,
+) -> std::process::Child {
+    std::process::Command::new(bin())
+        .args(["seal", "--packet", packet.to_str().unwrap()])
         .args([
-            "seal",
-            "--packet",
-            packet.to_str().unwrap(),
             "--upper",
             upper.to_str().unwrap(),
             "-o",
             out.to_str().unwrap(),
         ])
         .env("SESSIONFS_TEST_BARRIER", bar)
-        .stdout(std::process::Stdio::null())
+        .stdout(stdout)
         .stderr(std::process::Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs an offline seal that pauses at `point`, kills it there, and checks
+/// the output path holds nothing or the complete packet.
+fn kill_offline_seal_at(packet: &Path, upper: &Path, out: &Path, point: &str, bar: &Path) {
+    arm_barrier(bar, point);
+    let mut child = spawn_offline_seal(packet, upper, out, bar, std::process::Stdio::null());
     wait_reached(bar, point);
     child.kill().unwrap();
     child.wait().unwrap();
@@ -407,19 +417,7 @@ fn content_changed_between_hashing_and_writing_is_refused() {
     let bar = tmp.path().join("barrier");
     arm_barrier(&bar, "hashed");
     let out = tmp.path().join("out.packet");
-    let child = std::process::Command::new(bin())
-        .args(["seal", "--packet", packet.to_str().unwrap()])
-        .args([
-            "--upper",
-            upper.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ])
-        .env("SESSIONFS_TEST_BARRIER", &bar)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = spawn_offline_seal(&packet, &upper, &out, &bar, std::process::Stdio::piped());
     wait_reached(&bar, "hashed");
     fs::write(&data, b"turn two").unwrap(); // same size: only the stamp tells
     fs::write(bar.join("hashed.go"), b"").unwrap();
