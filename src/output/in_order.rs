@@ -84,7 +84,7 @@ pub fn hash_new<S: Contents>(
                 left -= n as u64;
             }
             r.finish()?;
-            stats.hashed.fetch_add(size, Ordering::Relaxed);
+            stats.count(Check::Compute, size);
             let (sha, chunks) = h.finish();
             Ok((i, sha, chunks))
         })
@@ -548,11 +548,11 @@ impl<S: Contents> Assembler<'_, S> {
     /// or chunk `k`), and counts it.
     fn check(&self, i: usize, e: &Entry, k: Option<u64>, data: &[u8]) -> Result<()> {
         let n = data.len() as u64;
-        match self.src.check(i) {
+        let check = self.src.check(i);
+        match check {
+            // Counted when it was hashed, before the write.
             Check::Compute => {}
-            Check::Trust => {
-                self.stats.copied.fetch_add(n, Ordering::Relaxed);
-            }
+            Check::Trust => self.stats.count(check, n),
             Check::Verify => {
                 let f = e
                     .file()
@@ -567,8 +567,7 @@ impl<S: Contents> Assembler<'_, S> {
                 if Sha256::of(data) != want {
                     return Err(super::content_mismatch(&e.path, start, start + n));
                 }
-                self.stats.verified.fetch_add(n, Ordering::Relaxed);
-                self.stats.copied.fetch_add(n, Ordering::Relaxed);
+                self.stats.count(check, n);
             }
         }
         if n > 0 {

@@ -295,6 +295,22 @@ pub struct WriteStats {
     pub copied: AtomicU64,
 }
 
+impl WriteStats {
+    /// Counts `n` bytes handled per `check`: hashed for new content,
+    /// verified and copied for reused content checked on the way, copied
+    /// for trusted content.
+    pub fn count(&self, check: Check, n: u64) {
+        let counters: &[&AtomicU64] = match check {
+            Check::Compute => &[&self.hashed],
+            Check::Verify => &[&self.verified, &self.copied],
+            Check::Trust => &[&self.copied],
+        };
+        for c in counters {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Writes every member of `manifest` (headers from the manifest, content
 /// from `src`) at its offset in `out`, on all cores, in batches of about
 /// `BATCH_BYTES` assembled in memory and written with one call; a member
@@ -368,15 +384,7 @@ impl Digesting {
         if let Some(h) = &mut self.hasher {
             h.update(data);
         }
-        let counter = match self.check {
-            Check::Compute => &stats.hashed,
-            Check::Verify => &stats.verified,
-            Check::Trust => &stats.copied,
-        };
-        counter.fetch_add(data.len() as u64, Ordering::Relaxed);
-        if self.check == Check::Verify {
-            stats.copied.fetch_add(data.len() as u64, Ordering::Relaxed);
-        }
+        stats.count(self.check, data.len() as u64);
     }
 
     /// The computed hashes, or a check against the manifest's.
