@@ -269,7 +269,14 @@ impl Overlay {
             overlay: self,
             lower: &lower,
             items: &items,
-            stamps: items.iter().map(|_| OnceLock::new()).collect(),
+            stamps: items
+                .iter()
+                .enumerate()
+                .filter(|(_, it)| {
+                    matches!(&it.kind, ItemKind::File(f) if matches!(f.from, Source::Upper(_)))
+                })
+                .map(|(i, _)| (i, OnceLock::new()))
+                .collect(),
         };
         // New content is hashed first, so the manifest is complete before
         // anything is written and the packet goes out in one ordered pass.
@@ -775,7 +782,8 @@ struct SealContents<'a> {
     items: &'a [Item],
     /// Per entry: how its upper data file looked when first read, so that
     /// content hashed once and written later is known to be the same.
-    stamps: Vec<OnceLock<Stamp>>,
+    /// (Only files read from the upper directory have one.)
+    stamps: HashMap<usize, OnceLock<Stamp>>,
 }
 
 /// Size, mtime and ctime of an upper data file: any write changes them.
@@ -885,7 +893,7 @@ impl Contents for SealContents<'_> {
                 // The stamp is taken before the first read, and must match
                 // the size the seal recorded, at every open and every end.
                 let file = self.overlay.upper.data(id)?;
-                let cell = &self.stamps[i];
+                let cell = self.stamps.get(&i).ok_or(Error::NotFound)?;
                 let now = stamp_of(&file, path)?;
                 if *cell.get_or_init(|| now) != now || now.0 != f.size {
                     return Err(changed_while_sealing(path));
