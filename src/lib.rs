@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod barrier;
 pub mod cli;
 pub mod fuse;
 pub mod output;

@@ -683,3 +683,75 @@ fn harness_part_and_kind_are_recorded() {
     assert!(v.get("harness").is_none());
     let _ = Path::new("");
 }
+
+/// Runs `pack` paused at its `hashed` barrier (between the pass that hashes
+/// every file and the pass that writes them), lets `change` alter the
+/// tree there, and returns the exit code and the result.
+fn pack_changed_between_passes(ws: &Path, out: &Path, change: impl FnOnce()) -> (i32, Value) {
+    let bar = out.with_extension("barrier");
+    let _ = fs::remove_dir_all(&bar);
+    fs::create_dir_all(&bar).unwrap();
+    let child = Command::new(bin())
+        .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+        .arg(out)
+        .env("SESSIONFS_TEST_BARRIER", &bar)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !bar.join("hashed.reached").exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "pack never reached its barrier"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    change();
+    fs::write(bar.join("hashed.go"), b"").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    (o.status.code().unwrap(), v)
+}
+
+#[test]
+fn a_file_changed_between_hashing_and_writing_is_refused() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "small.txt", b"hello, world\n");
+    let big: Vec<u8> = (0..9u32 << 20).map(|i| (i % 251) as u8).collect();
+    write(&ws, "big.bin", &big);
+    // Older than pack's racy window: only their stamps can show a change.
+    std::thread::sleep(std::time::Duration::from_millis(2300));
+    write(&ws, "fresh.txt", b"just written\n");
+    let out = tmp.path().join("p.packet");
+    // Same size, same mtime, other bytes: only the ctime tells.
+    let overwrite_keeping_mtime = |rel: &str, at: u64| {
+        let p = ws.join(rel);
+        let m = fs::metadata(&p).unwrap();
+        let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.write_all_at(b"X", at).unwrap();
+        drop(f);
+        set_mtime(&p, m.mtime() * 1_000_000_000 + m.mtime_nsec());
+        assert_eq!(fs::metadata(&p).unwrap().len(), m.len());
+    };
+    for (rel, at) in [("small.txt", 0), ("big.bin", 5 << 20), ("fresh.txt", 3)] {
+        let (code, v) = pack_changed_between_passes(&ws, &out, || overwrite_keeping_mtime(rel, at));
+        assert_eq!(code, 6, "{rel}: {v}");
+        assert_eq!(v["kind"], "changed_while_packing", "{rel}: {v}");
+        assert_eq!(v["path"], format!("workspace/{rel}"), "{v}");
+        assert!(v["message"].as_str().unwrap().contains("modified"), "{v}");
+        assert!(!out.exists(), "{rel}: a refused pack left its output");
+        let left: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
+    }
+    // Untouched between the passes, the same tree packs and verifies.
+    let (code, v) = pack_changed_between_passes(&ws, &out, || {});
+    assert_eq!(code, 0, "{v}");
+    run(["verify", out.to_str().unwrap()]).ok();
+}

@@ -86,6 +86,7 @@ fn opts(ws: &Path, out: &Path) -> PackOptions {
         keep: vec![],
         limits: Limits::DEFAULT,
         mode: 0o644,
+        barrier: None,
     }
 }
 

@@ -100,6 +100,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         keep: a.keep,
         limits,
         mode: file_mode_from_umask(),
+        barrier: crate::barrier::from_env(),
     };
     let progress = Progress::bytes("packing", 0);
     let outcome = pack(&opts, &|n| progress.add(n))?;

@@ -178,7 +178,7 @@ pub fn handle(
             max_path_bytes: req.max_path_bytes,
         },
         roots: roots.clone(),
-        barrier: std::env::var_os("SESSIONFS_TEST_BARRIER").map(PathBuf::from),
+        barrier: crate::barrier::from_env(),
         rebase: req.rebase,
     };
     let progress = super::progress::Progress::bytes("sealing", 0);

@@ -1,9 +1,9 @@
 //! Writing a packet whose manifest is already complete, in one pass in file
-//! order: the seal's writer.
+//! order: the writer of `pack` and `seal`.
 //!
-//! A seal knows every hash before it writes (reused entries keep theirs,
-//! new content is hashed first by [`hash_new`]), so it can write the
-//! manifest first and stream the rest behind it. The file is cut into
+//! Both know every hash before they write (new content is hashed first by
+//! [`hash_new`]; a seal's reused entries keep theirs), so they can write
+//! the manifest first and stream the rest behind it. The file is cut into
 //! pieces of about one chunk (small members grouped, a larger file split
 //! at its chunk boundaries). Worker threads (one per core) take pieces in
 //! order, assemble them (headers, content, padding) and verify reused
@@ -11,7 +11,7 @@
 //! piece of a large file holds); a writer thread writes them; a hasher
 //! thread hashes them in file order for `file_sha256` (that hash is
 //! sequential, so the pipeline runs at its pace at best). Nothing is read
-//! back.
+//! back. Two writer threads keep two writes in flight.
 //!
 //! The writer goes around the page cache (`O_DIRECT`) when asked: for a
 //! packet that is shipped rather than read here, that saves the copy into
@@ -218,6 +218,7 @@ fn write_pieces<S: Contents>(
     let pool_rx = Mutex::new(pool_rx);
     let (hash_tx, hash_rx) = mpsc::channel::<(usize, Arc<PieceBuf>)>();
     let (write_tx, write_rx) = mpsc::channel::<(u64, Arc<PieceBuf>)>();
+    let write_rx = Mutex::new(write_rx);
     let trailer = layout.total_len() - layout.end_offset();
 
     std::thread::scope(|s| {
@@ -248,24 +249,32 @@ fn write_pieces<S: Contents>(
                 Some(Sha256(h.finalize().into()))
             })
         };
-        let writer = {
-            let (pool_tx, sink) = (pool_tx.clone(), &sink);
-            s.spawn(move || -> Result<()> {
-                let _guard = FailOnPanic(failed);
-                // Ends when every worker is done (their senders dropped).
-                while let Ok((at, buf)) = write_rx.recv() {
-                    if failed.load(Ordering::Relaxed) {
-                        return Ok(());
+        // Two writers keep two writes in flight: a direct write waits for
+        // the device, and one at a time left it idle between requests.
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|_| {
+                let (pool_tx, sink, write_rx) = (pool_tx.clone(), &sink, &write_rx);
+                s.spawn(move || -> Result<()> {
+                    let _guard = FailOnPanic(failed);
+                    // Ends when every worker is done (their senders dropped).
+                    loop {
+                        let next = match write_rx.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => return Ok(()),
+                        };
+                        let Ok((at, buf)) = next else { return Ok(()) };
+                        if failed.load(Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        if let Err(e) = sink.write(buf.bytes(), at) {
+                            failed.store(true, Ordering::Relaxed);
+                            return Err(e);
+                        }
+                        give_back(&pool_tx, buf);
                     }
-                    if let Err(e) = sink.write(buf.bytes(), at) {
-                        failed.store(true, Ordering::Relaxed);
-                        return Err(e);
-                    }
-                    give_back(&pool_tx, buf);
-                }
-                Ok(())
+                })
             })
-        };
+            .collect();
         let handles: Vec<_> = (0..workers)
             .map(|_| {
                 let (hash_tx, write_tx) = (hash_tx.clone(), write_tx.clone());
@@ -318,9 +327,15 @@ fn write_pieces<S: Contents>(
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }
-        let written = writer
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let mut written = Ok(());
+        for w in writers {
+            let r = w
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            if written.is_ok() {
+                written = r;
+            }
+        }
         let hash = hasher
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -336,6 +351,9 @@ fn write_pieces<S: Contents>(
         })
     })
 }
+
+/// Writer threads, so many writes in flight.
+const WRITERS: usize = 2;
 
 /// How often threads waiting on a channel look at the failure flag.
 const POLL: std::time::Duration = std::time::Duration::from_millis(20);

@@ -188,20 +188,8 @@ enum ItemKind {
     File(FileItem),
 }
 
-/// Pauses at a named point when a test asked for it: creates
-/// `<dir>/<name>.reached`, then waits for `<dir>/<name>.go`.
 fn barrier(dir: &Option<PathBuf>, name: &str) {
-    let Some(dir) = dir else { return };
-    if std::fs::write(dir.join(format!("{name}.reached")), b"").is_err() {
-        return;
-    }
-    let go = dir.join(format!("{name}.go"));
-    for _ in 0..60_000 {
-        if go.exists() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    crate::barrier::wait(dir.as_deref(), name);
 }
 
 impl Overlay {

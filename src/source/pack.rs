@@ -1,9 +1,13 @@
-//! `pack`: a real tree into a packet, reading every file once.
+//! `pack`: a real tree into a packet.
 //!
-//! The walk yields every entry with its size, so the layout (and the length
-//! of the manifest, whose hashes are fixed-width) is known before any file
-//! is read. Each worker then reads a run of files, hashes them and writes
-//! their members straight to their final offsets; the manifest goes last.
+//! The walk yields every entry with its size and stamp; the manifest is
+//! validated before any file is read. Then two passes, as in the seal:
+//! every file is hashed on all cores, and the packet is written once, in
+//! file order, around the page cache, while a thread hashes it for
+//! `file_sha256` (nothing is read back). A file must be the same in both
+//! passes: its stamp (size, mtime, ctime) is checked at every open and
+//! after every read, and a file whose ctime is too recent to tell a later
+//! write is hashed again in the second pass.
 
 use std::fs::File;
 use std::io::Read;
@@ -18,7 +22,7 @@ use serde::Serialize;
 use super::error::Error;
 use super::policy::Policy;
 use super::walk::{FoundFile, FoundKind, Root, ScanOptions, ScanReport, scan};
-use crate::output::{Check, ContentReader, Contents, Output, WriteStats, write_members};
+use crate::output::{Check, ContentReader, Contents, Output, WriteStats, hash_new, write_in_order};
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{HarnessKind, Limits, chunk_count};
 use crate::packet::layout::Layout;
@@ -46,6 +50,9 @@ pub struct PackOptions {
     pub limits: Limits,
     /// Mode of the packet file.
     pub mode: u32,
+    /// Test barrier directory (see [`crate::barrier`]); its point is
+    /// `hashed`, between the two passes.
+    pub barrier: Option<PathBuf>,
 }
 
 /// What `pack` produced.
@@ -94,12 +101,15 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         skip,
     };
     let t = std::time::Instant::now();
+    // Files whose ctime is this recent may have been written in the same
+    // clock tick as the walk saw them (see `racy` below).
+    let walk_started = std::time::SystemTime::now();
     let mut scan = scan(&parts, &scan_opts)?;
     tracing::debug!(elapsed = ?t.elapsed(), entries = scan.found.len(), "walked");
     scan.found
         .sort_unstable_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
 
-    // The manifest with placeholder hashes: same length as the final one.
+    // The manifest with placeholder hashes, checked before any file is read.
     let mut sources: Vec<Option<FoundFile>> = Vec::with_capacity(scan.found.len());
     let mut manifest = Manifest {
         harness: kind,
@@ -129,27 +139,72 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
     manifest
         .validate(&opts.limits)
         .map_err(Error::from_validation)?;
-    let manifest_len = manifest.encode().len() as u64;
-    let layout = Layout::compute(&manifest, manifest_len);
-    output.size_for(&layout)?;
 
-    let contents = PackContents {
+    // Two passes, like the seal: hash every file on all cores, then write
+    // the packet once, in file order, hashing it on the way for
+    // `file_sha256` (see crate::output::in_order). Between the passes a
+    // file must not change: each read checks the file's stamp (size,
+    // mtime, ctime) against the walk's, and files changed too recently for
+    // their ctime to tell are hashed again as they are written.
+    let racy_since = walk_started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+        - RACY_NS;
+    let stats = WriteStats::default();
+    let first = PackContents {
         roots: &scan.roots,
         manifest: &manifest,
         sources: &sources,
+        recheck: None,
     };
-    let stats = WriteStats::default();
-    let hashes = write_members(&output, &manifest, &layout, &contents, &stats, progress)?;
+    let hashes = hash_new(&manifest, &first, &stats)?;
+    tracing::debug!(elapsed = ?t.elapsed(), "content hashed");
+    crate::barrier::wait(opts.barrier.as_deref(), "hashed");
+    let racy: Vec<bool> = sources
+        .iter()
+        .map(|s| s.as_ref().is_some_and(|f| f.seen_ctime_ns >= racy_since))
+        .collect();
+    let recheck = racy.iter().filter(|r| **r).count();
     for (i, sha, chunks) in hashes {
         if let EntryKind::File(f) = &mut manifest.entries[i].kind {
             f.sha256 = sha;
             f.chunks = chunks.into();
         }
     }
-    tracing::debug!(elapsed = ?t.elapsed(), "content written");
-    let digest = output.write_manifest(&manifest, manifest_len)?;
-    let file_sha256 = output.hash_and_sync(layout.total_len())?;
-    tracing::debug!(elapsed = ?t.elapsed(), "file hashed and synced");
+    let manifest_bytes = manifest.encode();
+    let layout = Layout::compute(&manifest, manifest_bytes.len() as u64);
+    output.size_for(&layout)?;
+    let second = PackContents {
+        roots: &scan.roots,
+        manifest: &manifest,
+        sources: &sources,
+        recheck: Some(&racy),
+    };
+    tracing::debug!(recheck, "files hashed again as they are written");
+    // Around the page cache, as the seal does: the packet is shipped.
+    let file_sha256 = write_in_order(
+        &output,
+        true,
+        &manifest,
+        &manifest_bytes,
+        &layout,
+        &second,
+        &stats,
+        progress,
+    )
+    .map_err(|e| match e {
+        // Content hashed again that no longer matches: the file changed
+        // within the tick its ctime was taken in.
+        Error::Packet(crate::packet::error::Error::ContentMismatch { path, .. }) => {
+            Error::Changed {
+                path,
+                what: "was modified while it was read",
+            }
+        }
+        e => e,
+    })?;
+    let digest = Digest::of_manifest(&manifest_bytes);
+    tracing::debug!(elapsed = ?t.elapsed(), "written");
     output.commit(opts.mode)?;
     tracing::debug!(elapsed = ?t.elapsed(), "committed");
 
@@ -168,11 +223,21 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
     })
 }
 
+/// Files whose ctime is less than this before the walk began are hashed
+/// again when they are written. A write sets the ctime to the current time
+/// at the clock's granularity (a few milliseconds at worst), so a file
+/// older than that cannot be written again without its ctime moving; a
+/// newer one could, within the tick its stamp was taken in. (Git treats
+/// its index's "racily clean" files the same way.)
+const RACY_NS: i128 = 2_000_000_000;
+
 /// The files of the walked tree, as a content source for the writer.
 struct PackContents<'a> {
     roots: &'a [Root],
     manifest: &'a Manifest,
     sources: &'a [Option<FoundFile>],
+    /// Set for the writing pass: which files to hash again.
+    recheck: Option<&'a [bool]>,
 }
 
 /// One source file being read.
@@ -190,8 +255,13 @@ impl Contents for PackContents<'_> {
     where
         Self: 'a;
 
-    fn check(&self, _i: usize) -> Check {
-        Check::Compute
+    /// Every file is hashed in the first pass; in the second, only the
+    /// racy ones are hashed again (the others were counted when hashed).
+    fn check(&self, i: usize) -> Check {
+        match self.recheck {
+            Some(racy) if racy[i] => Check::Verify,
+            _ => Check::Compute,
+        }
     }
 
     fn open(&self, i: usize) -> Result<PackReader<'_>, Error> {
@@ -215,6 +285,8 @@ impl Contents for PackContents<'_> {
             },
             _ => Error::io(&root.dir.join(&src.rel), "cannot open", e),
         })?;
+        // Its stamp is checked after the read: any change since the walk
+        // shows there, whenever it happened.
         Ok(PackReader {
             file: File::from(fd),
             path,
@@ -231,19 +303,45 @@ impl ContentReader for PackReader<'_> {
         read_exact(&mut self.file, buf, self.path)
     }
 
-    /// After reading: the same regular file, same size and mtime as walked.
+    /// A large file's later chunk: seek, read nothing.
+    fn skip(&mut self, n: u64) -> Result<(), Error> {
+        use std::io::{Seek, SeekFrom};
+        let to = i64::try_from(n).map_err(|_| Error::Changed {
+            path: self.path.into(),
+            what: "is too large",
+        })?;
+        self.file
+            .seek(SeekFrom::Current(to))
+            .map_err(|e| Error::Io {
+                path: self.path.into(),
+                op: "cannot seek",
+                source: e,
+            })?;
+        Ok(())
+    }
+
+    /// After reading: still the file the walk saw.
     fn finish(self) -> Result<(), Error> {
+        self.check_stamp()
+    }
+}
+
+impl PackReader<'_> {
+    /// The open file is the regular file the walk saw, with the same size,
+    /// mtime and ctime: not replaced, not written since.
+    fn check_stamp(&self) -> Result<(), Error> {
         let src = self.src;
         let m = self
             .file
             .metadata()
             .map_err(|e| Error::io(&self.roots[src.root].dir.join(&src.rel), "cannot stat", e))?;
         let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+        let ctime = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
         let what = if !m.file_type().is_file() || (m.dev(), m.ino()) != (src.dev, src.ino) {
             "was replaced"
         } else if m.len() != src.size {
             "changed size"
-        } else if mtime != src.seen_mtime_ns {
+        } else if mtime != src.seen_mtime_ns || ctime != src.seen_ctime_ns {
             "was modified"
         } else {
             return Ok(());
