@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::{Error, Result};
 use super::index::Idx;
+use sha2::Digest as _;
+
 use crate::packet::digest::Sha256;
 use crate::packet::format::CHUNK_SIZE;
 use crate::packet::manifest::{EntryKind, Manifest};
@@ -48,10 +50,22 @@ pub struct Verifier {
     /// requests to several threads at once; without this each of them
     /// hashed the same chunk).
     hashing: Box<[parking_lot::Mutex<()>]>,
+    /// The read buffer of a verification, kept for the next one.
+    spare: parking_lot::Mutex<Vec<u8>>,
 }
 
 /// Stripes of [`Verifier::hashing`].
 const HASH_STRIPES: u64 = 64;
+
+/// A chunk being verified is requested from the disk in pieces of this
+/// size, all at once (measured on the benchmark disk: four 1 MiB requests
+/// in flight arrive sooner than one of 4 MiB)...
+const VERIFY_PIECE: u64 = 1 << 20;
+
+/// ...and read and hashed through a buffer of this size: a fresh 4 MiB
+/// buffer cost 2.8 ms of page faults on a first random read here, more
+/// than hashing half the chunk.
+const READ_PIECE: u64 = 256 << 10;
 
 /// Number of chunks of a file of `size` bytes as verified by a mount.
 fn chunks_of(size: u64, chunked: bool) -> u64 {
@@ -84,6 +98,7 @@ impl Verifier {
             hashing: (0..HASH_STRIPES)
                 .map(|_| parking_lot::Mutex::new(()))
                 .collect(),
+            spare: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -145,7 +160,7 @@ impl Verifier {
         let chunked = !f.chunks.is_empty();
         let csize = if chunked { CHUNK_SIZE } else { f.size };
         let mut pos = offset;
-        let mut chunk_buf: Vec<u8> = Vec::new();
+        let mut piece_buf: Vec<u8> = Vec::new();
         while pos < end {
             let k = pos / csize;
             let cstart = k * csize;
@@ -163,28 +178,61 @@ impl Verifier {
                     .read_content_at(i as usize, pos, &mut out[at..])
                     .map_err(Error::PacketIo)?;
             } else {
-                // A reader that goes on will want the next chunk: the disk
-                // fetches it while this one is hashed.
-                if cend < f.size {
-                    crate::sys::will_need(
-                        packet.file(),
-                        packet.content_offset(i as usize) + cend,
-                        csize.min(f.size - cend),
-                    );
+                // A large chunk is asked for in pieces, all at once (the
+                // disk serves several requests sooner than one large one),
+                // and hashed piece by piece as they arrive.
+                let base = packet.content_offset(i as usize);
+                let len = cend - cstart;
+                if len > VERIFY_PIECE {
+                    let mut at = 0;
+                    while at < len {
+                        let n = VERIFY_PIECE.min(len - at);
+                        crate::sys::will_need(packet.file(), base + cstart + at, n);
+                        at += n;
+                    }
                 }
-                chunk_buf.resize((cend - cstart) as usize, 0);
-                packet
-                    .read_content_at(i as usize, cstart, &mut chunk_buf)
-                    .map_err(Error::PacketIo)?;
-                let got = Sha256::of(&chunk_buf);
+                // A reader moving forward will want the next chunk: the disk
+                // fetches it while this one is hashed. (Not for a reader
+                // that jumped here: asking costs the request 0.6 ms.)
+                let forward = k == 0 || self.is_verified(bit - 1);
+                if cend < f.size && forward {
+                    crate::sys::will_need(packet.file(), base + cend, csize.min(f.size - cend));
+                }
+                // Streamed through a small buffer, kept between reads: the
+                // part the caller asked for is copied out on the way, and
+                // taken back if the chunk fails.
+                if piece_buf.capacity() == 0 {
+                    piece_buf = std::mem::take(&mut *self.spare.lock());
+                }
+                let need = READ_PIECE.min(len) as usize;
+                if piece_buf.len() < need {
+                    piece_buf.resize(need, 0);
+                }
+                let kept = out.len();
+                let mut hasher = sha2::Sha256::new();
+                let mut at = cstart;
+                while at < cend {
+                    let n = READ_PIECE.min(cend - at);
+                    let piece = &mut piece_buf[..n as usize];
+                    packet
+                        .read_content_at(i as usize, at, piece)
+                        .map_err(Error::PacketIo)?;
+                    hasher.update(&*piece);
+                    let (lo, hi) = (pos.max(at), take_end.min(at + n));
+                    if lo < hi {
+                        out.extend_from_slice(&piece[(lo - at) as usize..(hi - at) as usize]);
+                    }
+                    at += n;
+                }
+                let got = Sha256(hasher.finalize().into());
                 let want = if chunked {
                     f.chunks[k as usize]
                 } else {
                     f.sha256
                 };
-                self.hashed
-                    .fetch_add(chunk_buf.len() as u64, Ordering::Relaxed);
+                self.hashed.fetch_add(cend - cstart, Ordering::Relaxed);
                 if got != want {
+                    out.truncate(kept);
                     tracing::error!(path = %e.path, start = cstart, end = cend, "lower content does not match the manifest; failing the read");
                     return Err(Error::Corrupt {
                         path: e.path.to_string(),
@@ -194,11 +242,11 @@ impl Verifier {
                 }
                 self.mark(bit);
                 self.chunks.fetch_add(1, Ordering::Relaxed);
-                out.extend_from_slice(
-                    &chunk_buf[(pos - cstart) as usize..(take_end - cstart) as usize],
-                );
             }
             pos = take_end;
+        }
+        if piece_buf.capacity() > 0 {
+            *self.spare.lock() = piece_buf;
         }
         Ok(())
     }
