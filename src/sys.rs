@@ -119,6 +119,29 @@ pub fn will_need(file: &std::fs::File, offset: u64, len: u64) {
     }
 }
 
+/// `file` opened again with `O_DIRECT` (Linux), for reading, or writing
+/// when `write`; `None` where the file system (or a missing /proc) refuses
+/// it. Through /proc, so that it is the same inode even if the file's
+/// name now points elsewhere.
+pub fn reopen_direct(file: &std::fs::File, write: bool) -> Option<std::fs::File> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .custom_flags(libc::O_DIRECT)
+            .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            .ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, write);
+        None
+    }
+}
+
 /// `fallocate(2)` with raw `mode` flags (Linux); `EOPNOTSUPP` elsewhere.
 pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
     #[cfg(target_os = "linux")]

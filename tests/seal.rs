@@ -672,6 +672,21 @@ fn rebase_continues_on_the_new_packet() {
         "chunks written by the last seal count as verified"
     );
     assert_eq!(v2["parent"], v["digest"]);
+    // That seal read its parent (written by the daemon, so read around the
+    // page cache) in spans at unaligned offsets, big.bin's chunks among
+    // them, and trusted the bytes: they must be exactly the merged view.
+    run(["verify", p3.to_str().unwrap()]).ok();
+    let out = tmp.path().join("turn2.tree");
+    run([
+        "unpack",
+        p3.to_str().unwrap(),
+        "--into",
+        out.to_str().unwrap(),
+        "--part",
+        "workspace",
+    ])
+    .ok();
+    assert_eq!(snapshot(&out), snapshot(&m.mnt));
     let mnt = m.mnt.clone();
     m.umount();
     // The upper directory now belongs to the last packet; the first is refused.

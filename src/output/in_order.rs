@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use sha2::Digest as _;
 
-use super::{Check, Computed, ContentReader, Contents, Output, WriteStats};
+use super::{AlignedBuf, Check, Computed, ContentReader, Contents, Output, WriteStats};
 use crate::packet::digest::{ContentHasher, Sha256};
 use crate::packet::error::{Error, Result};
 use crate::packet::format::{BLOCK, CHUNK_SIZE};
@@ -211,13 +211,13 @@ fn write_pieces<S: Contents>(
         pieces = count,
         "writing the packet in file order"
     );
-    let (pool_tx, pool_rx) = mpsc::channel::<PieceBuf>();
+    let (pool_tx, pool_rx) = mpsc::channel::<AlignedBuf>();
     for _ in 0..IN_FLIGHT {
-        let _ = pool_tx.send(PieceBuf::default());
+        let _ = pool_tx.send(AlignedBuf::default());
     }
     let pool_rx = Mutex::new(pool_rx);
-    let (hash_tx, hash_rx) = mpsc::channel::<(usize, Arc<PieceBuf>)>();
-    let (write_tx, write_rx) = mpsc::channel::<(u64, Arc<PieceBuf>)>();
+    let (hash_tx, hash_rx) = mpsc::channel::<(usize, Arc<AlignedBuf>)>();
+    let (write_tx, write_rx) = mpsc::channel::<(u64, Arc<AlignedBuf>)>();
     let write_rx = Mutex::new(write_rx);
     let trailer = layout.total_len() - layout.end_offset();
 
@@ -359,7 +359,10 @@ const WRITERS: usize = 2;
 const POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A free buffer, or `None` once something failed.
-fn take_buffer(pool: &Mutex<mpsc::Receiver<PieceBuf>>, failed: &AtomicBool) -> Option<PieceBuf> {
+fn take_buffer(
+    pool: &Mutex<mpsc::Receiver<AlignedBuf>>,
+    failed: &AtomicBool,
+) -> Option<AlignedBuf> {
     loop {
         if failed.load(Ordering::Relaxed) {
             return None;
@@ -375,7 +378,7 @@ fn take_buffer(pool: &Mutex<mpsc::Receiver<PieceBuf>>, failed: &AtomicBool) -> O
 
 /// Returns a buffer to the pool once both the writer and the hasher are
 /// done with it (whichever is last gets it back).
-fn give_back(pool: &mpsc::Sender<PieceBuf>, buf: Arc<PieceBuf>) {
+fn give_back(pool: &mpsc::Sender<AlignedBuf>, buf: Arc<AlignedBuf>) {
     if let Some(buf) = Arc::into_inner(buf) {
         let _ = pool.send(buf);
     }
@@ -459,41 +462,6 @@ impl Cursor<'_> {
     fn zero_rest(&mut self) {
         self.buf[self.at..].fill(0);
         self.at = self.buf.len();
-    }
-}
-
-/// Alignment of buffers, offsets and lengths for direct I/O: the logical
-/// block size of the disks we write to (512 bytes; a disk with larger
-/// blocks refuses the first direct write and the writer falls back).
-const DIRECT_ALIGN: usize = 4096;
-
-/// A reusable piece buffer whose bytes start at an address aligned for
-/// direct I/O.
-#[derive(Default)]
-struct PieceBuf {
-    mem: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl PieceBuf {
-    /// The buffer resized to `len` bytes (old bytes may remain: the caller
-    /// overwrites them all).
-    fn window(&mut self, len: usize) -> &mut [u8] {
-        if self.mem.len() < len + DIRECT_ALIGN {
-            self.mem.resize(len + DIRECT_ALIGN, 0);
-        }
-        self.start = self
-            .mem
-            .as_ptr()
-            .align_offset(DIRECT_ALIGN)
-            .min(DIRECT_ALIGN);
-        self.len = len;
-        &mut self.mem[self.start..self.start + len]
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.mem[self.start..self.start + self.len]
     }
 }
 

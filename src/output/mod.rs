@@ -92,25 +92,9 @@ impl Output {
     }
 
     /// The temporary file opened again with `O_DIRECT` (Linux), or `None`
-    /// where the file system (or a missing /proc) refuses it.
+    /// where the file system refuses it.
     pub fn open_direct(&self) -> Option<File> {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            use std::os::unix::fs::OpenOptionsExt;
-            // Through /proc, so that it is the same inode even if someone
-            // renamed another file to the temporary name meanwhile.
-            let path = format!("/proc/self/fd/{}", self.file().as_raw_fd());
-            std::fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-                .ok()
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            None
-        }
+        crate::sys::reopen_direct(self.file(), true)
     }
 
     /// Waits until the data written is on disk (`fdatasync`).
@@ -146,6 +130,42 @@ fn parent_dir(p: &Path) -> &Path {
     match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
+    }
+}
+
+/// Alignment of buffers, offsets and lengths for direct I/O: the logical
+/// block size of the disks we use (512 bytes; a disk with larger blocks
+/// refuses the first direct read or write, and the caller falls back).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// A reusable buffer whose bytes start at an address aligned for direct
+/// I/O.
+#[derive(Default)]
+pub struct AlignedBuf {
+    mem: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// The buffer resized to `len` bytes (old bytes may remain: the caller
+    /// overwrites them all).
+    pub fn window(&mut self, len: usize) -> &mut [u8] {
+        if self.mem.len() < len + DIRECT_ALIGN {
+            self.mem.resize(len + DIRECT_ALIGN, 0);
+        }
+        self.start = self
+            .mem
+            .as_ptr()
+            .align_offset(DIRECT_ALIGN)
+            .min(DIRECT_ALIGN);
+        self.len = len;
+        &mut self.mem[self.start..self.start + len]
+    }
+
+    /// The bytes of the last window.
+    pub fn bytes(&self) -> &[u8] {
+        &self.mem[self.start..self.start + self.len]
     }
 }
 

@@ -52,6 +52,8 @@ pub struct Verifier {
     hashing: Box<[parking_lot::Mutex<()>]>,
     /// The read buffer of a verification, kept for the next one.
     spare: parking_lot::Mutex<Vec<u8>>,
+    /// Set by [`Self::mark_all`].
+    written_here: std::sync::atomic::AtomicBool,
 }
 
 /// Stripes of [`Verifier::hashing`].
@@ -99,6 +101,7 @@ impl Verifier {
                 .map(|_| parking_lot::Mutex::new(()))
                 .collect(),
             spare: parking_lot::Mutex::new(Vec::new()),
+            written_here: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -108,6 +111,13 @@ impl Verifier {
         for w in &self.bits {
             w.store(u64::MAX, Ordering::Release);
         }
+        self.written_here.store(true, Ordering::Release);
+    }
+
+    /// Whether the packet is one this daemon wrote (see [`Self::mark_all`]):
+    /// written around the page cache, so not in it.
+    pub fn written_here(&self) -> bool {
+        self.written_here.load(Ordering::Acquire)
     }
 
     /// Fails with [`Error::PacketChanged`] if the packet file is not the

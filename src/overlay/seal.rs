@@ -256,6 +256,7 @@ impl Overlay {
         let sources = SealContents {
             overlay: self,
             lower: &lower,
+            direct: DirectLower::new(&lower),
             items: &items,
             stamps: items
                 .iter()
@@ -767,6 +768,8 @@ fn new_has(new: &Manifest, path: &str) -> bool {
 struct SealContents<'a> {
     overlay: &'a Overlay,
     lower: &'a Lower,
+    /// Reads of the parent around the page cache, when it is not in it.
+    direct: Option<DirectLower>,
     items: &'a [Item],
     /// Per entry: how its upper data file looked when first read, so that
     /// content hashed once and written later is known to be the same.
@@ -804,6 +807,7 @@ enum SealReader<'a> {
     /// From the old packet, at an absolute offset.
     Lower {
         file: &'a File,
+        direct: Option<&'a DirectLower>,
         pos: u64,
         path: &'a str,
     },
@@ -840,6 +844,10 @@ impl Contents for SealContents<'_> {
     }
 
     fn prefetch(&self, entries: std::ops::Range<usize>, window: Option<(u64, u64)>) {
+        if self.direct.is_some() {
+            // Direct reads skip the page cache this would fill.
+            return;
+        }
         // The lower bytes these entries come from, as one range of the old
         // packet when they lie close together (they mostly keep their order).
         let p = &self.lower.packet;
@@ -873,6 +881,7 @@ impl Contents for SealContents<'_> {
                 // Positional reads: every reader shares the packet's file.
                 Ok(SealReader::Lower {
                     file: p.file(),
+                    direct: self.direct.as_ref(),
                     pos: p.layout.data_offset(idx as usize, e),
                     path,
                 })
@@ -901,13 +910,22 @@ impl ContentReader for SealReader<'_> {
     type Error = Error;
 
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
-        let (file, pos, path): (&File, &mut u64, &str) = match self {
-            SealReader::Lower { file, pos, path } => (file, pos, path),
+        let (file, direct, pos, path): (&File, _, &mut u64, &str) = match self {
+            SealReader::Lower {
+                file,
+                direct,
+                pos,
+                path,
+            } => (file, *direct, pos, path),
             SealReader::Upper {
                 file, pos, path, ..
-            } => (file, pos, path),
+            } => (file, None, pos, path),
         };
-        file.read_exact_at(buf, *pos).map_err(|e| {
+        match direct {
+            Some(d) => d.read_exact_at(file, buf, *pos),
+            None => file.read_exact_at(buf, *pos),
+        }
+        .map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 Error::Refused {
                     path: path.to_string(),
@@ -945,6 +963,99 @@ impl ContentReader for SealReader<'_> {
         if seen.get() != Some(&stamp_of(&file, path)?) {
             return Err(changed_while_sealing(path));
         }
+        Ok(())
+    }
+}
+
+/// Reads of the parent packet with `O_DIRECT`, a span of about a piece at a
+/// time per thread, for a parent this daemon wrote itself (around the page
+/// cache, so not in it): filling the cache only to read each byte once
+/// cost the second turn of a rebased session 0.3-0.5 s on 1 GiB here.
+/// A parent from elsewhere may be in the cache, and is read through it.
+struct DirectLower {
+    file: File,
+    len: u64,
+    /// The span each thread read last.
+    spans: parking_lot::Mutex<HashMap<std::thread::ThreadId, Span>>,
+    /// Set when a direct read is refused: the rest goes through the cache.
+    refused: std::sync::atomic::AtomicBool,
+}
+
+/// Bytes `start..start + valid` of the packet.
+#[derive(Default)]
+struct Span {
+    buf: crate::output::AlignedBuf,
+    start: u64,
+    valid: usize,
+}
+
+/// A direct read covers at least this much (a piece of the packet being
+/// written comes from about that much of the parent).
+const SPAN: u64 = crate::packet::format::CHUNK_SIZE;
+
+impl DirectLower {
+    fn new(lower: &Lower) -> Option<DirectLower> {
+        if !lower.verifier.written_here() {
+            return None;
+        }
+        let file = crate::sys::reopen_direct(lower.packet.file(), false)?;
+        Some(DirectLower {
+            file,
+            len: lower.packet.file().metadata().ok()?.len(),
+            spans: parking_lot::Mutex::new(HashMap::new()),
+            refused: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Fills `buf` from `pos`, from this thread's span or a new one;
+    /// through `cached` (the buffered handle) once direct reads fail.
+    fn read_exact_at(&self, cached: &File, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+        if !self.refused.load(Ordering::Relaxed) {
+            let tid = std::thread::current().id();
+            let mut span = self.spans.lock().remove(&tid).unwrap_or_default();
+            let r = self.read_via_span(&mut span, buf, pos);
+            self.spans.lock().insert(tid, span);
+            match r {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::debug!(
+                        "direct read refused; reading the parent through the page cache"
+                    );
+                    self.refused.store(true, Ordering::Relaxed);
+                }
+                r => return r,
+            }
+        }
+        cached.read_exact_at(buf, pos)
+    }
+
+    fn read_via_span(&self, span: &mut Span, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+        let align = crate::output::DIRECT_ALIGN as u64;
+        let end = pos + buf.len() as u64;
+        if pos < span.start || end > span.start + span.valid as u64 {
+            let start = pos - pos % align;
+            let want = (end - start)
+                .max(SPAN)
+                .min(self.len.next_multiple_of(align) - start)
+                .next_multiple_of(align);
+            span.valid = 0; // until the new bytes are in
+            let window = span.buf.window(want as usize);
+            let mut got = 0;
+            while got < window.len() {
+                match self.file.read_at(&mut window[got..], start + got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            span.start = start;
+            span.valid = got;
+            if end > start + got as u64 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        let at = (pos - span.start) as usize;
+        buf.copy_from_slice(&span.buf.bytes()[at..at + buf.len()]);
         Ok(())
     }
 }
