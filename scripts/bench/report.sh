@@ -83,7 +83,8 @@ import json, sys
 for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("cmd"):
-        print("- {} / {}: `{}`".format(m["name"], m["tool"], m["cmd"].replace("`", "")))
+        prep = " (before each run, untimed: `{}`)".format(m["prepare"].replace("`", "")) if m.get("prepare") else ""
+        print("- {} / {}: `{}`{}".format(m["name"], m["tool"], m["cmd"].replace("`", ""), prep))
 ' "$results"
   if [ -s "$failures" ]; then
     echo

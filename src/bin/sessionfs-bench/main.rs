@@ -110,6 +110,9 @@ struct Measurement {
     bytes: Option<u64>,
     #[serde(default = "seconds")]
     unit: String,
+    /// Run before each timed run, untimed (listed with the command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    prepare: Option<String>,
 }
 
 fn seconds() -> String {
@@ -129,6 +132,7 @@ impl Measurement {
             runs,
             bytes: None,
             unit,
+            prepare: None,
         }
     }
 
@@ -301,6 +305,7 @@ fn run(cli: Cli) -> std::io::Result<()> {
             }
             let mut m = Measurement::new(name, tool, cmd, times, seconds());
             m.bytes = bytes;
+            m.prepare = prepare;
             m.append(&out)
         }
         Cmd::Record {
