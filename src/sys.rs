@@ -217,13 +217,6 @@ pub fn mtime_ns(st: &FileStat) -> i128 {
     i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec)
 }
 
-/// Status-change time of a stat in nanoseconds since the epoch: every
-/// write, and every change of metadata, sets it to the current time, and
-/// no caller can set it back.
-pub fn ctime_ns(st: &FileStat) -> i128 {
-    i128::from(st.st_ctime) * 1_000_000_000 + i128::from(st.st_ctime_nsec)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -722,11 +722,9 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
     write(&ws, "small.txt", b"hello, world\n");
     let big: Vec<u8> = (0..9u32 << 20).map(|i| (i % 251) as u8).collect();
     write(&ws, "big.bin", &big);
-    // Older than pack's racy window: only their stamps can show a change.
-    std::thread::sleep(std::time::Duration::from_millis(2300));
-    write(&ws, "fresh.txt", b"just written\n");
+    write(&ws, "grows.txt", b"short\n");
     let out = tmp.path().join("p.packet");
-    // Same size, same mtime, other bytes: only the ctime tells.
+    // Same size, same mtime, other bytes: only the content can tell.
     let overwrite_keeping_mtime = |rel: &str, at: u64| {
         let p = ws.join(rel);
         let m = fs::metadata(&p).unwrap();
@@ -736,12 +734,39 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
         set_mtime(&p, m.mtime() * 1_000_000_000 + m.mtime_nsec());
         assert_eq!(fs::metadata(&p).unwrap().len(), m.len());
     };
-    for (rel, at) in [("small.txt", 0), ("big.bin", 5 << 20), ("fresh.txt", 3)] {
-        let (code, v) = pack_changed_between_passes(&ws, &out, || overwrite_keeping_mtime(rel, at));
+    let grow = || {
+        let f = fs::OpenOptions::new()
+            .append(true)
+            .open(ws.join("grows.txt"))
+            .unwrap();
+        f.write_all_at(b"er\n", 6).unwrap();
+    };
+    type Change<'a> = Box<dyn Fn() + 'a>;
+    let cases: [(&str, &str, Change); 3] = [
+        (
+            "small.txt",
+            "was modified",
+            Box::new(|| overwrite_keeping_mtime("small.txt", 0)),
+        ),
+        (
+            "big.bin",
+            "was modified",
+            Box::new(|| overwrite_keeping_mtime("big.bin", 5 << 20)),
+        ),
+        ("grows.txt", "changed size", Box::new(grow)),
+    ];
+    for (rel, what, change) in cases {
+        let (code, v) = pack_changed_between_passes(&ws, &out, change);
         assert_eq!(code, 6, "{rel}: {v}");
         assert_eq!(v["kind"], "changed_while_packing", "{rel}: {v}");
         assert_eq!(v["path"], format!("workspace/{rel}"), "{v}");
-        assert!(v["message"].as_str().unwrap().contains("modified"), "{v}");
+        assert_eq!(
+            v["message"],
+            format!(
+                "workspace/{rel}: {what} while it was being packed; pack again once the tree is quiet"
+            ),
+            "{v}"
+        );
         assert!(!out.exists(), "{rel}: a refused pack left its output");
         let left: Vec<_> = fs::read_dir(tmp.path())
             .unwrap()

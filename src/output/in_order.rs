@@ -8,10 +8,10 @@
 //! at its chunk boundaries). Worker threads (one per core) take pieces in
 //! order, assemble them (headers, content, padding) and verify reused
 //! content against the manifest (a small file's hash, or the one chunk a
-//! piece of a large file holds); a writer thread writes them; a hasher
-//! thread hashes them in file order for `file_sha256` (that hash is
-//! sequential, so the pipeline runs at its pace at best). Nothing is read
-//! back. Two writer threads keep two writes in flight.
+//! piece of a large file holds); two writer threads write them (two writes
+//! in flight); a hasher thread hashes them in file order for `file_sha256`
+//! (that hash is sequential, so the pipeline runs at its pace at best).
+//! Nothing is read back.
 //!
 //! The writer goes around the page cache (`O_DIRECT`) when asked: for a
 //! packet that is shipped rather than read here, that saves the copy into

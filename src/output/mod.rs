@@ -260,7 +260,7 @@ fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
         path,
         start,
         end,
-        "lower content does not match the manifest"
+        "content read again does not match its manifest hash"
     );
     Error::ContentMismatch {
         path: path.to_string(),

@@ -218,23 +218,34 @@ impl Verifier {
                 if piece_buf.len() < need {
                     piece_buf.resize(need, 0);
                 }
+                // Bytes copied out before the chunk is known good are taken
+                // back on every failure.
                 let kept = out.len();
-                let mut hasher = sha2::Sha256::new();
-                let mut at = cstart;
-                while at < cend {
-                    let n = READ_PIECE.min(cend - at);
-                    let piece = &mut piece_buf[..n as usize];
-                    packet
-                        .read_content_at(i as usize, at, piece)
-                        .map_err(Error::PacketIo)?;
-                    hasher.update(&*piece);
-                    let (lo, hi) = (pos.max(at), take_end.min(at + n));
-                    if lo < hi {
-                        out.extend_from_slice(&piece[(lo - at) as usize..(hi - at) as usize]);
+                let streamed = (|| -> Result<Sha256> {
+                    let mut hasher = sha2::Sha256::new();
+                    let mut at = cstart;
+                    while at < cend {
+                        let n = READ_PIECE.min(cend - at);
+                        let piece = &mut piece_buf[..n as usize];
+                        packet
+                            .read_content_at(i as usize, at, piece)
+                            .map_err(Error::PacketIo)?;
+                        hasher.update(&*piece);
+                        let (lo, hi) = (pos.max(at), take_end.min(at + n));
+                        if lo < hi {
+                            out.extend_from_slice(&piece[(lo - at) as usize..(hi - at) as usize]);
+                        }
+                        at += n;
                     }
-                    at += n;
-                }
-                let got = Sha256(hasher.finalize().into());
+                    Ok(Sha256(hasher.finalize().into()))
+                })();
+                let got = match streamed {
+                    Ok(got) => got,
+                    Err(e) => {
+                        out.truncate(kept);
+                        return Err(e);
+                    }
+                };
                 let want = if chunked {
                     f.chunks[k as usize]
                 } else {

@@ -1029,13 +1029,16 @@ impl DirectLower {
     }
 
     fn read_via_span(&self, span: &mut Span, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
         let align = crate::output::DIRECT_ALIGN as u64;
         let end = pos + buf.len() as u64;
         if pos < span.start || end > span.start + span.valid as u64 {
             let start = pos - pos % align;
             let want = (end - start)
                 .max(SPAN)
-                .min(self.len.next_multiple_of(align) - start)
+                .min(self.len.next_multiple_of(align).saturating_sub(start))
                 .next_multiple_of(align);
             span.valid = 0; // until the new bytes are in
             let window = span.buf.window(want as usize);
@@ -1043,6 +1046,12 @@ impl DirectLower {
             while got < window.len() {
                 match self.file.read_at(&mut window[got..], start + got as u64) {
                     Ok(0) => break,
+                    // A short read ends at the end of the file (or the next
+                    // read would not be aligned): what is here is all.
+                    Ok(n) if n % align as usize != 0 => {
+                        got += n;
+                        break;
+                    }
                     Ok(n) => got += n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(e),

@@ -5,9 +5,10 @@
 //! every file is hashed on all cores, and the packet is written once, in
 //! file order, around the page cache, while a thread hashes it for
 //! `file_sha256` (nothing is read back). A file must be the same in both
-//! passes: its stamp (size, mtime, ctime) is checked at every open and
-//! after every read, and a file whose ctime is too recent to tell a later
-//! write is hashed again in the second pass.
+//! passes: the second hashes every file again as it copies it and compares
+//! (timestamps cannot prove a file unchanged: stores through a shared
+//! mapping move no ctime until writeback), and after every read the file
+//! must still be the one the walk saw, with the same size and mtime.
 
 use std::fs::File;
 use std::io::Read;
@@ -101,9 +102,6 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         skip,
     };
     let t = std::time::Instant::now();
-    // Files whose ctime is this recent may have been written in the same
-    // clock tick as the walk saw them (see `racy` below).
-    let walk_started = std::time::SystemTime::now();
     let mut scan = scan(&parts, &scan_opts)?;
     tracing::debug!(elapsed = ?t.elapsed(), entries = scan.found.len(), "walked");
     scan.found
@@ -142,29 +140,18 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
 
     // Two passes, like the seal: hash every file on all cores, then write
     // the packet once, in file order, hashing it on the way for
-    // `file_sha256` (see crate::output::in_order). Between the passes a
-    // file must not change: each read checks the file's stamp (size,
-    // mtime, ctime) against the walk's, and files changed too recently for
-    // their ctime to tell are hashed again as they are written.
-    let racy_since = walk_started
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128)
-        - RACY_NS;
+    // `file_sha256` (see crate::output::in_order), every file hashed again
+    // as it is copied and compared with the first pass.
     let stats = WriteStats::default();
     let first = PackContents {
         roots: &scan.roots,
         manifest: &manifest,
         sources: &sources,
-        recheck: None,
+        second_pass: false,
     };
     let hashes = hash_new(&manifest, &first, &stats)?;
     tracing::debug!(elapsed = ?t.elapsed(), "content hashed");
     crate::barrier::wait(opts.barrier.as_deref(), "hashed");
-    let racy: Vec<bool> = sources
-        .iter()
-        .map(|s| s.as_ref().is_some_and(|f| f.seen_ctime_ns >= racy_since))
-        .collect();
-    let recheck = racy.iter().filter(|r| **r).count();
     for (i, sha, chunks) in hashes {
         if let EntryKind::File(f) = &mut manifest.entries[i].kind {
             f.sha256 = sha;
@@ -178,9 +165,8 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         roots: &scan.roots,
         manifest: &manifest,
         sources: &sources,
-        recheck: Some(&racy),
+        second_pass: true,
     };
-    tracing::debug!(recheck, "files hashed again as they are written");
     // Around the page cache, as the seal does: the packet is shipped.
     let file_sha256 = write_in_order(
         &output,
@@ -193,12 +179,12 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         progress,
     )
     .map_err(|e| match e {
-        // Content hashed again that no longer matches: the file changed
-        // within the tick its ctime was taken in.
+        // Bytes that differ from the first pass: the file changed between
+        // the passes (its size and mtime may well be the same).
         Error::Packet(crate::packet::error::Error::ContentMismatch { path, .. }) => {
             Error::Changed {
                 path,
-                what: "was modified while it was read",
+                what: "was modified",
             }
         }
         e => e,
@@ -223,21 +209,13 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
     })
 }
 
-/// Files whose ctime is less than this before the walk began are hashed
-/// again when they are written. A write sets the ctime to the current time
-/// at the clock's granularity (a few milliseconds at worst), so a file
-/// older than that cannot be written again without its ctime moving; a
-/// newer one could, within the tick its stamp was taken in. (Git treats
-/// its index's "racily clean" files the same way.)
-const RACY_NS: i128 = 2_000_000_000;
-
 /// The files of the walked tree, as a content source for the writer.
 struct PackContents<'a> {
     roots: &'a [Root],
     manifest: &'a Manifest,
     sources: &'a [Option<FoundFile>],
-    /// Set for the writing pass: which files to hash again.
-    recheck: Option<&'a [bool]>,
+    /// The writing pass, which checks every file against the first.
+    second_pass: bool,
 }
 
 /// One source file being read.
@@ -255,12 +233,13 @@ impl Contents for PackContents<'_> {
     where
         Self: 'a;
 
-    /// Every file is hashed in the first pass; in the second, only the
-    /// racy ones are hashed again (the others were counted when hashed).
-    fn check(&self, i: usize) -> Check {
-        match self.recheck {
-            Some(racy) if racy[i] => Check::Verify,
-            _ => Check::Compute,
+    /// Every file is hashed in the first pass, and hashed again and
+    /// compared in the second.
+    fn check(&self, _i: usize) -> Check {
+        if self.second_pass {
+            Check::Verify
+        } else {
+            Check::Compute
         }
     }
 
@@ -327,8 +306,10 @@ impl ContentReader for PackReader<'_> {
 }
 
 impl PackReader<'_> {
-    /// The open file is the regular file the walk saw, with the same size,
-    /// mtime and ctime: not replaced, not written since.
+    /// The open file is the regular file the walk saw, with the same size
+    /// and mtime: not replaced, not visibly written since. (Not the ctime:
+    /// `chmod` or a new hard link move it without touching the content,
+    /// which the second pass compares anyway.)
     fn check_stamp(&self) -> Result<(), Error> {
         let src = self.src;
         let m = self
@@ -336,12 +317,11 @@ impl PackReader<'_> {
             .metadata()
             .map_err(|e| Error::io(&self.roots[src.root].dir.join(&src.rel), "cannot stat", e))?;
         let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
-        let ctime = i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec());
         let what = if !m.file_type().is_file() || (m.dev(), m.ino()) != (src.dev, src.ino) {
             "was replaced"
         } else if m.len() != src.size {
             "changed size"
-        } else if mtime != src.seen_mtime_ns || ctime != src.seen_ctime_ns {
+        } else if mtime != src.seen_mtime_ns {
             "was modified"
         } else {
             return Ok(());

@@ -124,8 +124,6 @@ pub struct FoundFile {
     pub ino: u64,
     /// The raw mtime seen, to detect modification while reading.
     pub seen_mtime_ns: i128,
-    /// The ctime seen: any later write changes it (see `pack`).
-    pub seen_ctime_ns: i128,
 }
 
 /// What the walk left out or changed, reported in results.
@@ -568,7 +566,6 @@ impl Walker<'_, '_> {
             dev: sys::dev_ino(st).0,
             ino: sys::dev_ino(st).1,
             seen_mtime_ns: seen,
-            seen_ctime_ns: sys::ctime_ns(st),
         })
     }
 
