@@ -714,3 +714,60 @@ fn new_files_are_numbered_by_path_and_remounts_show_the_same_state() {
     assert_eq!(inos, inos2, "inode numbers changed across a remount");
     m2.umount();
 }
+
+#[test]
+fn absent_names_are_cached_as_absent_until_created_through_the_mount() {
+    // "A name found absent is cached as absent for an hour, so repeated
+    // probes for it cost one lookup" (docs/CLI.md, status); and every way
+    // of making the name exist shows it at once.
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let lookups = |m: &Mounted| m.status()["lookups"].as_u64().unwrap();
+    let probe = |rel: &str| {
+        fs::symlink_metadata(m.path(rel))
+            .map(|_| ())
+            .map_err(|e| e.raw_os_error())
+    };
+    assert_eq!(probe("dir/.gitignore"), Err(Some(libc::ENOENT)));
+    let before = lookups(&m);
+    for _ in 0..50 {
+        assert_eq!(probe("dir/.gitignore"), Err(Some(libc::ENOENT)));
+    }
+    assert_eq!(lookups(&m), before, "an absent name was looked up again");
+    // Each way a name can come to exist, after it was probed absent.
+    type Make<'a> = &'a dyn Fn(&Path);
+    let ways: [(&str, Make); 6] = [
+        ("created", &|p| fs::write(p, b"x").unwrap()),
+        ("mkdir", &|p| fs::create_dir(p).unwrap()),
+        ("symlink", &|p| {
+            std::os::unix::fs::symlink("target", p).unwrap()
+        }),
+        ("hard-linked", &|p| {
+            fs::hard_link(m.path("README.md"), p).unwrap()
+        }),
+        ("renamed", &|p| {
+            fs::rename(m.path("src/main.rs"), p).unwrap()
+        }),
+        ("mknod", &|p| {
+            let st = Command::new("mkfifo").arg(p).status().unwrap();
+            assert!(st.success());
+        }),
+    ];
+    for (how, make) in ways {
+        let rel = format!("dir/{how}.new");
+        assert_eq!(probe(&rel), Err(Some(libc::ENOENT)), "{how}");
+        make(&m.path(&rel));
+        assert_eq!(probe(&rel), Ok(()), "{how}: not visible after it was made");
+        let listed: Vec<String> = fs::read_dir(m.path("dir"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(listed.contains(&format!("{how}.new")), "{how}: {listed:?}");
+    }
+    // And gone again: removal makes it absent, and then present once more.
+    fs::remove_file(m.path("dir/created.new")).unwrap();
+    assert_eq!(probe("dir/created.new"), Err(Some(libc::ENOENT)));
+    fs::write(m.path("dir/created.new"), b"again").unwrap();
+    assert_eq!(fs::read(m.path("dir/created.new")).unwrap(), b"again");
+    m.umount();
+}

@@ -182,6 +182,7 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
         "upper": o.upper_dir(),
         "pid": std::process::id(),
         "records": o.records(),
+        "lookups": s.lookups.load(Ordering::Relaxed),
         "opens": s.opens.load(Ordering::Relaxed),
         "reads": s.reads.load(Ordering::Relaxed),
         "read_bytes": s.read_bytes.load(Ordering::Relaxed),

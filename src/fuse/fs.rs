@@ -88,6 +88,27 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: only the inode number (0) counts.
+fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
@@ -156,12 +177,18 @@ impl Filesystem for SessionFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _s = tracing::trace_span!("lookup", parent = parent.0).entered();
-        entry(
-            reply,
-            self.overlay.lookup(parent.0, name.as_bytes()),
-            "lookup",
-            parent.0,
-        );
+        match self.overlay.lookup(parent.0, name.as_bytes()) {
+            // A name that does not exist is answered as an entry with
+            // inode 0: the kernel then caches the absence (a negative
+            // dentry) for the TTL instead of asking again. Tools probe
+            // for absent names all the time (`git status` looks for
+            // `.gitignore` and `.git` in every directory: 4,947 lookups
+            // per run on S, every run). Safe because every change to
+            // the tree goes through this kernel mount, which turns the
+            // negative dentry positive itself.
+            Err(Error::NotFound) => reply.entry(&TTL, &negative_attr(), Generation(0)),
+            r => entry(reply, r, "lookup", parent.0),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

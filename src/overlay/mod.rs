@@ -130,6 +130,8 @@ struct Handle {
 /// Counters, for `status` and tests.
 #[derive(Default)]
 pub struct Stats {
+    /// Name lookups (the kernel's `LOOKUP`), found or not.
+    pub lookups: AtomicU64,
     /// Files opened (lower and upper).
     pub opens: AtomicU64,
     /// Read requests.
@@ -363,6 +365,7 @@ impl Overlay {
 
     /// `lookup`: the child's attributes; counts a kernel reference.
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.stats.lookups.fetch_add(1, Ordering::Relaxed);
         let name = name_str(name)?;
         let st = self.state.read_recursive();
         let lower = st.lower.clone();
