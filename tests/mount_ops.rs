@@ -311,6 +311,46 @@ fn unlinked_open_files_stay_usable_with_nlink_zero() {
     g.read_to_string(&mut s).unwrap();
     assert_eq!(s, "# sample\n");
     drop(g);
+    // A lower file opened before anything changed it, changed (copied up)
+    // and unlinked while open, then mapped after its last descriptor is
+    // closed: the daemon sees no open or close (zero-message opens), only
+    // the kernel's reference to the inode, which keeps the content alive.
+    let script = r#"
+import mmap, os, sys
+p = sys.argv[1]
+f = open(p, "r+b")
+os.unlink(p)
+f.write(b"XY")
+f.flush()
+mm = mmap.mmap(f.fileno(), 0)
+f.close()
+mm[2:4] = b"zw"
+print(bytes(mm[0:12]).decode())
+mm.close()
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(m.path("src/main.rs"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "XYzwain() {");
+    assert!(!m.path("src/main.rs").exists());
+    // Once the kernel forgets the inode, its data file goes.
+    let mut left = data_files(&m);
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        left = data_files(&m);
+    }
+    assert!(left.is_empty(), "{left:?}");
     m.umount();
 }
 

@@ -225,11 +225,11 @@ fn tracked_inodes(w: &Path) -> std::collections::BTreeMap<u64, String> {
         .collect()
 }
 
-/// The tracked files the daemon of `m` opened since it started.
+/// The tracked files the daemon of `m` was asked to read since it started.
 fn tracked_files_opened(m: &Mounted) -> Vec<String> {
     let tracked = tracked_inodes(&m.mnt);
     let status = m.status();
-    let opened = status["opened_inodes"].as_array().unwrap();
+    let opened = status["read_inodes"].as_array().unwrap();
     let mut files: Vec<String> = opened
         .iter()
         .filter_map(|i| tracked.get(&i.as_u64().unwrap()).cloned())

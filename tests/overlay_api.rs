@@ -139,21 +139,31 @@ fn write_at(
             return Err(Error::IsDir);
         }
     }
-    let fh = match ino {
-        Some(i) => o.open(i, truncate)?,
+    // As the kernel does it: no open request, and O_TRUNC as a SETATTR.
+    let ino = match ino {
+        Some(i) => {
+            if truncate {
+                o.setattr(
+                    i,
+                    SetAttr {
+                        size: Some(0),
+                        ..SetAttr::default()
+                    },
+                )?;
+            }
+            i
+        }
         None => {
             let (dir, name) = split(&path);
             let d = resolve_dir(o, dir)?;
-            o.create(d, name.as_bytes(), 0o644, ME)?.1
+            o.create(d, name.as_bytes(), 0o644, ME)?.ino
         }
     };
     let off = match off {
         Some(v) => v,
         None => o.getattr(resolve(o, &path)?)?.size,
     };
-    let r = o.write(fh, off, data).map(|_| ());
-    o.release(fh)?;
-    r
+    o.write(ino, off, data).map(|_| ())
 }
 
 /// The same operation through the overlay API.
@@ -232,11 +242,8 @@ fn api(o: &Overlay, op: &Op) -> Result<String, i32> {
         }
         Op::Read(a) => {
             let ino = resolve_follow(o, n(a), 0)?;
-            let fh = o.open(ino, false)?;
             let mut buf = Vec::new();
-            let r = o.read(fh, 0, 1 << 20, &mut buf);
-            o.release(fh)?;
-            r?;
+            o.read(ino, 0, 1 << 20, &mut buf)?;
             Ok(format!(
                 "{} bytes {:?}",
                 buf.len(),
@@ -269,10 +276,8 @@ fn api_tree(o: &Overlay) -> BTreeMap<String, String> {
                     String::from_utf8(o.readlink(e.ino).unwrap()).unwrap()
                 ),
                 _ => {
-                    let fh = o.open(e.ino, false).unwrap();
                     let mut buf = Vec::new();
-                    o.read(fh, 0, u32::MAX, &mut buf).unwrap();
-                    o.release(fh).unwrap();
+                    o.read(e.ino, 0, u32::MAX, &mut buf).unwrap();
                     format!("file {:o} {}", a.perm, digest(&buf))
                 }
             };

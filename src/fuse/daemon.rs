@@ -173,7 +173,7 @@ pub fn error(kind: &str, message: &str) -> Value {
 
 fn status(o: &Overlay, mountpoint: &Path) -> Value {
     let s = &o.stats;
-    let opened: Vec<u64> = s.opened.lock().clone();
+    let read_inodes: Vec<u64> = s.read_inodes.lock().clone();
     json!({
         "schema": "sessionfs.status-result/1",
         "mountpoint": mountpoint,
@@ -183,12 +183,11 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
         "pid": std::process::id(),
         "records": o.records(),
         "lookups": s.lookups.load(Ordering::Relaxed),
-        "opens": s.opens.load(Ordering::Relaxed),
         "reads": s.reads.load(Ordering::Relaxed),
         "read_bytes": s.read_bytes.load(Ordering::Relaxed),
         "writes": s.writes.load(Ordering::Relaxed),
         "copy_ups": s.copy_ups.load(Ordering::Relaxed),
         "verified_bytes": o.verified_bytes(),
-        "opened_inodes": opened,
+        "read_inodes": read_inodes,
     })
 }

@@ -24,7 +24,6 @@ pub fn errno(e: &Error) -> Errno {
         Error::NoData => Errno::from_i32(libc::ENODATA),
         Error::TooManyLinks => Errno::from_i32(libc::EMLINK),
         Error::TooBig => Errno::from_i32(libc::EFBIG),
-        Error::BadHandle => Errno::from_i32(libc::EBADF),
         // Never return unverified bytes: the read fails as a device error.
         Error::Corrupt { .. } | Error::PacketChanged => Errno::EIO,
         // The OS error of the upper filesystem, passed through (ENOSPC,

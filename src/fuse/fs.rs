@@ -33,12 +33,17 @@ const READDIR_BATCH: usize = 512;
 /// The filesystem served over FUSE.
 pub struct SessionFs {
     overlay: Arc<Overlay>,
+    /// The kernel opens files without asking (`FUSE_NO_OPEN_SUPPORT`).
+    zero_message_open: bool,
 }
 
 impl SessionFs {
     /// Wraps an overlay.
     pub fn new(overlay: Arc<Overlay>) -> SessionFs {
-        SessionFs { overlay }
+        SessionFs {
+            overlay,
+            zero_message_open: false,
+        }
     }
 }
 
@@ -169,6 +174,7 @@ impl Filesystem for SessionFs {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_AUTO_INVAL_DATA;
         let have = config.capabilities();
+        self.zero_message_open = have.contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
         let _ = config.add_capabilities(wanted & have);
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
@@ -351,13 +357,22 @@ impl Filesystem for SessionFs {
         );
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let truncate = flags.0 & libc::O_TRUNC != 0;
-        match self.overlay.open(ino.0, truncate) {
-            // Lower content never changes and upper content changes only
-            // through this mount: the kernel's page cache stays valid.
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(failed("open", ino.0, &e)),
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Open files need no state here: reads and writes name the inode,
+        // and a file unlinked while open stays alive through the kernel's
+        // reference to its inode, counted like any lookup until `FORGET`.
+        // So the first open is answered ENOSYS: the kernel then opens
+        // files without asking (a zero-message open, keeping its page
+        // cache: FOPEN_KEEP_CACHE is its default then) and sends no
+        // `RELEASE` either. Two round trips fewer per file: warm `grep -r`
+        // of 20,000 files 0.88 s -> 0.17 s, native 0.17 s. A kernel
+        // without that support gets a reply carrying no handle. Lower
+        // content never changes and upper content changes only through
+        // this mount, so the kernel's page cache stays valid either way.
+        if self.zero_message_open {
+            reply.error(Errno::ENOSYS);
+        } else {
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
         }
     }
 
@@ -365,7 +380,7 @@ impl Filesystem for SessionFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
@@ -375,7 +390,7 @@ impl Filesystem for SessionFs {
         READ_BUF.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.clear();
-            match self.overlay.read(fh.0, offset, size, &mut buf) {
+            match self.overlay.read(ino.0, offset, size, &mut buf) {
                 Ok(()) => reply.data(&buf),
                 Err(e) => reply.error(failed("read", ino.0, &e)),
             }
@@ -386,7 +401,7 @@ impl Filesystem for SessionFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
@@ -394,7 +409,7 @@ impl Filesystem for SessionFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.overlay.write(fh.0, offset, data) {
+        match self.overlay.write(ino.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(failed("write", ino.0, &e)),
         }
@@ -417,25 +432,26 @@ impl Filesystem for SessionFs {
     fn release(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
+        _ino: INodeNo,
+        _fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.overlay.release(fh.0), "release", ino.0);
+        // Only for files made by CREATE before the first open (see `open`).
+        reply.ok();
     }
 
     fn fsync(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.overlay.fsync(fh.0, datasync), "fsync", ino.0);
+        empty(reply, self.overlay.fsync(ino.0, datasync), "fsync", ino.0);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -589,11 +605,11 @@ impl Filesystem for SessionFs {
             .overlay
             .create(parent.0, name.as_bytes(), mode, caller(req))
         {
-            Ok((a, fh)) => reply.created(
+            Ok(a) => reply.created(
                 &TTL,
                 &file_attr(&a),
                 Generation(a.generation),
-                FileHandle(fh),
+                FileHandle(0),
                 FopenFlags::FOPEN_KEEP_CACHE,
             ),
             Err(e) => reply.error(failed("create", parent.0, &e)),
@@ -604,7 +620,7 @@ impl Filesystem for SessionFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
@@ -612,7 +628,7 @@ impl Filesystem for SessionFs {
     ) {
         empty(
             reply,
-            self.overlay.fallocate(fh.0, offset, length, mode),
+            self.overlay.fallocate(ino.0, offset, length, mode),
             "fallocate",
             ino.0,
         );

@@ -49,9 +49,6 @@ pub enum Error {
     /// Past the largest file a packet can hold.
     #[error("file too large")]
     TooBig,
-    /// Bad file handle.
-    #[error("bad file handle")]
-    BadHandle,
     /// Lower content failed verification.
     #[error("{path}: content at bytes {start}..{end} does not match the packet's manifest")]
     Corrupt {

@@ -18,7 +18,6 @@ pub mod seal;
 pub mod state;
 pub mod upper;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -122,18 +121,11 @@ pub struct DirEntry {
     pub kind: Kind,
 }
 
-/// An open file.
-struct Handle {
-    ino: Ino,
-}
-
 /// Counters, for `status` and tests.
 #[derive(Default)]
 pub struct Stats {
     /// Name lookups (the kernel's `LOOKUP`), found or not.
     pub lookups: AtomicU64,
-    /// Files opened (lower and upper).
-    pub opens: AtomicU64,
     /// Read requests.
     pub reads: AtomicU64,
     /// Bytes read.
@@ -144,13 +136,14 @@ pub struct Stats {
     pub copy_ups: AtomicU64,
     /// Journal records appended.
     pub records: AtomicU64,
-    /// Inodes opened, in order (capped), for tests that check which files
-    /// a tool read.
-    pub opened: Mutex<Vec<Ino>>,
+    /// Inodes whose content was read from their start (a `READ` at offset
+    /// 0), in order (capped), for tests that check which files a tool read.
+    /// A file read again from the kernel's page cache is not asked for.
+    pub read_inodes: Mutex<Vec<Ino>>,
 }
 
-/// How many opened inodes [`Stats::opened`] remembers.
-const OPENED_LOG: usize = 1 << 16;
+/// How many inodes [`Stats::read_inodes`] remembers.
+const READ_LOG: usize = 1 << 16;
 
 /// Options of [`Overlay::open`].
 #[derive(Clone, Copy, Debug)]
@@ -170,8 +163,6 @@ pub type Invalidator = Box<dyn Fn(Ino) + Send + Sync>;
 pub struct Overlay {
     upper: upper::Upper,
     state: RwLock<State>,
-    handles: Mutex<HashMap<u64, Handle>>,
-    next_fh: AtomicU64,
     /// Held shared by every operation that changes the merged view (names,
     /// metadata, content), exclusively by a seal: a seal sees one state
     /// while readers keep going.
@@ -255,8 +246,6 @@ impl Overlay {
         Ok(Overlay {
             upper: up,
             state: RwLock::new(state),
-            handles: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
             mutations: RwLock::new(()),
             stats: Stats::default(),
             opts,
@@ -371,24 +360,13 @@ impl Overlay {
         let lower = st.lower.clone();
         let ino = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
         let a = self.attr_of(&st, ino)?;
-        if let Some(n) = st.nodes.get(&ino) {
-            n_lookup(n, 1);
-        }
+        st.add_ref(ino, 1);
         Ok(a)
     }
 
     /// `forget`: the kernel dropped `count` references.
     pub fn forget(&self, ino: Ino, count: u64) {
-        let drop_now = {
-            let st = self.state.read_recursive();
-            match st.nodes.get(&ino) {
-                Some(n) => {
-                    n_lookup(n, -(count as i64));
-                    n.droppable()
-                }
-                None => false,
-            }
-        };
+        let drop_now = self.state.read_recursive().add_ref(ino, -(count as i64));
         if drop_now {
             let data = self.state.write().drop_if_unused(ino);
             if let Some(id) = data {
@@ -453,36 +431,9 @@ impl Overlay {
         let st = self.state.read_recursive();
         let a = self.attr_of(&st, ino)?;
         if count {
-            if let Some(n) = st.nodes.get(&ino) {
-                n_lookup(n, 1);
-            }
+            st.add_ref(ino, 1);
         }
         Ok(a)
-    }
-
-    /// `releasedir` and `release`.
-    pub fn release(&self, fh: u64) -> Result<()> {
-        let h = self.handles.lock().remove(&fh).ok_or(Error::BadHandle)?;
-        let data = {
-            let mut st = self.state.write();
-            if let std::collections::hash_map::Entry::Occupied(mut o) = st.opens.entry(h.ino) {
-                *o.get_mut() -= 1;
-                if *o.get() == 0 {
-                    o.remove();
-                }
-            }
-            st.drop_if_unused(h.ino)
-        };
-        if let Some(id) = data {
-            self.upper.remove_data(id);
-        }
-        Ok(())
-    }
-
-    fn new_handle(&self, h: Handle) -> u64 {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(fh, h);
-        fh
     }
 
     // -- changes -------------------------------------------------------------
@@ -575,9 +526,7 @@ impl Overlay {
             return Err(e);
         }
         let a = self.attr_of(&st, ino)?;
-        if let Some(n) = st.nodes.get(&ino) {
-            n_lookup(n, 1);
-        }
+        st.add_ref(ino, 1);
         Ok(a)
     }
 
@@ -620,17 +569,10 @@ impl Overlay {
         self.make(parent, name, Kind::Symlink, 0o777, 0, Some(target), caller)
     }
 
-    /// `create`: a new regular file, opened.
-    pub fn create(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        mode: u32,
-        caller: Caller,
-    ) -> Result<(Attr, u64)> {
-        let a = self.make(parent, name, Kind::File, mode, 0, None, caller)?;
-        let fh = self.open_handle(a.ino);
-        Ok((a, fh))
+    /// `create`: a new regular file (opened by the kernel, which tells the
+    /// daemon nothing more about open files: see `fuse::fs`).
+    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
+        self.make(parent, name, Kind::File, mode, 0, None, caller)
     }
 
     /// `unlink`.
@@ -801,9 +743,7 @@ impl Overlay {
             },
         )?;
         let a = self.attr_of(&st, ino)?;
-        if let Some(n) = st.nodes.get(&ino) {
-            n_lookup(n, 1);
-        }
+        st.add_ref(ino, 1);
         Ok(a)
     }
 
@@ -986,48 +926,6 @@ impl Overlay {
 
     // -- file I/O ------------------------------------------------------------
 
-    fn open_handle(&self, ino: Ino) -> u64 {
-        *self.state.write().opens.entry(ino).or_default() += 1;
-        self.stats.opens.fetch_add(1, Ordering::Relaxed);
-        let mut log = self.stats.opened.lock();
-        if log.len() < OPENED_LOG {
-            log.push(ino);
-        }
-        drop(log);
-        self.new_handle(Handle { ino })
-    }
-
-    /// `open`. `truncate` (`O_TRUNC`, from kernels that pass it) empties the
-    /// file, copying nothing; opening for writing copies nothing either
-    /// (see below).
-    pub fn open(&self, ino: Ino, truncate: bool) -> Result<u64> {
-        match self.getattr(ino)?.kind {
-            Kind::File => {}
-            Kind::Dir => return Err(Error::IsDir),
-            _ => return Err(Error::Invalid),
-        }
-        // Opening for writing copies nothing: the first change does (a
-        // write, a truncate, a shared mapping's writeback), so an open with
-        // O_TRUNC, which the kernel follows with a truncate to 0, never
-        // copies the old content.
-        if truncate {
-            let id = self.copy_up(ino, Some(0))?;
-            self.upper.data(id)?.set_len(0).map_err(|e| Error::Upper {
-                context: "truncate".into(),
-                source: e,
-            })?;
-        }
-        Ok(self.open_handle(ino))
-    }
-
-    fn handle_ino(&self, fh: u64) -> Result<Ino> {
-        self.handles
-            .lock()
-            .get(&fh)
-            .map(|h| h.ino)
-            .ok_or(Error::BadHandle)
-    }
-
     /// Where `ino`'s bytes are, with the lower layer they refer to.
     fn content(&self, ino: Ino) -> Result<(Content, std::sync::Arc<Lower>)> {
         let st = self.state.read_recursive();
@@ -1039,9 +937,14 @@ impl Overlay {
     }
 
     /// `read`: appends up to `size` bytes at `offset` to `out`.
-    pub fn read(&self, fh: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
-        let ino = self.handle_ino(fh)?;
+    pub fn read(&self, ino: Ino, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        if offset == 0 {
+            let mut log = self.stats.read_inodes.lock();
+            if log.len() < READ_LOG {
+                log.push(ino);
+            }
+        }
         let (content, lower) = self.content(ino)?;
         match content {
             Content::Lower(i) => {
@@ -1083,9 +986,8 @@ impl Overlay {
     }
 
     /// `write`: to the upper data file.
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
         let _m = self.mutations.read_recursive();
-        let ino = self.handle_ino(fh)?;
         if offset.saturating_add(data.len() as u64) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }
@@ -1103,8 +1005,7 @@ impl Overlay {
     }
 
     /// `fsync` / `fdatasync`: the file's data and the journal.
-    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
-        let ino = self.handle_ino(fh)?;
+    pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
         if let Content::Upper(id) = self.content(ino)?.0 {
             let f = self.upper.data(id)?;
             let r = if datasync {
@@ -1126,9 +1027,8 @@ impl Overlay {
     }
 
     /// `fallocate` on an open file (modes 0, `KEEP_SIZE`, `PUNCH_HOLE`).
-    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> Result<()> {
         let _m = self.mutations.read_recursive();
-        let ino = self.handle_ino(fh)?;
         if offset.saturating_add(length) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }
@@ -1149,12 +1049,6 @@ impl Overlay {
     pub fn statfs(&self) -> Result<nix::sys::statvfs::Statvfs> {
         self.upper.statfs()
     }
-}
-
-/// Adjusts a node's kernel reference count (it is atomic-free under a read
-/// lock only because counts are kept in a cell per node).
-fn n_lookup(n: &Node, delta: i64) {
-    n.lookups_cell().add(delta);
 }
 
 fn set_file_times(f: &File, atime: Option<Nanos>, mtime: Option<Nanos>) -> Result<()> {

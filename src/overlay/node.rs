@@ -103,14 +103,14 @@ pub struct Node {
     /// daemon's life with no write since (a seal then reuses the packet's
     /// bytes and hashes); replay sets it, not knowing.
     pub modified: Flag,
-    /// A lower entry's node whose kernel references were not counted before
-    /// it was materialized: it stays until unmount.
+    /// Never dropped: the root of a whole-packet mount, which the kernel
+    /// does not count references to.
     pub immortal: bool,
 }
 
 impl Node {
-    /// Whether it can be forgotten as far as the node knows: no name, no
-    /// kernel reference (open handles are counted in the state).
+    /// Whether it can be forgotten: no name and no kernel reference (an
+    /// open or mapped file is one: the kernel holds its inode).
     pub fn droppable(&self) -> bool {
         self.nlink == 0 && self.lookups.get() == 0 && !self.immortal
     }
@@ -162,6 +162,11 @@ impl Count {
     /// The value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Acquire)
+    }
+
+    /// Takes the value, leaving 0.
+    pub fn take(&self) -> u64 {
+        self.0.swap(0, Ordering::AcqRel)
     }
 
     /// Adds `delta`, saturating at 0.

@@ -372,12 +372,13 @@ impl Overlay {
             .map(|it| (it.path.clone(), it.ino))
             .collect();
         given.sort();
-        // Unlinked files still open live on, on their own data files.
+        // Unlinked files the kernel still holds (open or mapped) live on, on
+        // their own data files.
         let open_unlinked: Vec<Ino> = {
             let st = self.state.read_recursive();
             st.nodes
                 .iter()
-                .filter(|(i, n)| n.nlink == 0 && st.opens.contains_key(*i) && n.kind == Kind::File)
+                .filter(|(_, n)| n.nlink == 0 && n.lookups.get() > 0 && n.kind == Kind::File)
                 .map(|(i, _)| *i)
                 .collect()
         };
@@ -406,6 +407,7 @@ impl Overlay {
             let old_inos: Vec<Ino> = st.nodes.keys().copied().collect();
             let mut old_data: Vec<u64> = Vec::new();
             let mut kept_data: Vec<u64> = Vec::new();
+            let refs = st.kernel_refs();
             for (ino, n) in &st.nodes {
                 if let Content::Upper(id) = n.content {
                     if open_unlinked.contains(ino) {
@@ -418,16 +420,20 @@ impl Overlay {
             for &ino in &open_unlinked {
                 if let Some(mut n) = st.nodes.remove(&ino) {
                     n.lower = None;
-                    n.immortal = false;
                     fresh.inos.claim(ino);
                     fresh.nodes.insert(ino, n);
                 }
             }
             fresh.next_data = st.next_data;
             fresh.applied = st.applied;
-            // Handles stay open across the switch (paths keep their numbers).
-            fresh.opens = std::mem::take(&mut st.opens);
             *st = fresh;
+            // The kernel's references carry over: paths keep their numbers
+            // (the moved nodes brought their own).
+            for (ino, count) in refs {
+                if !open_unlinked.contains(&ino) {
+                    st.add_ref(ino, count as i64);
+                }
+            }
             (old_inos, old_data, kept_data)
         };
         self.upper.compact(&rec, &digest)?;

@@ -8,7 +8,7 @@ use super::error::{Error, Result};
 use super::index::{Idx, LowerIndex};
 use super::ino::{Ino, InoAllocator, ROOT};
 use super::journal::{Nanos, Record};
-use super::node::{Content, Flag, Kind, Node};
+use super::node::{Content, Count, Flag, Kind, Node};
 use crate::packet::format::{MODE_DIR, MODE_EXEC, MODE_FILE, MODE_SYMLINK};
 use crate::packet::manifest::{EntryKind, Manifest};
 use crate::packet::path::file_name;
@@ -106,7 +106,7 @@ impl Lower {
             name: file_name(&e.path).into(),
             lookups: Default::default(),
             modified: Flag::new(true),
-            immortal: true,
+            immortal: false,
         }
     }
 
@@ -142,10 +142,12 @@ pub struct State {
     pub next_data: u64,
     /// Records applied since mount (replayed ones included).
     pub applied: u64,
-    /// Open handles per inode. Kept here rather than on nodes: a lower file
-    /// opened before anything changed it has no node yet, and must still
-    /// count as open when it gets one (unlinked, copied up, rebased).
-    pub opens: HashMap<Ino, u32>,
+    /// Kernel references of lower entries that have no node yet, by
+    /// index. A node takes its entry's count when it is materialized, so
+    /// that a file unlinked while the kernel still holds it (open, mapped:
+    /// the kernel sends no `OPEN` or `RELEASE`, see `fuse::fs`) keeps its
+    /// content until the kernel's `FORGET`.
+    refs: Box<[Count]>,
 }
 
 impl State {
@@ -192,14 +194,53 @@ impl State {
             );
         }
         State {
-            lower,
             nodes,
             inos,
             gens: HashMap::new(),
             next_data: 1,
             applied: 0,
-            opens: HashMap::new(),
+            refs: (0..lower.manifest().entries.len())
+                .map(|_| Count::default())
+                .collect(),
+            lower,
         }
+    }
+
+    /// Adds `delta` to the kernel's references of `ino` (a lookup, a
+    /// forget); returns whether `ino` has a node that may now be dropped.
+    pub fn add_ref(&self, ino: Ino, delta: i64) -> bool {
+        match self.nodes.get(&ino) {
+            Some(n) => {
+                n.lookups.add(delta);
+                n.droppable()
+            }
+            None => {
+                if let Some(i) = self.lower.idx(ino) {
+                    self.refs[i as usize].add(delta);
+                }
+                false
+            }
+        }
+    }
+
+    /// The kernel references of every inode that has any, for a rebase to
+    /// carry over to the state that replaces this one.
+    pub fn kernel_refs(&self) -> Vec<(Ino, u64)> {
+        let lower = &self.lower;
+        let mut out: Vec<(Ino, u64)> = self
+            .refs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.get() > 0)
+            .map(|(i, c)| (lower.ino(i as Idx), c.get()))
+            .collect();
+        out.extend(
+            self.nodes
+                .iter()
+                .filter(|(_, n)| n.lookups.get() > 0)
+                .map(|(&ino, n)| (ino, n.lookups.get())),
+        );
+        out
     }
 
     /// Resolves an inode number.
@@ -297,7 +338,9 @@ impl State {
             std::collections::hash_map::Entry::Occupied(o) => Ok(o.into_mut()),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let i = lower.idx(ino).ok_or(Error::NotFound)?;
-                Ok(v.insert(lower.node(i, lower.parent_ino(i))))
+                let n = lower.node(i, lower.parent_ino(i));
+                n.lookups.add(self.refs[i as usize].take() as i64);
+                Ok(v.insert(n))
             }
         }
     }
@@ -374,7 +417,7 @@ impl State {
     /// the caller to remove.
     pub fn drop_if_unused(&mut self, ino: Ino) -> Option<u64> {
         let n = self.nodes.get(&ino)?;
-        if !n.droppable() || self.opens.contains_key(&ino) {
+        if !n.droppable() {
             return None;
         }
         let n = self.nodes.remove(&ino)?;
