@@ -9,7 +9,7 @@
 //! follows the same exclusion and symlink policy as `pack`, so sealing a
 //! mount gives the bytes `pack` gives for an extracted copy of its view.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
@@ -429,8 +429,9 @@ impl Overlay {
             *st = fresh;
             // The kernel's references carry over: paths keep their numbers
             // (the moved nodes brought their own).
+            let moved: HashSet<Ino> = open_unlinked.iter().copied().collect();
             for (ino, count) in refs {
-                if !open_unlinked.contains(&ino) {
+                if !moved.contains(&ino) {
                     st.add_ref(ino, count as i64);
                 }
             }
