@@ -780,3 +780,50 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
     assert_eq!(code, 0, "{v}");
     run(["verify", out.to_str().unwrap()]).ok();
 }
+
+#[test]
+fn pack_shows_progress_on_a_terminal_while_it_hashes() {
+    // "long work shows progress on stderr when it is a terminal": the
+    // first pass, which hashes every file before anything is written,
+    // too. `script` runs pack on a pseudo-terminal and records what it
+    // draws; pack waits at its barrier after that pass.
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "data.bin", &vec![7u8; 3 << 20]);
+    let out = tmp.path().join("p.packet");
+    let bar = tmp.path().join("barrier");
+    fs::create_dir_all(&bar).unwrap();
+    let transcript = tmp.path().join("transcript");
+    let cmd = format!(
+        "{} pack --workspace {} -o {}",
+        bin().display(),
+        ws.display(),
+        out.display()
+    );
+    let mut child = Command::new("script")
+        .args(["-q", "-f", "-e", "-c", &cmd])
+        .arg(&transcript)
+        .env("SESSIONFS_TEST_BARRIER", &bar)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("script (util-linux) runs");
+    let start = std::time::Instant::now();
+    while !bar.join("hashed.reached").exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "pack never reached its barrier"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The bar redraws every 200 ms.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let drawn = String::from_utf8_lossy(&fs::read(&transcript).unwrap()).into_owned();
+    fs::write(bar.join("hashed.go"), b"").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(
+        drawn.contains("packing") && drawn.contains("3.00 MiB"),
+        "nothing drawn while hashing: {drawn:?}"
+    );
+    run(["verify", out.to_str().unwrap()]).ok();
+}

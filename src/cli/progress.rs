@@ -10,16 +10,24 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// A bar for `total` bytes of work, labelled `what`.
+    /// A bar for `total` bytes of work (0: unknown; a count and a rate are
+    /// shown then), labelled `what`.
     pub fn bytes(what: &'static str, total: u64) -> Progress {
         let bar = if std::io::stderr().is_terminal() {
-            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-            bar.set_style(
-                ProgressStyle::with_template(
+            let (len, template) = if total == 0 {
+                (None, "{msg} {spinner} {bytes} {bytes_per_sec}")
+            } else {
+                (
+                    Some(total),
                     "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
                 )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            };
+            let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template(template)
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
+            bar.enable_steady_tick(std::time::Duration::from_millis(200));
             bar.set_message(what);
             bar
         } else {

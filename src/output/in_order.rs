@@ -62,6 +62,7 @@ pub fn hash_new<S: Contents>(
     manifest: &Manifest,
     src: &S,
     stats: &WriteStats,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> std::result::Result<Computed, S::Error> {
     use rayon::prelude::*;
     let todo: Vec<(usize, u64)> = manifest
@@ -82,6 +83,7 @@ pub fn hash_new<S: Contents>(
                 r.read_exact(&mut buf[..n])?;
                 h.update(&buf[..n]);
                 left -= n as u64;
+                progress(n as u64);
             }
             r.finish()?;
             stats.count(Check::Compute, size);

@@ -270,7 +270,7 @@ impl Overlay {
         // New content is hashed first, so the manifest is complete before
         // anything is written and the packet goes out in one ordered pass.
         let stats = WriteStats::default();
-        for (i, sha, chunks) in hash_new(&manifest, &sources, &stats)? {
+        for (i, sha, chunks) in hash_new(&manifest, &sources, &stats, &|_| {})? {
             if let EntryKind::File(f) = &mut manifest.entries[i].kind {
                 f.sha256 = sha;
                 f.chunks = chunks.into();

@@ -82,6 +82,8 @@ pub struct PackOutcome {
 
 /// Packs the tree described by `opts`. On error, nothing is left at the
 /// output path (the temporary file is removed).
+/// `progress` is told of bytes as they are hashed (every file's content)
+/// and then as they are written (the whole packet).
 pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackOutcome, Error> {
     let kind = opts.harness.as_ref().map(|(_, k)| *k);
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
@@ -149,7 +151,7 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         sources: &sources,
         second_pass: false,
     };
-    let hashes = hash_new(&manifest, &first, &stats)?;
+    let hashes = hash_new(&manifest, &first, &stats, progress)?;
     tracing::debug!(elapsed = ?t.elapsed(), "content hashed");
     crate::barrier::wait(opts.barrier.as_deref(), "hashed");
     for (i, sha, chunks) in hashes {
