@@ -294,6 +294,56 @@ fn special_files_exist_on_the_mount() {
 }
 
 #[test]
+fn files_replaced_by_rename_while_open_keep_their_content_until_closed() {
+    // The daemon sees no opens: a file replaced by a rename lives on
+    // through the kernel's reference to its inode alone, whether it was
+    // a lower file (copied up while open) or a new one.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    use std::os::unix::fs::FileExt;
+    let lower = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("README.md"))
+        .unwrap();
+    fs::write(m.path("new.txt"), b"first version\n").unwrap();
+    let upper = fs::File::open(m.path("new.txt")).unwrap();
+    fs::write(m.path("replacement"), b"replaced\n").unwrap();
+    fs::rename(m.path("replacement"), m.path("README.md")).unwrap();
+    fs::write(m.path("replacement"), b"replaced too\n").unwrap();
+    fs::rename(m.path("replacement"), m.path("new.txt")).unwrap();
+    assert_eq!(fs::read(m.path("README.md")).unwrap(), b"replaced\n");
+    assert_eq!(fs::read(m.path("new.txt")).unwrap(), b"replaced too\n");
+    assert_eq!(lower.metadata().unwrap().nlink(), 0);
+    assert_eq!(upper.metadata().unwrap().nlink(), 0);
+    // The replaced lower file, changed after it lost its name.
+    lower.write_all_at(b"$", 0).unwrap();
+    let mut got = vec![0u8; 9];
+    lower.read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(got, b"$ sample\n");
+    let mut got = vec![0u8; 14];
+    upper.read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(got, b"first version\n");
+    let live = data_files(&m).len();
+    drop((lower, upper));
+    // Their data files go once the kernel forgets the inodes; the two
+    // files with names keep theirs.
+    let mut left = data_files(&m).len();
+    for _ in 0..50 {
+        if left == live - 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        left = data_files(&m).len();
+    }
+    assert_eq!(left, live - 2, "{:?}", data_files(&m));
+    m.umount();
+}
+
+#[test]
 fn unlinked_open_files_stay_usable_with_nlink_zero() {
     // "an open file stays readable and writable until closed, with st_nlink 0"
     if !fuse_available() {
