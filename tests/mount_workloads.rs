@@ -229,6 +229,7 @@ fn tracked_inodes(w: &Path) -> std::collections::BTreeMap<u64, String> {
 fn tracked_files_opened(m: &Mounted) -> Vec<String> {
     let tracked = tracked_inodes(&m.mnt);
     let status = m.status();
+    assert_eq!(status["schema"], "sessionfs.status-result/2");
     let opened = status["read_inodes"].as_array().unwrap();
     let mut files: Vec<String> = opened
         .iter()

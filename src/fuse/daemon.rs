@@ -175,7 +175,7 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
     let s = &o.stats;
     let read_inodes: Vec<u64> = s.read_inodes.lock().clone();
     json!({
-        "schema": "sessionfs.status-result/1",
+        "schema": "sessionfs.status-result/2",
         "mountpoint": mountpoint,
         "packet": o.lower().packet.path(),
         "digest": o.lower().packet.digest.to_string(),
