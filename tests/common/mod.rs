@@ -96,7 +96,9 @@ where
     assert!(
         json["schema"]
             .as_str()
-            .is_some_and(|s| s.starts_with("sessionfs.") && s.ends_with("/1")),
+            .is_some_and(|s| s.starts_with("sessionfs.")
+                && s.rsplit_once('/')
+                    .is_some_and(|(_, v)| v.parse::<u32>().is_ok())),
         "{json}"
     );
     Run {
