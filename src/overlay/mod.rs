@@ -145,7 +145,7 @@ pub struct Stats {
 /// How many inodes [`Stats::read_inodes`] remembers.
 const READ_LOG: usize = 1 << 16;
 
-/// Options of [`Overlay::open`].
+/// Options of [`Overlay::mount`].
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
     /// Owner shown for lower entries.
