@@ -684,6 +684,19 @@ fn harness_part_and_kind_are_recorded() {
     let _ = Path::new("");
 }
 
+/// Waits until a `pack` armed with barrier directory `bar` has hashed
+/// every file and paused.
+fn wait_until_hashed(bar: &Path) {
+    let start = std::time::Instant::now();
+    while !bar.join("hashed.reached").exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "pack never reached its barrier"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Runs `pack` paused at its `hashed` barrier (between the pass that hashes
 /// every file and the pass that writes them), lets `change` alter the
 /// tree there, and returns the exit code and the result.
@@ -699,14 +712,7 @@ fn pack_changed_between_passes(ws: &Path, out: &Path, change: impl FnOnce()) -> 
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let start = std::time::Instant::now();
-    while !bar.join("hashed.reached").exists() {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(30),
-            "pack never reached its barrier"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_until_hashed(&bar);
     change();
     fs::write(bar.join("hashed.go"), b"").unwrap();
     let o = child.wait_with_output().unwrap();
@@ -808,14 +814,7 @@ fn pack_shows_progress_on_a_terminal_while_it_hashes() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("script (util-linux) runs");
-    let start = std::time::Instant::now();
-    while !bar.join("hashed.reached").exists() {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(30),
-            "pack never reached its barrier"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_until_hashed(&bar);
     // The bar redraws every 200 ms.
     std::thread::sleep(std::time::Duration::from_millis(800));
     let drawn = String::from_utf8_lossy(&fs::read(&transcript).unwrap()).into_owned();
