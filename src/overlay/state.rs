@@ -215,8 +215,8 @@ impl State {
                 n.droppable()
             }
             None => {
-                if let Some(i) = self.lower.idx(ino) {
-                    self.refs[i as usize].add(delta);
+                if let Some(c) = self.lower.idx(ino).and_then(|i| self.refs.get(i as usize)) {
+                    c.add(delta);
                 }
                 false
             }
@@ -339,7 +339,11 @@ impl State {
             std::collections::hash_map::Entry::Vacant(v) => {
                 let i = lower.idx(ino).ok_or(Error::NotFound)?;
                 let n = lower.node(i, lower.parent_ino(i));
-                n.lookups.add(self.refs[i as usize].take() as i64);
+                // (`lower` is always `self.lower`; `get` keeps a mix-up from
+                // panicking.)
+                if let Some(c) = self.refs.get(i as usize) {
+                    n.lookups.add(c.take() as i64);
+                }
                 Ok(v.insert(n))
             }
         }
