@@ -103,21 +103,13 @@ pub struct Node {
     /// daemon's life with no write since (a seal then reuses the packet's
     /// bytes and hashes); replay sets it, not knowing.
     pub modified: Flag,
-    /// Never dropped: the root of a whole-packet mount, which the kernel
-    /// does not count references to.
-    pub immortal: bool,
 }
 
 impl Node {
     /// Whether it can be forgotten: no name and no kernel reference (an
     /// open or mapped file is one: the kernel holds its inode).
     pub fn droppable(&self) -> bool {
-        self.nlink == 0 && self.lookups.get() == 0 && !self.immortal
-    }
-
-    /// The kernel reference count.
-    pub fn lookups_cell(&self) -> &Count {
-        &self.lookups
+        self.nlink == 0 && self.lookups.get() == 0
     }
 }
 

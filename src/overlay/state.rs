@@ -106,7 +106,6 @@ impl Lower {
             name: file_name(&e.path).into(),
             lookups: Default::default(),
             modified: Flag::new(true),
-            immortal: false,
         }
     }
 
@@ -189,7 +188,6 @@ impl State {
                     name: "".into(),
                     lookups: Default::default(),
                     modified: Flag::new(true),
-                    immortal: true,
                 },
             );
         }
@@ -495,7 +493,6 @@ impl State {
                         name: name.as_str().into(),
                         lookups: Default::default(),
                         modified: Flag::new(true),
-                        immortal: false,
                     },
                 );
             }
