@@ -188,10 +188,6 @@ enum ItemKind {
     File(FileItem),
 }
 
-fn barrier(dir: &Option<PathBuf>, name: &str) {
-    crate::barrier::wait(dir.as_deref(), name);
-}
-
 impl Overlay {
     /// Seals the merged view into `opts.output`. Changes wait until it is
     /// done; readers do not.
@@ -212,7 +208,7 @@ impl Overlay {
                 reason,
             })?;
         let (items, mut report) = self.collect(opts, &policy)?;
-        barrier(&opts.barrier, "collected");
+        crate::barrier::wait(opts.barrier.as_deref(), "collected");
         phase("collected");
 
         // The manifest: known hashes for reused content, placeholders for
@@ -276,14 +272,14 @@ impl Overlay {
                 f.chunks = chunks.into();
             }
         }
-        barrier(&opts.barrier, "hashed");
+        crate::barrier::wait(opts.barrier.as_deref(), "hashed");
         phase("hashed");
         let manifest_bytes = manifest.encode();
         let manifest_len = manifest_bytes.len() as u64;
         let layout = Layout::compute(&manifest, manifest_len);
         let output = Output::create(&opts.output)?;
         output.size_for(&layout)?;
-        barrier(&opts.barrier, "sized");
+        crate::barrier::wait(opts.barrier.as_deref(), "sized");
         phase("sized");
 
         // Chunks verified earlier are trusted only in the file they were
@@ -304,16 +300,16 @@ impl Overlay {
         )?;
         lower.verifier.check_unchanged(&lower.packet)?;
         let digest = Digest::of_manifest(&manifest_bytes);
-        barrier(&opts.barrier, "written");
+        crate::barrier::wait(opts.barrier.as_deref(), "written");
         phase("written");
         output.sync_data()?;
-        barrier(&opts.barrier, "synced");
+        crate::barrier::wait(opts.barrier.as_deref(), "synced");
         phase("synced");
         output.commit(opts.mode)?;
-        barrier(&opts.barrier, "committed");
+        crate::barrier::wait(opts.barrier.as_deref(), "committed");
         phase("committed");
         if opts.rebase {
-            self.rebase_onto(&opts.output, &items, &opts.limits, &opts.barrier)?;
+            self.rebase_onto(&opts.output, &items, &opts.limits, opts.barrier.as_deref())?;
         }
 
         let changes = receipt(old, &items, &manifest);
@@ -355,7 +351,7 @@ impl Overlay {
         output: &std::path::Path,
         items: &[Item],
         limits: &Limits,
-        bar: &Option<PathBuf>,
+        bar: Option<&std::path::Path>,
     ) -> Result<()> {
         use rayon::prelude::*;
         let t0 = std::time::Instant::now();
@@ -393,7 +389,7 @@ impl Overlay {
         };
         self.upper.append(&rec)?;
         self.upper.sync_journal()?;
-        barrier(bar, "rebase-recorded");
+        crate::barrier::wait(bar, "rebase-recorded");
         phase("recorded");
         let given_map: hashbrown::HashMap<String, Ino> = given.into_iter().collect();
         let (lower, inos) = super::new_lower(packet, self.opts, &given_map)?;
@@ -438,7 +434,7 @@ impl Overlay {
             (old_inos, old_data, kept_data)
         };
         self.upper.compact(&rec, &digest)?;
-        barrier(bar, "rebase-compacted");
+        crate::barrier::wait(bar, "rebase-compacted");
         phase("compacted");
         for id in old_data {
             if !kept_data.contains(&id) {
