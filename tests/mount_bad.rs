@@ -224,6 +224,99 @@ fn a_random_4k_read_hashes_at_most_one_chunk() {
     m.umount();
 }
 
+/// Polls the mount's `verified_bytes` until it reaches `want` (or 10 s
+/// pass), then returns it.
+fn verified_reaches(m: &Mounted, want: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let v = m.status()["verified_bytes"].as_u64().unwrap();
+        if v >= want || std::time::Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_sequential_reader_gets_the_next_chunk_verified_ahead() {
+    // A reader moving forward through a chunked file finds the next chunk
+    // verified by another thread when it gets there; nothing further is
+    // hashed, and no chunk is hashed twice.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, big) = setup();
+    let m = Mounted::new(
+        &p,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let mut f = fs::File::open(m.path("big.bin")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    f.read_exact(&mut buf).unwrap();
+    assert_eq!(buf, &big[..1 << 20]);
+    // Chunk 0 was read; chunk 1 gets verified without a read touching it.
+    assert_eq!(verified_reaches(&m, 2 * CHUNK as u64), 2 * CHUNK as u64);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        m.status()["verified_bytes"].as_u64().unwrap(),
+        2 * CHUNK as u64,
+        "hashed past the chunk after the reader's"
+    );
+    let mut rest = Vec::new();
+    f.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest, &big[1 << 20..]);
+    assert_eq!(
+        m.status()["verified_bytes"].as_u64().unwrap(),
+        big.len() as u64,
+        "a chunk was hashed twice"
+    );
+    drop(f);
+    m.umount();
+}
+
+#[test]
+fn a_tampered_chunk_verified_ahead_still_fails_the_reader_there() {
+    // Verifying ahead of a reader never marks a bad chunk good: a
+    // sequential reader gets every byte before the tampered chunk and EIO
+    // at its first byte.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, big) = setup();
+    let mut bytes = fs::read(&p).unwrap();
+    let at = data_offset(&bytes, "workspace/big.bin") + CHUNK + 999;
+    bytes[at] ^= 0x01;
+    let bad = tmp.path().join("tampered.packet");
+    fs::write(&bad, &bytes).unwrap();
+    let m = Mounted::new(
+        &bad,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let mut f = fs::File::open(m.path("big.bin")).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = Vec::new();
+    let err = loop {
+        match f.read(&mut buf) {
+            Ok(0) => panic!("read the whole tampered file"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert_eq!(got.len(), CHUNK, "bytes returned before the tampered chunk");
+    assert_eq!(got, &big[..CHUNK]);
+    assert_eq!(
+        m.status()["verified_bytes"].as_u64().unwrap() % CHUNK as u64,
+        0
+    );
+    drop(f);
+    m.umount();
+}
+
 #[test]
 fn upper_directories_and_mountpoints_are_checked() {
     // "upper belonging to another packet"; "mountpoint not empty"; an upper

@@ -4,8 +4,11 @@
 //! no `chunks`); one bit per chunk records that it was hashed and matched
 //! the manifest. The first read touching a chunk reads and hashes all of it
 //! (serving the request from the same buffer); later reads go straight to
-//! the packet file. Bits only go from 0 to 1, so readers need no lock.
+//! the packet file. Bits only go from 0 to 1, so readers need no lock. A
+//! reader moving forward through a chunked file gets the next chunk
+//! verified on another thread while it reads this one.
 
+use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -52,9 +55,16 @@ pub struct Verifier {
     hashing: Box<[parking_lot::Mutex<()>]>,
     /// The read buffer of a verification, kept for the next one.
     spare: parking_lot::Mutex<Vec<u8>>,
+    /// The bit of the last chunk handed out by [`Self::ahead`].
+    ahead: AtomicU64,
     /// Set by [`Self::mark_all`].
     written_here: std::sync::atomic::AtomicBool,
 }
+
+/// How many chunks past a sequential reader's are verified ahead of it. One
+/// takes a cold 1 GiB read from 1.37 s to 0.86 s here; two measured the same
+/// (0.87 s), hashing a chunk more for a reader that stops.
+const AHEAD: u64 = 1;
 
 /// Stripes of [`Verifier::hashing`].
 const HASH_STRIPES: u64 = 64;
@@ -101,6 +111,7 @@ impl Verifier {
                 .map(|_| parking_lot::Mutex::new(()))
                 .collect(),
             spare: parking_lot::Mutex::new(Vec::new()),
+            ahead: AtomicU64::new(u64::MAX),
             written_here: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -167,15 +178,11 @@ impl Verifier {
         }
         self.check_unchanged(packet)?;
         let end = f.size.min(offset.saturating_add(len));
-        let chunked = !f.chunks.is_empty();
-        let csize = if chunked { CHUNK_SIZE } else { f.size };
+        let csize = chunk_size(f);
         let mut pos = offset;
-        let mut piece_buf: Vec<u8> = Vec::new();
         while pos < end {
             let k = pos / csize;
-            let cstart = k * csize;
-            let cend = (cstart + csize).min(f.size);
-            let take_end = end.min(cend);
+            let take_end = end.min((k + 1) * csize).min(f.size);
             let bit = self.base[i as usize] + k;
             // Whoever hashes this chunk holds its stripe; a reader that
             // waited finds it verified.
@@ -188,87 +195,181 @@ impl Verifier {
                     .read_content_at(i as usize, pos, &mut out[at..])
                     .map_err(Error::PacketIo)?;
             } else {
-                // A large chunk is asked for in pieces, all at once (the
-                // disk serves several requests sooner than one large one),
-                // and hashed piece by piece as they arrive.
-                let base = packet.content_offset(i as usize);
-                let len = cend - cstart;
-                if len > VERIFY_PIECE {
-                    let mut at = 0;
-                    while at < len {
-                        let n = VERIFY_PIECE.min(len - at);
-                        crate::sys::will_need(packet.file(), base + cstart + at, n);
-                        at += n;
-                    }
-                }
                 // A reader moving forward will want the next chunk: the disk
                 // fetches it while this one is hashed. (Not for a reader
                 // that jumped here: asking costs the request 0.6 ms.)
-                let forward = k == 0 || self.is_verified(bit - 1);
-                if cend < f.size && forward {
-                    crate::sys::will_need(packet.file(), base + cend, csize.min(f.size - cend));
+                if self.forward(i, k) {
+                    prefetch_after(packet, i, k);
                 }
-                // Streamed through a small buffer, kept between reads: the
-                // part the caller asked for is copied out on the way, and
-                // taken back if the chunk fails.
-                if piece_buf.capacity() == 0 {
-                    piece_buf = std::mem::take(&mut *self.spare.lock());
-                }
-                let need = READ_PIECE.min(len) as usize;
-                if piece_buf.len() < need {
-                    piece_buf.resize(need, 0);
-                }
-                // Bytes copied out before the chunk is known good are taken
-                // back on every failure.
-                let kept = out.len();
-                let streamed = (|| -> Result<Sha256> {
-                    let mut hasher = sha2::Sha256::new();
-                    let mut at = cstart;
-                    while at < cend {
-                        let n = READ_PIECE.min(cend - at);
-                        let piece = &mut piece_buf[..n as usize];
-                        packet
-                            .read_content_at(i as usize, at, piece)
-                            .map_err(Error::PacketIo)?;
-                        hasher.update(&*piece);
-                        let (lo, hi) = (pos.max(at), take_end.min(at + n));
-                        if lo < hi {
-                            out.extend_from_slice(&piece[(lo - at) as usize..(hi - at) as usize]);
-                        }
-                        at += n;
+                if let Err(err) = self.verify(packet, i, k, (pos, take_end), out) {
+                    if let Error::Corrupt { path, start, end } = &err {
+                        tracing::error!(%path, start, end, "lower content does not match the manifest; failing the read");
                     }
-                    Ok(Sha256(hasher.finalize().into()))
-                })();
-                let got = match streamed {
-                    Ok(got) => got,
-                    Err(e) => {
-                        out.truncate(kept);
-                        return Err(e);
-                    }
-                };
-                let want = if chunked {
-                    f.chunks[k as usize]
-                } else {
-                    f.sha256
-                };
-                self.hashed.fetch_add(cend - cstart, Ordering::Relaxed);
-                if got != want {
-                    out.truncate(kept);
-                    tracing::error!(path = %e.path, start = cstart, end = cend, "lower content does not match the manifest; failing the read");
-                    return Err(Error::Corrupt {
-                        path: e.path.to_string(),
-                        start: cstart,
-                        end: cend,
-                    });
+                    return Err(err);
                 }
-                self.mark(bit);
-                self.chunks.fetch_add(1, Ordering::Relaxed);
             }
             pos = take_end;
         }
-        if piece_buf.capacity() > 0 {
-            *self.spare.lock() = piece_buf;
-        }
         Ok(())
+    }
+
+    /// Whether a reader of chunk `k` of file `i` is moving forward through
+    /// the file: it starts there, or read the chunk before.
+    fn forward(&self, i: Idx, k: u64) -> bool {
+        k == 0 || self.is_verified(self.base[i as usize] + k - 1)
+    }
+
+    /// The chunks to verify ahead of a reader that just read `len` bytes at
+    /// `offset` of lower file `i`: the next [`AHEAD`] ones, if the reader is
+    /// moving forward, less those handed out already. The caller runs
+    /// [`Self::verify_ahead`] for each on another thread, so that a
+    /// sequential reader finds each chunk verified when it gets there
+    /// instead of waiting for its hash (the cores hash while the dispatch
+    /// threads serve the reads).
+    pub fn ahead(&self, packet: &Packet, i: Idx, offset: u64, len: u64) -> Range<u64> {
+        let none = 0..0;
+        let Some(f) = packet.manifest.entries[i as usize].file() else {
+            return none;
+        };
+        if f.chunks.is_empty() || len == 0 {
+            return none;
+        }
+        let k = (offset + len - 1) / CHUNK_SIZE;
+        let last = (k + AHEAD).min(f.chunks.len() as u64 - 1);
+        if last <= k || !self.forward(i, k) {
+            return none;
+        }
+        let base = self.base[i as usize];
+        let prev = self.ahead.swap(base + last, Ordering::AcqRel);
+        let from = if (base + k + 1..=base + last).contains(&prev) {
+            prev - base + 1
+        } else {
+            k + 1
+        };
+        from..last + 1
+    }
+
+    /// Verifies chunk `k` of lower file `i` unless it is verified or being
+    /// verified. A failure is not reported here: the reader that gets to
+    /// the chunk verifies it again and fails its read.
+    pub fn verify_ahead(&self, packet: &Packet, i: Idx, k: u64) {
+        let bit = self.base[i as usize] + k;
+        let Some(_hashing) = self.hashing[(bit % HASH_STRIPES) as usize].try_lock() else {
+            return;
+        };
+        if self.is_verified(bit) || self.check_unchanged(packet).is_err() {
+            return;
+        }
+        prefetch_after(packet, i, k);
+        if let Err(e) = self.verify(packet, i, k, (0, 0), &mut Vec::new()) {
+            tracing::debug!(entry = i, chunk = k, error = %e, "verifying ahead failed; left to the reader");
+        }
+    }
+
+    /// Reads and hashes chunk `k` of lower file `i`, appending the bytes of
+    /// `want` (a range of file offsets inside the chunk) to `out` on the
+    /// way, and marks the chunk verified if it matches the manifest. On any
+    /// failure `out` is left as it was. The caller holds the chunk's stripe.
+    fn verify(
+        &self,
+        packet: &Packet,
+        i: Idx,
+        k: u64,
+        (pos, take_end): (u64, u64),
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let e = &packet.manifest.entries[i as usize];
+        let f = e.file().ok_or(Error::IsDir)?;
+        let csize = chunk_size(f);
+        let cstart = k * csize;
+        let cend = (cstart + csize).min(f.size);
+        // A large chunk is asked for in pieces, all at once (the disk serves
+        // several requests sooner than one large one), and hashed piece by
+        // piece as they arrive.
+        let base = packet.content_offset(i as usize);
+        let len = cend - cstart;
+        if len > VERIFY_PIECE {
+            let mut at = 0;
+            while at < len {
+                let n = VERIFY_PIECE.min(len - at);
+                crate::sys::will_need(packet.file(), base + cstart + at, n);
+                at += n;
+            }
+        }
+        // Streamed through a small buffer, kept between reads: the part the
+        // caller asked for is copied out on the way, and taken back if the
+        // chunk fails.
+        let mut piece_buf = std::mem::take(&mut *self.spare.lock());
+        let need = READ_PIECE.min(len) as usize;
+        if piece_buf.len() < need {
+            piece_buf.resize(need, 0);
+        }
+        let kept = out.len();
+        let streamed = (|| -> Result<Sha256> {
+            let mut hasher = sha2::Sha256::new();
+            let mut at = cstart;
+            while at < cend {
+                let n = READ_PIECE.min(cend - at);
+                let piece = &mut piece_buf[..n as usize];
+                packet
+                    .read_content_at(i as usize, at, piece)
+                    .map_err(Error::PacketIo)?;
+                hasher.update(&*piece);
+                let (lo, hi) = (pos.max(at), take_end.min(at + n));
+                if lo < hi {
+                    out.extend_from_slice(&piece[(lo - at) as usize..(hi - at) as usize]);
+                }
+                at += n;
+            }
+            Ok(Sha256(hasher.finalize().into()))
+        })();
+        *self.spare.lock() = piece_buf;
+        let got = match streamed {
+            Ok(got) => got,
+            Err(e) => {
+                out.truncate(kept);
+                return Err(e);
+            }
+        };
+        let want = if f.chunks.is_empty() {
+            f.sha256
+        } else {
+            f.chunks[k as usize]
+        };
+        self.hashed.fetch_add(len, Ordering::Relaxed);
+        if got != want {
+            out.truncate(kept);
+            return Err(Error::Corrupt {
+                path: e.path.to_string(),
+                start: cstart,
+                end: cend,
+            });
+        }
+        self.mark(self.base[i as usize] + k);
+        self.chunks.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Asks the disk for the chunk after chunk `k` of lower file `i`, if there
+/// is one, so that it arrives while chunk `k` is hashed.
+fn prefetch_after(packet: &Packet, i: Idx, k: u64) {
+    let Some(f) = packet.manifest.entries[i as usize].file() else {
+        return;
+    };
+    let csize = chunk_size(f);
+    let next = (k + 1) * csize;
+    if next < f.size {
+        let at = packet.content_offset(i as usize) + next;
+        crate::sys::will_need(packet.file(), at, csize.min(f.size - next));
+    }
+}
+
+/// The size of the chunks a mount verifies file `f` in.
+fn chunk_size(f: &crate::packet::manifest::FileMeta) -> u64 {
+    if f.chunks.is_empty() {
+        f.size.max(1)
+    } else {
+        CHUNK_SIZE
     }
 }

@@ -948,9 +948,12 @@ impl Overlay {
         let (content, lower) = self.content(ino)?;
         match content {
             Content::Lower(i) => {
-                lower
-                    .verifier
-                    .read(&lower.packet, i, offset, u64::from(size), out)?
+                let v = &lower.verifier;
+                v.read(&lower.packet, i, offset, u64::from(size), out)?;
+                for k in v.ahead(&lower.packet, i, offset, u64::from(size)) {
+                    let lower = lower.clone();
+                    rayon::spawn(move || lower.verifier.verify_ahead(&lower.packet, i, k));
+                }
             }
             Content::Upper(id) => {
                 let f = self.upper.data(id)?;
