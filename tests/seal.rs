@@ -376,7 +376,9 @@ fn large_files_are_copied_chunk_by_chunk_and_tampering_is_caught() {
         "-o",
         out2.to_str().unwrap(),
     ];
-    run(args).fails(3, "packet_changed");
+    let r = run(args);
+    let err = r.fails(3, "packet_changed");
+    assert_eq!(err["path"], packet.to_str().unwrap(), "{err}");
     assert!(!out2.exists());
     m.umount();
     // Offline, the packet is opened afresh: the chunk's hash catches it.

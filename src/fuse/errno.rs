@@ -25,7 +25,7 @@ pub fn errno(e: &Error) -> Errno {
         Error::TooManyLinks => Errno::from_i32(libc::EMLINK),
         Error::TooBig => Errno::from_i32(libc::EFBIG),
         // Never return unverified bytes: the read fails as a device error.
-        Error::Corrupt { .. } | Error::PacketChanged => Errno::EIO,
+        Error::Corrupt { .. } | Error::PacketChanged { .. } => Errno::EIO,
         // The OS error of the upper filesystem, passed through (ENOSPC,
         // EDQUOT, ...); EIO only when the error carries no errno.
         Error::Upper { source, .. } | Error::PacketIo(source) => {

@@ -139,7 +139,10 @@ fn failed(op: &'static str, ino: u64, e: &Error) -> Errno {
         Error::NotFound | Error::Exists | Error::NotEmpty | Error::NoData => {
             tracing::debug!(op, ino, errno = code.code(), "{e}")
         }
-        Error::Upper { .. } | Error::PacketIo(_) | Error::Corrupt { .. } | Error::PacketChanged => {
+        Error::Upper { .. }
+        | Error::PacketIo(_)
+        | Error::Corrupt { .. }
+        | Error::PacketChanged { .. } => {
             tracing::warn!(op, ino, errno = code.code(), "{e}")
         }
         _ => tracing::debug!(op, ino, errno = code.code(), "{e}"),

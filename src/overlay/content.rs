@@ -137,7 +137,9 @@ impl Verifier {
     pub fn check_unchanged(&self, packet: &Packet) -> Result<()> {
         if identity(packet).map_err(Error::PacketIo)? != self.at_open {
             tracing::error!(packet = %packet.path().display(), "the packet file changed while mounted");
-            return Err(Error::PacketChanged);
+            return Err(Error::PacketChanged {
+                packet: packet.path().display().to_string(),
+            });
         }
         Ok(())
     }

@@ -60,8 +60,13 @@ pub enum Error {
         end: u64,
     },
     /// The packet file changed after it was opened.
-    #[error("the packet file changed while mounted; lower content is no longer served")]
-    PacketChanged,
+    #[error(
+        "{packet}: the packet file changed while mounted (it must not be written while in use); lower content is no longer served"
+    )]
+    PacketChanged {
+        /// The packet file.
+        packet: String,
+    },
     /// An operation on the upper directory failed.
     #[error("{context}: {source}")]
     Upper {
@@ -131,18 +136,19 @@ impl Error {
             Error::Replay { .. } => "upper_damaged",
             Error::Upper { .. } | Error::PacketIo(_) => "io",
             Error::Corrupt { .. } => "content_mismatch",
-            Error::PacketChanged => "packet_changed",
+            Error::PacketChanged { .. } => "packet_changed",
             Error::Refused { kind, .. } => kind,
             _ => "filesystem",
         }
     }
 
     /// The path the error is about, when there is one: a packet path for
-    /// entries, a filesystem path for the upper directory.
+    /// entries, a filesystem path for the upper directory or the packet file.
     pub fn path(&self) -> Option<&str> {
         match self {
             Error::Packet(p) => p.entry_path(),
             Error::Corrupt { path, .. }
+            | Error::PacketChanged { packet: path }
             | Error::Refused { path, .. }
             | Error::UpperRefused { path, .. }
             | Error::UpperMismatch { path, .. } => Some(path),
@@ -158,7 +164,7 @@ impl Error {
             | Error::UpperMismatch { .. }
             | Error::Replay { .. }
             | Error::Refused { .. } => ErrorClass::Refused,
-            Error::Corrupt { .. } | Error::PacketChanged => ErrorClass::Invalid,
+            Error::Corrupt { .. } | Error::PacketChanged { .. } => ErrorClass::Invalid,
             _ => ErrorClass::Io,
         }
     }

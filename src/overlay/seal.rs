@@ -31,6 +31,7 @@ use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::{Part, check_path};
+use crate::packet::reader::Packet;
 use crate::source::policy::{ChildType, Policy, Verdict};
 use crate::source::symlink::{LinkClass, rebase};
 use crate::source::walk::{Clamped, Dropped, Excluded, Link, Rebased, ScanReport};
@@ -809,10 +810,9 @@ fn changed_while_sealing(path: &str) -> Error {
 enum SealReader<'a> {
     /// From the old packet, at an absolute offset.
     Lower {
-        file: &'a File,
+        packet: &'a Packet,
         direct: Option<&'a DirectLower>,
         pos: u64,
-        path: &'a str,
     },
     /// From an upper data file.
     Upper {
@@ -883,10 +883,9 @@ impl Contents for SealContents<'_> {
                 let e = &p.manifest.entries[idx as usize];
                 // Positional reads: every reader shares the packet's file.
                 Ok(SealReader::Lower {
-                    file: p.file(),
+                    packet: p,
                     direct: self.direct.as_ref(),
                     pos: p.layout.data_offset(idx as usize, e),
-                    path,
                 })
             }
             Source::Upper(id) => {
@@ -913,36 +912,49 @@ impl ContentReader for SealReader<'_> {
     type Error = Error;
 
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
-        let (file, direct, pos, path): (&File, _, &mut u64, &str) = match self {
+        match self {
             SealReader::Lower {
-                file,
+                packet,
                 direct,
                 pos,
-                path,
-            } => (file, *direct, pos, path),
+            } => {
+                let file = packet.file();
+                match direct {
+                    Some(d) => d.read_exact_at(file, buf, *pos),
+                    None => file.read_exact_at(buf, *pos),
+                }
+                .map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        // Its length was checked when the seal began.
+                        Error::PacketChanged {
+                            packet: packet.path().display().to_string(),
+                        }
+                    } else {
+                        Error::PacketIo(e)
+                    }
+                })?;
+                *pos += buf.len() as u64;
+            }
             SealReader::Upper {
                 file, pos, path, ..
-            } => (file, None, pos, path),
-        };
-        match direct {
-            Some(d) => d.read_exact_at(file, buf, *pos),
-            None => file.read_exact_at(buf, *pos),
-        }
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::Refused {
-                    path: path.to_string(),
-                    kind: "changed_while_sealing",
-                    reason: "shorter than when the seal began".into(),
-                }
-            } else {
-                Error::Upper {
-                    context: format!("{path}: read"),
-                    source: e,
-                }
+            } => {
+                file.read_exact_at(buf, *pos).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        Error::Refused {
+                            path: path.to_string(),
+                            kind: "changed_while_sealing",
+                            reason: "its upper data file is shorter than when the seal began (only the daemon may write the upper directory)".into(),
+                        }
+                    } else {
+                        Error::Upper {
+                            context: format!("{path}: read"),
+                            source: e,
+                        }
+                    }
+                })?;
+                *pos += buf.len() as u64;
             }
-        })?;
-        *pos += buf.len() as u64;
+        }
         Ok(())
     }
 
