@@ -791,7 +791,7 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
 fn pack_shows_progress_on_a_terminal_while_it_hashes() {
     // "long work shows progress on stderr when it is a terminal": the
     // first pass, which hashes every file before anything is written,
-    // too. `script` runs pack on a pseudo-terminal and records what it
+    // too, as a stage of its own. `script` runs pack on a pseudo-terminal and records what it
     // draws; pack waits at its barrier after that pass.
     let tmp = tempfile::tempdir().unwrap();
     let ws = tmp.path().join("ws");
@@ -820,9 +820,11 @@ fn pack_shows_progress_on_a_terminal_while_it_hashes() {
     let drawn = String::from_utf8_lossy(&fs::read(&transcript).unwrap()).into_owned();
     fs::write(bar.join("hashed.go"), b"").unwrap();
     assert!(child.wait().unwrap().success());
+    // The first pass has a bar of its own, with the content's size as
+    // its total.
     assert!(
-        drawn.contains("packing") && drawn.contains("3.00 MiB"),
-        "nothing drawn while hashing: {drawn:?}"
+        drawn.contains("hashing") && drawn.contains("3.00 MiB/3.00 MiB"),
+        "no bar for the hashing pass: {drawn:?}"
     );
     run(["verify", out.to_str().unwrap()]).ok();
 }

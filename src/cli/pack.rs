@@ -9,7 +9,7 @@ use super::args::{LimitArgs, file_mode_from_umask};
 use super::error::CliError;
 use super::progress::Progress;
 use crate::packet::format::HarnessKind;
-use crate::source::pack::{PackOptions, PackOutcome, pack};
+use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
 
 /// Pack a workspace, and optionally an agent harness's home, into one
 /// deterministic packet.
@@ -103,7 +103,10 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         barrier: crate::barrier::from_env(),
     };
     let progress = Progress::bytes("packing", 0);
-    let outcome = pack(&opts, &|n| progress.add(n))?;
+    let outcome = pack(&opts, &|p| match p {
+        PackProgress::Pass(what, total) => progress.restart(what, total),
+        PackProgress::Bytes(n) => progress.add(n),
+    })?;
     drop(progress);
     tracing::info!(digest = %outcome.digest, entries = outcome.entries, "packed");
     Ok(Output::new(

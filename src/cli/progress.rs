@@ -14,26 +14,33 @@ impl Progress {
     /// shown then), labelled `what`.
     pub fn bytes(what: &'static str, total: u64) -> Progress {
         let bar = if std::io::stderr().is_terminal() {
-            let (len, template) = if total == 0 {
-                (None, "{msg} {spinner} {bytes} {bytes_per_sec}")
-            } else {
-                (
-                    Some(total),
-                    "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-                )
-            };
-            let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
-            bar.set_style(
-                ProgressStyle::with_template(template)
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
             bar.enable_steady_tick(std::time::Duration::from_millis(200));
-            bar.set_message(what);
             bar
         } else {
             ProgressBar::hidden()
         };
-        Progress { bar }
+        let p = Progress { bar };
+        p.restart(what, total);
+        p
+    }
+
+    /// Starts the bar over for the next stage of the work: `total` bytes
+    /// (0: unknown), labelled `what`.
+    pub fn restart(&self, what: &'static str, total: u64) {
+        // In this order, every frame drawn in between names the new stage.
+        self.bar.set_message(what);
+        self.bar.reset();
+        let template = if total == 0 {
+            self.bar.unset_length();
+            "{msg} {spinner} {bytes} {bytes_per_sec}"
+        } else {
+            self.bar.set_length(total);
+            "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {eta}"
+        };
+        self.bar.set_style(
+            ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
     }
 
     /// Counts `n` more bytes done. Cheap: callable from every worker.

@@ -80,11 +80,24 @@ pub struct PackOutcome {
     pub report: ScanReport,
 }
 
+/// What [`pack`] tells its progress display: it works in two passes over
+/// the tree, first hashing every file's content, then writing the packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackProgress {
+    /// A pass begins: its name and how many bytes it goes through.
+    Pass(&'static str, u64),
+    /// That many more bytes of the current pass are done.
+    Bytes(u64),
+}
+
 /// Packs the tree described by `opts`. On error, nothing is left at the
-/// output path (the temporary file is removed).
-/// `progress` is told of bytes as they are hashed (every file's content)
-/// and then as they are written (the whole packet).
-pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackOutcome, Error> {
+/// output path (the temporary file is removed). `progress` is told of each
+/// pass as it begins and of its bytes as they are done.
+pub fn pack(
+    opts: &PackOptions,
+    progress: &(dyn Fn(PackProgress) + Sync),
+) -> Result<PackOutcome, Error> {
+    let bytes = |n| progress(PackProgress::Bytes(n));
     let kind = opts.harness.as_ref().map(|(_, k)| *k);
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
     let output = Output::create(&opts.output)?;
@@ -151,7 +164,8 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         sources: &sources,
         second_pass: false,
     };
-    let hashes = hash_new(&manifest, &first, &stats, progress)?;
+    progress(PackProgress::Pass("hashing", manifest.content_bytes()));
+    let hashes = hash_new(&manifest, &first, &stats, &bytes)?;
     tracing::debug!(elapsed = ?t.elapsed(), "content hashed");
     crate::barrier::wait(opts.barrier.as_deref(), "hashed");
     for (i, sha, chunks) in hashes {
@@ -170,6 +184,7 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         second_pass: true,
     };
     // Around the page cache, as the seal does: the packet is shipped.
+    progress(PackProgress::Pass("writing", layout.total_len()));
     let file_sha256 = write_in_order(
         &output,
         true,
@@ -178,7 +193,7 @@ pub fn pack(opts: &PackOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<PackO
         &layout,
         &second,
         &stats,
-        progress,
+        &bytes,
     )
     .map_err(|e| match e {
         // Bytes that differ from the first pass: the file changed between
