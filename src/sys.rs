@@ -119,6 +119,26 @@ pub fn will_need(file: &std::fs::File, offset: u64, len: u64) {
     }
 }
 
+/// Marks directory `dir` as the top of a directory hierarchy (ext4's
+/// `chattr +T`, `FS_TOPDIR_FL`), so that the directories made in it are
+/// spread over the disk's block groups (the Orlov allocator) instead of
+/// sharing their parent's. Advice only: does nothing where unsupported.
+pub fn mark_top_dir(dir: &impl std::os::fd::AsFd) {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::{IFlags, ioctl_getflags, ioctl_setflags};
+        if let Ok(flags) = ioctl_getflags(dir)
+            && !flags.contains(IFlags::TOPDIR)
+        {
+            let _ = ioctl_setflags(dir, flags | IFlags::TOPDIR);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+    }
+}
+
 /// `file` opened again with `O_DIRECT` (Linux), for reading, or writing
 /// when `write`; `None` where the file system (or a missing /proc) refuses
 /// it. Through /proc, so that it is the same inode even if the file's

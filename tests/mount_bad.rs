@@ -191,7 +191,7 @@ fn tampered_chunks_fail_exactly_the_reads_that_touch_them() {
     let e = w.write_all(b"more").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO));
     drop(w);
-    assert_eq!(fs::read_dir(m.upper.join("data")).unwrap().count(), 0);
+    assert_eq!(data_files(&m.upper), Vec::<PathBuf>::new());
     drop(f);
     m.umount();
 }
@@ -398,12 +398,7 @@ fn the_daemon_never_follows_symlinks_in_the_upper_directory() {
     fs::write(m.path("new.txt"), b"mine").unwrap();
     let mnt = m.mnt.clone();
     m.umount();
-    let data = fs::read_dir(upper.join("data"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let data = data_files(&upper).pop().unwrap();
     fs::remove_file(&data).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", &data).unwrap();
     let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);

@@ -6,7 +6,7 @@ mod common;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
@@ -33,19 +33,14 @@ fn mount_ws(tmp: &Path, packet: &Path, extra: &[&str]) -> Mounted {
     Mounted::new(packet, &tmp.join("mnt"), &tmp.join("upper"), &args)
 }
 
-fn data_files(m: &Mounted) -> Vec<(String, u64)> {
-    let mut v: Vec<(String, u64)> = fs::read_dir(m.upper.join("data"))
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                e.metadata().unwrap().len(),
-            )
+fn data_files_of(m: &Mounted) -> Vec<(PathBuf, u64)> {
+    data_files(&m.upper)
+        .into_iter()
+        .map(|p| {
+            let len = fs::metadata(&p).unwrap().len();
+            (p, len)
         })
-        .collect();
-    v.sort();
-    v
+        .collect()
 }
 
 fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
@@ -126,7 +121,7 @@ fn copy_up_on_first_write_keeps_the_inode_and_never_touches_the_packet() {
     let before = fs::read(&p).unwrap();
     let m = mount_ws(tmp.path(), &p, &[]);
     let ino = fs::metadata(m.path("README.md")).unwrap().ino();
-    assert!(data_files(&m).is_empty());
+    assert!(data_files_of(&m).is_empty());
     let mut f = fs::OpenOptions::new()
         .append(true)
         .open(m.path("README.md"))
@@ -135,9 +130,74 @@ fn copy_up_on_first_write_keeps_the_inode_and_never_touches_the_packet() {
     drop(f);
     assert_eq!(fs::read(m.path("README.md")).unwrap(), b"# sample\nmore\n");
     assert_eq!(fs::metadata(m.path("README.md")).unwrap().ino(), ino);
-    assert_eq!(data_files(&m).len(), 1);
+    assert_eq!(data_files_of(&m).len(), 1);
     m.umount();
     assert_eq!(fs::read(&p).unwrap(), before, "the packet file changed");
+}
+
+#[test]
+fn data_files_are_spread_over_shards_and_old_flat_uppers_are_moved() {
+    // Data file `id` lives at data/<id % 64, two hex digits>/<id>; an upper
+    // directory of the previous layout (sessionfs.upper/1, every data file
+    // in data/) is moved to it when mounted, losing nothing.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    for k in 0..70 {
+        fs::write(m.path(&format!("new{k}.txt")), format!("file {k}\n")).unwrap();
+    }
+    let mnt = m.mnt.clone();
+    let upper = m.upper.clone();
+    m.umount();
+    let files = data_files(&upper);
+    assert_eq!(files.len(), 70);
+    let in_its_shard = |f: &Path| {
+        let id = u64::from_str_radix(f.file_name().unwrap().to_str().unwrap(), 16).unwrap();
+        f.parent().unwrap().file_name().unwrap().to_str().unwrap() == format!("{:02x}", id % 64)
+    };
+    assert!(files.iter().all(|f| in_its_shard(f)), "{files:?}");
+    let header = upper.join("sessionfs-upper.json");
+    assert!(
+        fs::read_to_string(&header)
+            .unwrap()
+            .contains("\"sessionfs.upper/2\"")
+    );
+
+    // Back to the flat layout of sessionfs.upper/1.
+    for f in &files {
+        fs::rename(f, upper.join("data").join(f.file_name().unwrap())).unwrap();
+    }
+    for e in fs::read_dir(upper.join("data")).unwrap() {
+        let e = e.unwrap().path();
+        if e.is_dir() {
+            fs::remove_dir(e).unwrap();
+        }
+    }
+    let old = fs::read_to_string(&header).unwrap();
+    fs::write(
+        &header,
+        old.replace("sessionfs.upper/2", "sessionfs.upper/1"),
+    )
+    .unwrap();
+
+    let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);
+    for k in 0..70 {
+        assert_eq!(
+            fs::read_to_string(m.path(&format!("new{k}.txt"))).unwrap(),
+            format!("file {k}\n")
+        );
+    }
+    let moved = data_files(&upper);
+    assert_eq!(moved.len(), 70);
+    assert!(moved.iter().all(|f| in_its_shard(f)), "{moved:?}");
+    assert!(
+        fs::read_to_string(&header)
+            .unwrap()
+            .contains("\"sessionfs.upper/2\"")
+    );
+    m.umount();
 }
 
 #[test]
@@ -155,9 +215,9 @@ fn renaming_lower_entries_copies_no_data() {
     fs::rename(m.path("data"), m.path("moved")).unwrap();
     fs::rename(m.path("moved/big.bin"), m.path("big-renamed.bin")).unwrap();
     assert!(
-        data_files(&m).is_empty(),
+        data_files_of(&m).is_empty(),
         "a rename copied data: {:?}",
-        data_files(&m)
+        data_files_of(&m)
     );
     assert_eq!(
         fs::metadata(m.path("big-renamed.bin")).unwrap().ino(),
@@ -185,7 +245,7 @@ fn hard_links_to_lower_files_work_without_exdev() {
     let a = fs::metadata(m.path("README.md")).unwrap();
     let b = fs::metadata(m.path("dir/readme-link")).unwrap();
     assert_eq!((a.ino(), a.nlink()), (b.ino(), 2));
-    assert!(data_files(&m).is_empty(), "a link copied data");
+    assert!(data_files_of(&m).is_empty(), "a link copied data");
     fs::OpenOptions::new()
         .append(true)
         .open(m.path("dir/readme-link"))
@@ -327,19 +387,19 @@ fn files_replaced_by_rename_while_open_keep_their_content_until_closed() {
     let mut got = vec![0u8; 14];
     upper.read_exact_at(&mut got, 0).unwrap();
     assert_eq!(got, b"first version\n");
-    let live = data_files(&m).len();
+    let live = data_files_of(&m).len();
     drop((lower, upper));
     // Their data files go once the kernel forgets the inodes; the two
     // files with names keep theirs.
-    let mut left = data_files(&m).len();
+    let mut left = data_files_of(&m).len();
     for _ in 0..50 {
         if left == live - 2 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
-        left = data_files(&m).len();
+        left = data_files_of(&m).len();
     }
-    assert_eq!(left, live - 2, "{:?}", data_files(&m));
+    assert_eq!(left, live - 2, "{:?}", data_files_of(&m));
     m.umount();
 }
 
@@ -368,7 +428,7 @@ fn unlinked_open_files_stay_usable_with_nlink_zero() {
     drop(f);
     // The data file goes once the last handle closes.
     std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(data_files(&m).is_empty(), "{:?}", data_files(&m));
+    assert!(data_files_of(&m).is_empty(), "{:?}", data_files_of(&m));
     // A lower file too.
     let mut g = fs::File::open(m.path("README.md")).unwrap();
     fs::remove_file(m.path("README.md")).unwrap();
@@ -397,13 +457,13 @@ mm.close()
     assert_eq!(python(script, &m.path("src/main.rs")), "XYzwain() {");
     assert!(!m.path("src/main.rs").exists());
     // Once the kernel forgets the inode, its data file goes.
-    let mut left = data_files(&m);
+    let mut left = data_files_of(&m);
     for _ in 0..50 {
         if left.is_empty() {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
-        left = data_files(&m);
+        left = data_files_of(&m);
     }
     assert!(left.is_empty(), "{left:?}");
     m.umount();
@@ -565,9 +625,9 @@ fn open_flags_appends_truncation_and_holes() {
     assert_eq!(after["verified_bytes"], before["verified_bytes"], "{after}");
     assert_eq!(fs::read(m.path("data/big.bin")).unwrap(), b"small");
     assert!(
-        data_files(&m).iter().all(|(_, len)| *len < 1024),
+        data_files_of(&m).iter().all(|(_, len)| *len < 1024),
         "{:?}",
-        data_files(&m)
+        data_files_of(&m)
     );
     // A write 100 MiB past the end leaves a hole.
     let mut h = fs::OpenOptions::new()
@@ -604,11 +664,9 @@ fn copy_up_keeps_holes() {
         .unwrap()
         .write_all(b"!")
         .unwrap();
-    let (name, len) = data_files(&m).pop().unwrap();
+    let (name, len) = data_files_of(&m).pop().unwrap();
     assert_eq!(len, (8 << 20) + 1);
-    let blocks = fs::metadata(m.upper.join("data").join(name))
-        .unwrap()
-        .blocks();
+    let blocks = fs::metadata(name).unwrap().blocks();
     assert!(
         blocks * 512 <= 64 * 1024,
         "copy-up wrote {} bytes of blocks for a mostly empty file",
@@ -639,7 +697,7 @@ fn metadata_changes_of_lower_files_copy_no_data() {
         after.ctime() >= before.ctime()
             && (after.ctime(), after.ctime_nsec()) != (before.ctime(), before.ctime_nsec())
     );
-    assert!(data_files(&m).is_empty(), "metadata changes copied data");
+    assert!(data_files_of(&m).is_empty(), "metadata changes copied data");
     m.umount();
 }
 

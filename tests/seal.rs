@@ -652,7 +652,7 @@ fn rebase_continues_on_the_new_packet() {
     let journal = fs::read_to_string(upper.join("journal")).unwrap();
     assert_eq!(journal.lines().count(), 1, "{journal}");
     assert!(journal.contains("\"op\":\"rebase\""));
-    assert_eq!(fs::read_dir(upper.join("data")).unwrap().count(), 0);
+    assert!(data_files(&upper).is_empty());
     open.write_all(b"# still open\n").unwrap();
     drop(open);
     assert!(

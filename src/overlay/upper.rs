@@ -32,7 +32,17 @@ pub const JOURNAL: &str = "journal";
 /// Name of the data directory.
 pub const DATA: &str = "data";
 /// Schema of the header.
-pub const SCHEMA: &str = "sessionfs.upper/1";
+pub const SCHEMA: &str = "sessionfs.upper/2";
+/// The schema before data files were spread over shard directories: read,
+/// and moved to this layout when opened.
+const SCHEMA_FLAT: &str = "sessionfs.upper/1";
+/// Data file `id` lives in shard directory `id % SHARDS` (named in two hex
+/// digits). On ext4 the shards sit in different block groups (the data
+/// directory is marked `+T`); one flat directory put every data file in one
+/// group, where a disk without a journal skips recently freed inodes one
+/// by one: creating 5,000 files after deleting as many took 0.2-0.7 s
+/// there against 0.05 s spread over 64 shards.
+pub const SHARDS: u64 = 64;
 
 /// Open data files kept at once (the rest are reopened on demand), so the
 /// daemon never holds a descriptor per inode.
@@ -59,6 +69,8 @@ pub struct Upper {
     part: Option<Part>,
     dir: OwnedFd,
     data: OwnedFd,
+    /// The shard directories, by number.
+    shards: Box<[OwnedFd]>,
     /// The journal open for appending, and its length (to roll back a
     /// failed append). Replaced when a rebase compacts the journal.
     journal: Mutex<(File, u64)>,
@@ -143,10 +155,14 @@ impl Upper {
             }
             write_header(&dir, root, digest, part)?;
         }
+        let mut flat = None;
         let header_digest = if !has_header {
             digest.to_string()
         } else {
             let h = read_header(&dir, &header_path)?;
+            if h.schema == SCHEMA_FLAT {
+                flat = Some(h.packet.clone());
+            }
             if h.part != part {
                 return Err(Error::UpperRefused {
                     path: root.display().to_string(),
@@ -222,6 +238,33 @@ impl Upper {
             &root.join(DATA),
             "cannot open (it must be a directory, not a symlink)",
         ))?;
+        // Before the shards are made: ext4 spreads them over the disk then.
+        crate::sys::mark_top_dir(&data);
+        let shards = (0..SHARDS)
+            .map(|k| {
+                let name = shard_name(k);
+                let at = root.join(DATA).join(&name);
+                match mkdirat(&data, name.as_str(), Mode::from_bits_truncate(0o700)) {
+                    Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                    Err(e) => return Err(nix_at(&at, "cannot create")(e)),
+                }
+                openat(
+                    &data,
+                    name.as_str(),
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(nix_at(
+                    &at,
+                    "cannot open (it must be a directory, not a symlink)",
+                ))
+            })
+            .collect::<Result<Box<[OwnedFd]>>>()?;
+        if let Some(packet) = flat {
+            move_to_shards(root, &data, &shards)?;
+            write_header(&dir, root, &packet, part)?;
+            tracing::info!(upper = %root.display(), "moved the data files to shard directories ({SCHEMA})");
+        }
         Ok(Opened {
             upper: Upper {
                 _lock: lock,
@@ -229,6 +272,7 @@ impl Upper {
                 part,
                 dir,
                 data,
+                shards,
                 journal: Mutex::new((journal, parsed.valid_len as u64)),
                 fds: Mutex::new(LruCache::new(
                     NonZeroUsize::new(OPEN_FILES).unwrap_or(NonZeroUsize::MIN),
@@ -315,7 +359,7 @@ impl Upper {
     pub fn create_data(&self, id: u64) -> Result<Arc<File>> {
         let name = data_name(id);
         let fd = openat(
-            &self.data,
+            self.shard(id),
             name.as_str(),
             OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
@@ -332,7 +376,7 @@ impl Upper {
             return Ok(f.clone());
         }
         let fd = openat(
-            &self.data,
+            self.shard(id),
             data_name(id).as_str(),
             OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
@@ -350,7 +394,7 @@ impl Upper {
                 .map_err(|e| self.data_err(id, "cannot stat")(e.into()));
         }
         fstatat(
-            &self.data,
+            self.shard(id),
             data_name(id).as_str(),
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
@@ -361,7 +405,7 @@ impl Upper {
     pub fn remove_data(&self, id: u64) {
         self.fds.lock().pop(&id);
         if let Err(e) = unlinkat(
-            &self.data,
+            self.shard(id),
             data_name(id).as_str(),
             UnlinkatFlags::NoRemoveDir,
         ) {
@@ -371,23 +415,17 @@ impl Upper {
 
     /// Ids of every data file present (names that are not ids are ignored).
     pub fn list_data(&self) -> Result<Vec<u64>> {
-        let fd = openat(
-            &self.data,
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(nix_at(&self.root.join(DATA), "cannot open"))?;
-        let mut dir =
-            nix::dir::Dir::from_fd(fd).map_err(nix_at(&self.root.join(DATA), "cannot read"))?;
         let mut ids = Vec::new();
-        for ent in dir.iter() {
-            let ent = ent.map_err(nix_at(&self.root.join(DATA), "cannot read"))?;
-            if let Some(id) = parse_data_name(ent.file_name().to_bytes()) {
-                ids.push(id);
-            }
+        for (k, shard) in self.shards.iter().enumerate() {
+            let at = self.root.join(DATA).join(shard_name(k as u64));
+            ids.extend(list_ids(shard, &at)?);
         }
         Ok(ids)
+    }
+
+    /// The shard directory of data file `id`.
+    fn shard(&self, id: u64) -> &OwnedFd {
+        &self.shards[(id % SHARDS) as usize]
     }
 
     /// Numbers of the upper directory's filesystem.
@@ -396,7 +434,7 @@ impl Upper {
     }
 
     fn data_err(&self, id: u64, what: &str) -> impl FnOnce(io::Error) -> Error + use<> {
-        let path = self.root.join(DATA).join(data_name(id));
+        let path = self.root.join(data_path(id));
         io_at(&path, what)
     }
 }
@@ -417,6 +455,60 @@ pub fn write_sparse(file: &File, bytes: &[u8], offset: u64) -> io::Result<()> {
         i = end;
     }
     Ok(())
+}
+
+/// Where data file `id` is, relative to the upper directory.
+pub fn data_path(id: u64) -> PathBuf {
+    Path::new(DATA)
+        .join(shard_name(id % SHARDS))
+        .join(data_name(id))
+}
+
+fn shard_name(k: u64) -> String {
+    format!("{k:02x}")
+}
+
+/// Ids of the data files in directory `dir` (at `at`).
+fn list_ids(dir: &OwnedFd, at: &Path) -> Result<Vec<u64>> {
+    let fd = openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(nix_at(at, "cannot open"))?;
+    let mut dir = nix::dir::Dir::from_fd(fd).map_err(nix_at(at, "cannot read"))?;
+    let mut ids = Vec::new();
+    for ent in dir.iter() {
+        let ent = ent.map_err(nix_at(at, "cannot read"))?;
+        if let Some(id) = parse_data_name(ent.file_name().to_bytes()) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// Moves the data files of a `sessionfs.upper/1` directory, all in `data/`,
+/// into their shards, and makes the moves durable before the caller writes
+/// the new header: a crash in between leaves the old header, and the next
+/// open moves what is left.
+fn move_to_shards(root: &Path, data: &OwnedFd, shards: &[OwnedFd]) -> Result<()> {
+    let at = root.join(DATA);
+    for id in list_ids(data, &at)? {
+        let name = data_name(id);
+        nix::fcntl::renameat(
+            data,
+            name.as_str(),
+            &shards[(id % SHARDS) as usize],
+            name.as_str(),
+        )
+        .map_err(nix_at(&at.join(&name), "cannot move into its shard"))?;
+    }
+    for (k, shard) in shards.iter().enumerate() {
+        nix::unistd::fsync(shard)
+            .map_err(nix_at(&at.join(shard_name(k as u64)), "cannot fsync"))?;
+    }
+    nix::unistd::fsync(data).map_err(nix_at(&at, "cannot fsync"))
 }
 
 /// File name of data file `id`: 16 lowercase hex digits.
@@ -474,7 +566,7 @@ fn read_header(dir: &OwnedFd, header_path: &Path) -> Result<Header> {
         path: header_path.display().to_string(),
         reason: format!("not a valid upper header: {e}"),
     })?;
-    if h.schema != SCHEMA {
+    if h.schema != SCHEMA && h.schema != SCHEMA_FLAT {
         return Err(Error::UpperRefused {
             path: header_path.display().to_string(),
             reason: format!(
@@ -486,10 +578,15 @@ fn read_header(dir: &OwnedFd, header_path: &Path) -> Result<Header> {
     Ok(h)
 }
 
-fn write_header(dir: &OwnedFd, root: &Path, digest: &Digest, part: Option<Part>) -> Result<()> {
+fn write_header(
+    dir: &OwnedFd,
+    root: &Path,
+    packet: &dyn std::fmt::Display,
+    part: Option<Part>,
+) -> Result<()> {
     let header = Header {
         schema: SCHEMA.into(),
-        packet: digest.to_string(),
+        packet: packet.to_string(),
         part,
     };
     let mut text = serde_json::to_vec(&header).unwrap_or_default();

@@ -136,6 +136,22 @@ pub fn set_mtime(path: &Path, ns: i64) {
     .unwrap();
 }
 
+/// Every data file of upper directory `upper` (`data/<shard>/<id>`), and
+/// any file directly in `data/` (where none belongs), sorted.
+pub fn data_files(upper: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for e in fs::read_dir(upper.join("data")).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            v.extend(fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            v.push(p);
+        }
+    }
+    v.sort();
+    v
+}
+
 /// The sample tree without its multi-chunk file, for model tests that
 /// compare whole trees after every step.
 pub fn model_tree(root: &Path) {
