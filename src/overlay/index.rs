@@ -60,7 +60,7 @@ impl LowerIndex {
         // order, but not always right after it (`a`, `a-b`, `a.txt`, `a/b`).
         let mut dirs: HashMap<&str, Idx> = HashMap::new();
         for (i, e) in m.entries.iter().enumerate() {
-            match e.path.rfind('/').and_then(|k| dirs.get(&e.path[..k])) {
+            match crate::packet::path::parent(&e.path).and_then(|d| dirs.get(d)) {
                 Some(&p) => {
                     parent[i] = p;
                     counts[p as usize] += 1;
