@@ -236,7 +236,7 @@ impl Verifier {
         if f.chunks.is_empty() || len == 0 {
             return none;
         }
-        let k = (offset + len - 1) / CHUNK_SIZE;
+        let k = (offset.saturating_add(len) - 1) / CHUNK_SIZE;
         let last = (k + AHEAD).min(f.chunks.len() as u64 - 1);
         if last <= k || !self.forward(i, k) {
             return none;
