@@ -41,6 +41,22 @@ fn data_offset(packet: &[u8], name: &str) -> usize {
     }
 }
 
+/// Mounts (part workspace) a copy of packet `p` whose byte `at` of
+/// big.bin's content is xored with `flip`.
+fn mount_tampered(tmp: &Path, p: &Path, at: usize, flip: u8) -> Mounted {
+    let mut bytes = fs::read(p).unwrap();
+    let at = data_offset(&bytes, "workspace/big.bin") + at;
+    bytes[at] ^= flip;
+    let bad = tmp.join("tampered.packet");
+    fs::write(&bad, &bytes).unwrap();
+    Mounted::new(
+        &bad,
+        &tmp.join("mnt"),
+        &tmp.join("upper"),
+        &["--part", "workspace"],
+    )
+}
+
 #[track_caller]
 fn mount_fails(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str], code: i32, kind: &str) {
     fs::create_dir_all(mnt).unwrap();
@@ -149,17 +165,7 @@ fn tampered_chunks_fail_exactly_the_reads_that_touch_them() {
         return;
     }
     let (tmp, p, big) = setup();
-    let mut bytes = fs::read(&p).unwrap();
-    let at = data_offset(&bytes, "workspace/big.bin") + CHUNK + 12345;
-    bytes[at] ^= 0x55;
-    let bad = tmp.path().join("tampered.packet");
-    fs::write(&bad, &bytes).unwrap();
-    let m = Mounted::new(
-        &bad,
-        &tmp.path().join("mnt"),
-        &tmp.path().join("upper"),
-        &["--part", "workspace"],
-    );
+    let m = mount_tampered(tmp.path(), &p, CHUNK + 12345, 0x55);
     let mut f = fs::File::open(m.path("big.bin")).unwrap();
     let read_at = |f: &mut fs::File, off: usize, len: usize| -> std::io::Result<Vec<u8>> {
         f.seek(SeekFrom::Start(off as u64))?;
@@ -285,17 +291,7 @@ fn a_tampered_chunk_verified_ahead_still_fails_the_reader_there() {
         return;
     }
     let (tmp, p, big) = setup();
-    let mut bytes = fs::read(&p).unwrap();
-    let at = data_offset(&bytes, "workspace/big.bin") + CHUNK + 999;
-    bytes[at] ^= 0x01;
-    let bad = tmp.path().join("tampered.packet");
-    fs::write(&bad, &bytes).unwrap();
-    let m = Mounted::new(
-        &bad,
-        &tmp.path().join("mnt"),
-        &tmp.path().join("upper"),
-        &["--part", "workspace"],
-    );
+    let m = mount_tampered(tmp.path(), &p, CHUNK + 999, 0x01);
     let mut f = fs::File::open(m.path("big.bin")).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     let mut got = Vec::new();
