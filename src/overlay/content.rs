@@ -222,7 +222,7 @@ impl Verifier {
     }
 
     /// The chunks to verify ahead of a reader that just read `len` bytes at
-    /// `offset` of lower file `i`: the next [`AHEAD`] ones, if the reader is
+    /// `offset` of lower file `i`: the next `AHEAD` ones, if the reader is
     /// moving forward, less those handed out already. The caller runs
     /// [`Self::verify_ahead`] for each on another thread, so that a
     /// sequential reader finds each chunk verified when it gets there
