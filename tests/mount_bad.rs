@@ -49,8 +49,13 @@ fn mount_tampered(tmp: &Path, p: &Path, at: usize, flip: u8) -> Mounted {
     bytes[at] ^= flip;
     let bad = tmp.join("tampered.packet");
     fs::write(&bad, &bytes).unwrap();
+    mount_workspace(tmp, &bad)
+}
+
+/// Mounts part workspace of packet `p` at `tmp`/mnt with upper `tmp`/upper.
+fn mount_workspace(tmp: &Path, p: &Path) -> Mounted {
     Mounted::new(
-        &bad,
+        p,
         &tmp.join("mnt"),
         &tmp.join("upper"),
         &["--part", "workspace"],
@@ -209,12 +214,7 @@ fn a_random_4k_read_hashes_at_most_one_chunk() {
         return;
     }
     let (tmp, p, big) = setup();
-    let m = Mounted::new(
-        &p,
-        &tmp.path().join("mnt"),
-        &tmp.path().join("upper"),
-        &["--part", "workspace"],
-    );
+    let m = mount_workspace(tmp.path(), &p);
     let mut f = fs::File::open(m.path("big.bin")).unwrap();
     f.seek(SeekFrom::Start((CHUNK + CHUNK / 2) as u64)).unwrap();
     let mut buf = vec![0u8; 4096];
@@ -252,12 +252,7 @@ fn a_sequential_reader_gets_the_next_chunk_verified_ahead() {
         return;
     }
     let (tmp, p, big) = setup();
-    let m = Mounted::new(
-        &p,
-        &tmp.path().join("mnt"),
-        &tmp.path().join("upper"),
-        &["--part", "workspace"],
-    );
+    let m = mount_workspace(tmp.path(), &p);
     let mut f = fs::File::open(m.path("big.bin")).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     f.read_exact(&mut buf).unwrap();
@@ -459,12 +454,7 @@ fn a_packet_changed_while_mounted_stops_serving_lower_content() {
         return;
     }
     let (tmp, p, _) = setup();
-    let m = Mounted::new(
-        &p,
-        &tmp.path().join("mnt"),
-        &tmp.path().join("upper"),
-        &["--part", "workspace"],
-    );
+    let m = mount_workspace(tmp.path(), &p);
     fs::OpenOptions::new().append(true).open(&p).unwrap();
     let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
     f.set_len(fs::metadata(&p).unwrap().len()).unwrap();
