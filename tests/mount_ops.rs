@@ -33,12 +33,16 @@ fn mount_ws(tmp: &Path, packet: &Path, extra: &[&str]) -> Mounted {
     Mounted::new(packet, &tmp.join("mnt"), &tmp.join("upper"), &args)
 }
 
+/// The upper directory's data files with their lengths. A file the daemon
+/// removes between the listing and the `stat` (it drops a data file once
+/// the kernel forgets its inode) is left out, not an error.
 fn data_files_of(m: &Mounted) -> Vec<(PathBuf, u64)> {
     data_files(&m.upper)
         .into_iter()
-        .map(|p| {
-            let len = fs::metadata(&p).unwrap().len();
-            (p, len)
+        .filter_map(|p| match fs::metadata(&p) {
+            Ok(md) => Some((p, md.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => panic!("{}: {e}", p.display()),
         })
         .collect()
 }
