@@ -42,6 +42,14 @@ pub struct InoAllocator {
 }
 
 impl InoAllocator {
+    /// An allocator with room for `n` numbers before it grows (a mount
+    /// claims one per lower entry at once).
+    pub fn with_capacity(n: usize) -> InoAllocator {
+        InoAllocator {
+            used: HashSet::with_capacity(n),
+        }
+    }
+
     /// The first free candidate for `path`, now in use.
     pub fn allocate(&mut self, path: &str) -> Ino {
         self.allocate_from(path, candidate(path, 0))
