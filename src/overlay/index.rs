@@ -17,7 +17,7 @@ use super::ino::{Ino, InoAllocator};
 pub type Idx = u32;
 
 /// No parent (a part root).
-pub const NO_PARENT: Idx = Idx::MAX;
+pub use crate::packet::manifest::NO_PARENT;
 
 /// The lower tree.
 pub struct LowerIndex {
@@ -40,38 +40,35 @@ pub struct LowerIndex {
 impl LowerIndex {
     /// Builds the index of a validated manifest, allocating inode numbers
     /// (in path order) from `inos`.
+    #[cfg(test)]
     pub fn build(m: &Manifest, inos: &mut InoAllocator) -> LowerIndex {
-        LowerIndex::build_with(m, inos, &HashMap::new())
+        let parent = m.validate_tree(&crate::packet::format::Limits::DEFAULT);
+        LowerIndex::build_with(m, parent.expect("a valid manifest"), inos, &HashMap::new())
     }
 
-    /// Like [`LowerIndex::build`], with the inode numbers of some paths
-    /// given (a rebase keeps the numbers entries had before it).
+    /// Builds the index of a validated manifest from the parents its
+    /// validation found, with the inode numbers of some paths given (a
+    /// rebase keeps the numbers entries had before it).
     pub fn build_with(
         m: &Manifest,
+        parent: Vec<Idx>,
         inos: &mut InoAllocator,
         given: &HashMap<String, Ino>,
     ) -> LowerIndex {
         let n = m.entries.len();
-        let mut parent = vec![NO_PARENT; n];
+        assert_eq!(parent.len(), n, "one parent per entry");
         let mut counts = vec![0u32; n + 1];
         let mut subdirs = vec![0u32; n];
         let mut roots = Vec::new();
-        // Parents by path: a directory's descendants are contiguous in byte
-        // order, but not always right after it (`a`, `a-b`, `a.txt`, `a/b`).
-        let mut dirs: HashMap<&str, Idx> = HashMap::new();
         for (i, e) in m.entries.iter().enumerate() {
-            match crate::packet::path::parent(&e.path).and_then(|d| dirs.get(d)) {
-                Some(&p) => {
-                    parent[i] = p;
+            match parent[i] {
+                NO_PARENT => roots.push(i as Idx),
+                p => {
                     counts[p as usize] += 1;
                     if e.is_dir() {
                         subdirs[p as usize] += 1;
                     }
                 }
-                None => roots.push(i as Idx),
-            }
-            if e.is_dir() {
-                dirs.insert(&e.path, i as Idx);
             }
         }
         // Prefix sums, then fill in entry order (which is name order within

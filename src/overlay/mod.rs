@@ -1113,12 +1113,13 @@ fn target_of<'a>(lower: &'a Lower, n: &'a Node) -> &'a str {
 /// The lower layer of `packet` for a mount made with `opts`, and the inode
 /// numbers in use; `given` fixes the numbers of some paths.
 fn new_lower(
-    packet: Packet,
+    mut packet: Packet,
     opts: Options,
     given: &hashbrown::HashMap<String, Ino>,
 ) -> Result<(Lower, InoAllocator)> {
-    let mut inos = InoAllocator::default();
-    let index = LowerIndex::build_with(&packet.manifest, &mut inos, given);
+    let mut inos = InoAllocator::with_capacity(packet.manifest.entries.len());
+    let parents = std::mem::take(&mut packet.parents);
+    let index = LowerIndex::build_with(&packet.manifest, parents, &mut inos, given);
     let root = match opts.part {
         None => Root::Packet,
         Some(part) => {

@@ -10,9 +10,6 @@
 //! `serde_json` is used only to recognize a foreign schema version.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
-
-use hashbrown::HashMap;
 
 use super::digest::Sha256;
 use super::error::{Error, LimitKind, Result};
@@ -98,8 +95,11 @@ impl Entry {
 /// Keys of the top-level object, in canonical order.
 const TOP_KEYS: &[&str] = &["schema", "harness", "entries"];
 
-/// Entries whose path checks [`Manifest::validate`] runs in parallel at once.
-const CHECK_BLOCK: usize = 16 * 1024;
+/// The parent of a part root, in [`Manifest::validate_tree`]'s result.
+pub const NO_PARENT: u32 = u32::MAX;
+
+/// Marks a path that failed its checks in the parallel pass of validation.
+const FAILED: u64 = u64::MAX;
 /// Keys of an entry object, in canonical order (per type, a subsequence).
 const ENTRY_KEYS: &[&str] = &[
     "path",
@@ -230,13 +230,19 @@ impl Manifest {
     /// Parses and validates `packet.json` bytes: canonical encoding, schema,
     /// path rules, order, parents, collisions and `limits`.
     pub fn parse(bytes: &[u8], limits: &Limits) -> Result<Manifest> {
-        let text = std::str::from_utf8(bytes).map_err(|e| Error::ManifestSyntax {
-            offset: e.valid_up_to(),
-            reason: "invalid UTF-8".into(),
-        })?;
-        let manifest = Parser { text, pos: 0 }.manifest(limits)?;
-        manifest.validate(limits)?;
-        Ok(manifest)
+        Manifest::parse_tree(bytes, limits).map(|(m, _)| m)
+    }
+
+    /// [`Manifest::parse`], with the parent of each entry that validation
+    /// finds (see [`Manifest::validate_tree`]).
+    pub fn parse_tree(bytes: &[u8], limits: &Limits) -> Result<(Manifest, Vec<u32>)> {
+        let text = utf8(bytes)?;
+        let manifest = match parse_in_pieces(text, limits) {
+            Some(m) => m,
+            None => Parser { text, pos: 0 }.manifest(limits)?,
+        };
+        let parents = manifest.validate_tree(limits)?;
+        Ok((manifest, parents))
     }
 
     /// The schema string of a manifest, read leniently (any JSON object with
@@ -250,6 +256,114 @@ impl Manifest {
             .ok()
             .map(|s| s.schema)
     }
+}
+
+/// The manifest's bytes as text, or where they stop being UTF-8.
+fn utf8(bytes: &[u8]) -> Result<&str> {
+    std::str::from_utf8(bytes).map_err(|e| Error::ManifestSyntax {
+        offset: e.valid_up_to(),
+        reason: "invalid UTF-8".into(),
+    })
+}
+
+/// The bytes that open every entry object. In a canonical manifest they
+/// occur nowhere else: a `"` inside a string is always escaped.
+const ENTRY_OPEN: &[u8] = b"{\"path\":\"";
+/// What separates two entries.
+const ENTRY_SEP: &[u8] = b"},{\"path\":\"";
+/// The entries are parsed in about this many pieces, so that both cores
+/// share them evenly while one of them also hashes the manifest.
+const PARSE_PIECES: usize = 16;
+
+/// Parses a manifest's entries on all cores: the entries array is cut just
+/// before entry objects into pieces, each piece is parsed by the same code
+/// as the sequential parser, into its own slots of the result. Any surprise
+/// (an error, a cut in a wrong place, a limit) gives `None`, and the caller
+/// parses sequentially, which reports the same first error it always did.
+///
+/// Why the result is the sequential parser's, by induction over the pieces:
+/// the first starts where the sequential parser's first entry does; a piece
+/// is accepted only when its entries, separated by `,`, end exactly at the
+/// `,` before the next cut (or at the final `]}`), so the sequential parser,
+/// in the same state there, would start its next entry at that cut. A cut
+/// in a wrong place can only fail a piece. The limits the sequential parser
+/// checks as it goes are monotone, so checking the totals afterwards is the
+/// same check.
+fn parse_in_pieces(text: &str, limits: &Limits) -> Option<Manifest> {
+    use rayon::prelude::*;
+    let mut head = Parser { text, pos: 0 };
+    let harness = head.header().ok()?;
+    let bytes = text.as_bytes();
+    let start = head.pos;
+    // The array ends with the last entry's `}`, then `]}` and nothing after.
+    let end = bytes.len().checked_sub(2)?;
+    if start >= end || &bytes[end..] != b"]}" || !bytes[start..].starts_with(ENTRY_OPEN) {
+        return None;
+    }
+    let finder = memchr::memmem::Finder::new(ENTRY_SEP);
+    let mut cuts = vec![start];
+    for k in 1..PARSE_PIECES {
+        let target = start + (end - start) * k / PARSE_PIECES;
+        let from = target.max(*cuts.last()? + 1);
+        if from >= end {
+            break;
+        }
+        match finder.find(&bytes[from..end]) {
+            // The piece starts at the `{` after `},`.
+            Some(at) => cuts.push(from + at + 2),
+            None => break,
+        }
+    }
+    cuts.dedup();
+    cuts.push(end);
+    let open = memchr::memmem::Finder::new(ENTRY_OPEN);
+    let counts: Vec<usize> = cuts
+        .par_windows(2)
+        .map(|w| open.find_iter(&bytes[w[0]..w[1]]).count())
+        .collect();
+    let total: usize = counts.iter().sum();
+    if total as u64 > limits.max_entries {
+        return None;
+    }
+    let placeholder = Entry {
+        path: Box::default(),
+        kind: EntryKind::Dir,
+    };
+    let mut entries = vec![placeholder; total];
+    let mut slots = Vec::with_capacity(counts.len());
+    let mut rest: &mut [Entry] = &mut entries;
+    for (i, &n) in counts.iter().enumerate() {
+        let (mine, others) = rest.split_at_mut(n);
+        slots.push((mine, cuts[i], cuts[i + 1]));
+        rest = others;
+    }
+    let ok = slots.into_par_iter().all(|(slots, from, to)| {
+        let mut p = Parser { text, pos: from };
+        let n = slots.len();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let Ok(entry) = p.entry(limits) else {
+                return false;
+            };
+            *slot = entry;
+            if i + 1 < n && p.expect(b',').is_err() {
+                return false;
+            }
+        }
+        // Between pieces the `,` belongs to the earlier one.
+        let sep = usize::from(to != end);
+        n > 0 && p.pos + sep == to && (sep == 0 || bytes[p.pos] == b',')
+    });
+    if !ok {
+        return None;
+    }
+    let mut total_bytes: u64 = 0;
+    for e in &entries {
+        total_bytes = total_bytes.saturating_add(e.size());
+    }
+    if total_bytes > limits.max_bytes {
+        return None;
+    }
+    Some(Manifest { harness, entries })
 }
 
 struct Parser<'a> {
@@ -311,41 +425,7 @@ impl<'a> Parser<'a> {
     }
 
     fn manifest(mut self, limits: &Limits) -> Result<Manifest> {
-        self.expect(b'{')?;
-        let key = self.key()?;
-        if key.name != "schema" {
-            // A future version may order its keys differently: report its
-            // schema if it has one, rather than a key-order complaint.
-            if let Some(found) = Manifest::sniff_schema(self.bytes()) {
-                if found != SCHEMA {
-                    return Err(unsupported(found));
-                }
-            }
-            return Err(self.unexpected_key(&key, TOP_KEYS, "schema"));
-        }
-        self.no_null(&key)?;
-        let schema = self.string()?;
-        if schema != SCHEMA {
-            return Err(unsupported(schema.into_owned()));
-        }
-        let mut key = self.next_key()?;
-        let mut harness = None;
-        if let Some(k) = key.as_ref().filter(|k| k.name == "harness") {
-            self.no_null(k)?;
-            let at = self.pos;
-            let kind = self.string()?;
-            harness = Some(HarnessKind::parse(&kind).ok_or_else(|| Error::ManifestBadValue {
-                offset: at,
-                field: "harness".into(),
-                reason: format!(
-                    "unknown harness kind `{kind}`; expected one of codex, claude, opencode, generic"
-                ),
-            })?);
-            key = self.next_key()?;
-        }
-        let key = self.require(key, TOP_KEYS, "entries")?;
-        self.no_null(&key)?;
-        self.expect(b'[')?;
+        let harness = self.header()?;
         let mut entries = Vec::new();
         let mut total_bytes: u64 = 0;
         if self.peek() == Some(b']') {
@@ -382,6 +462,47 @@ impl<'a> Parser<'a> {
             return Err(self.not_canonical(self.pos, "bytes after the closing `}`"));
         }
         Ok(Manifest { harness, entries })
+    }
+
+    /// Everything before the first entry: `{`, the schema, the harness
+    /// kind (returned), and `"entries":[`.
+    fn header(&mut self) -> Result<Option<HarnessKind>> {
+        self.expect(b'{')?;
+        let key = self.key()?;
+        if key.name != "schema" {
+            // A future version may order its keys differently: report its
+            // schema if it has one, rather than a key-order complaint.
+            if let Some(found) = Manifest::sniff_schema(self.bytes()) {
+                if found != SCHEMA {
+                    return Err(unsupported(found));
+                }
+            }
+            return Err(self.unexpected_key(&key, TOP_KEYS, "schema"));
+        }
+        self.no_null(&key)?;
+        let schema = self.string()?;
+        if schema != SCHEMA {
+            return Err(unsupported(schema.into_owned()));
+        }
+        let mut key = self.next_key()?;
+        let mut harness = None;
+        if let Some(k) = key.as_ref().filter(|k| k.name == "harness") {
+            self.no_null(k)?;
+            let at = self.pos;
+            let kind = self.string()?;
+            harness = Some(HarnessKind::parse(&kind).ok_or_else(|| Error::ManifestBadValue {
+                offset: at,
+                field: "harness".into(),
+                reason: format!(
+                    "unknown harness kind `{kind}`; expected one of codex, claude, opencode, generic"
+                ),
+            })?);
+            key = self.next_key()?;
+        }
+        let key = self.require(key, TOP_KEYS, "entries")?;
+        self.no_null(&key)?;
+        self.expect(b'[')?;
+        Ok(harness)
     }
 
     fn entry(&mut self, limits: &Limits) -> Result<Entry> {
@@ -787,46 +908,59 @@ impl Manifest {
     /// symlink targets, the harness key, and `limits`. Writers call this
     /// before writing, so they never produce what a reader refuses.
     pub fn validate(&self, limits: &Limits) -> Result<()> {
-        let n = self.entries.len() as u64;
-        if n > limits.max_entries {
-            return Err(LimitKind::Entries.exceeded(n, limits, None));
+        self.validate_tree(limits).map(drop)
+    }
+
+    /// [`Manifest::validate`], returning what it learns on the way: the
+    /// index of each entry's parent directory, [`NO_PARENT`] for the part
+    /// roots.
+    pub fn validate_tree(&self, limits: &Limits) -> Result<Vec<u32>> {
+        use hashbrown::HashTable;
+        use rayon::prelude::*;
+        use std::hash::BuildHasher;
+        let n = self.entries.len();
+        if n as u64 > limits.max_entries {
+            return Err(LimitKind::Entries.exceeded(n as u64, limits, None));
         }
-        // Path -> is_dir, for the parent rule.
-        let mut kinds: HashMap<&str, bool> = HashMap::with_capacity(self.entries.len());
-        let mut keys: HashMap<Cow<'_, str>, &str> = HashMap::with_capacity(self.entries.len());
+        // The per-path work (the path rules; the collision key and its hash;
+        // the hash of the parent's path) runs on all cores first. The loop
+        // below then goes through the entries in order, probing two tables
+        // of entry numbers with the hashes, and reports the first error a
+        // sequential pass would, computing again (for its message) any
+        // check that failed. A table of strings probed in order spent most
+        // of a mount's validation waiting for memory.
+        let hasher = hashbrown::DefaultHashBuilder::default();
+        let hashes = |p: &str| {
+            [
+                hasher.hash_one(&*collision_key(p)),
+                path::parent(p).map_or(0, |d| hasher.hash_one(d)),
+            ]
+        };
+        let pre: Vec<[u64; 2]> = self
+            .entries
+            .par_iter()
+            .map(|e| match check_path(&e.path, limits) {
+                Ok(()) => hashes(&e.path),
+                Err(_) => [FAILED; 2],
+            })
+            .collect();
+        // Directories by path, and every entry by collision key.
+        let mut dirs: HashTable<u32> = HashTable::new();
+        let mut keys: HashTable<u32> = HashTable::with_capacity(n);
+        let mut parents = Vec::with_capacity(n);
+        let path_of = |i: u32| &*self.entries[i as usize].path;
         let mut total: u64 = 0;
-        let mut previous: Option<&str> = None;
-        // The per-path checks (the costly part: the path rules, and the
-        // normalized key for collisions) run on all cores, a block of
-        // entries at a time; the loop below consults them in order, so the
-        // first error is the one a sequential pass would report. A failed
-        // check is kept as `None` and run again for its error: a whole
-        // manifest's worth of results with errors inline cost the mount of
-        // S 10 MiB of peak memory.
-        let mut checked: Vec<Option<Cow<'_, str>>> = Vec::new();
         for (at, e) in self.entries.iter().enumerate() {
-            if at % CHECK_BLOCK == 0 {
-                use rayon::prelude::*;
-                let end = (at + CHECK_BLOCK).min(self.entries.len());
-                self.entries[at..end]
-                    .par_iter()
-                    .map(|e| {
-                        check_path(&e.path, limits)
-                            .ok()
-                            .map(|()| collision_key(&e.path))
-                    })
-                    .collect_into_vec(&mut checked);
-                checked.reverse();
-            }
             let p: &str = &e.path;
-            let key = match checked.pop().flatten() {
-                Some(key) => key,
-                None => {
+            let [key_hash, parent_hash] = match pre[at] {
+                [FAILED, FAILED] => {
                     check_path(p, limits)?;
-                    collision_key(p)
+                    // A real pair of hashes equal to the marker.
+                    hashes(p)
                 }
+                pair => pair,
             };
-            if let Some(prev) = previous {
+            if let Some(prev) = at.checked_sub(1).map(|i| &*self.entries[i].path) {
                 match prev.as_bytes().cmp(p.as_bytes()) {
                     std::cmp::Ordering::Less => {}
                     std::cmp::Ordering::Equal => {
@@ -840,7 +974,6 @@ impl Manifest {
                     }
                 }
             }
-            previous = Some(p);
             match path::parent(p) {
                 None if !e.is_dir() => {
                     return Err(Error::BadParent {
@@ -848,30 +981,42 @@ impl Manifest {
                         reason: "a part's root must be a directory".into(),
                     });
                 }
-                None => {}
-                Some(parent) => match kinds.get(parent) {
-                    Some(true) => {}
-                    Some(false) => {
-                        return Err(Error::BadParent {
-                            path: p.into(),
-                            reason: format!("its parent `{parent}` is not a directory"),
-                        });
-                    }
+                None => parents.push(NO_PARENT),
+                Some(parent) => match dirs.find(parent_hash, |&d| path_of(d) == parent) {
+                    Some(&d) => parents.push(d),
                     None => {
+                        // Entries so far are sorted: the parent, if any, is
+                        // found by bisection.
+                        let earlier = &self.entries[..at];
+                        let reason = match earlier
+                            .binary_search_by(|x| x.path.as_bytes().cmp(parent.as_bytes()))
+                        {
+                            Ok(_) => format!("its parent `{parent}` is not a directory"),
+                            Err(_) => format!("its parent directory `{parent}` has no entry"),
+                        };
                         return Err(Error::BadParent {
                             path: p.into(),
-                            reason: format!("its parent directory `{parent}` has no entry"),
+                            reason,
                         });
                     }
                 },
             }
-            kinds.insert(p, e.is_dir());
-            if let Some(other) = keys.insert(key, p) {
-                return Err(Error::PathCollision {
-                    path: p.into(),
-                    other: other.into(),
+            if e.is_dir() {
+                dirs.insert_unique(hasher.hash_one(p), at as u32, |&d| {
+                    hasher.hash_one(path_of(d))
                 });
             }
+            // Keys are computed again only when their hashes meet.
+            let same_key = |&j: &u32| {
+                pre[j as usize][0] == key_hash && collision_key(path_of(j)) == collision_key(p)
+            };
+            if let Some(&other) = keys.find(key_hash, same_key) {
+                return Err(Error::PathCollision {
+                    path: p.into(),
+                    other: path_of(other).into(),
+                });
+            }
+            keys.insert_unique(key_hash, at as u32, |&j| pre[j as usize][0]);
             match &e.kind {
                 EntryKind::Dir => {}
                 EntryKind::File(f) => {
@@ -905,14 +1050,17 @@ impl Manifest {
                 EntryKind::Symlink(target) => check_target(p, target, limits)?,
             }
         }
-        if kinds.get(PART_WORKSPACE) != Some(&true) {
+        let root = |name: &str| {
+            dirs.find(hasher.hash_one(name), |&d| path_of(d) == name)
+                .is_some()
+        };
+        if !root(PART_WORKSPACE) {
             return Err(Error::BadParent {
                 path: PART_WORKSPACE.into(),
                 reason: "the packet has no `workspace` directory entry".into(),
             });
         }
-        let has_harness = kinds.contains_key(PART_HARNESS);
-        match (has_harness, self.harness) {
+        match (root(PART_HARNESS), self.harness) {
             (true, None) => Err(Error::HarnessMismatch {
                 reason: "the packet has a harness part but the manifest names no harness kind"
                     .into(),
@@ -922,17 +1070,8 @@ impl Manifest {
                     "the manifest names harness kind `{k}` but the packet has no harness part"
                 ),
             }),
-            _ => Ok(()),
+            _ => Ok(parents),
         }
-    }
-
-    /// Paths of every directory entry, for callers that need the set.
-    pub fn dir_paths(&self) -> HashSet<&str> {
-        self.entries
-            .iter()
-            .filter(|e| e.is_dir())
-            .map(|e| &*e.path)
-            .collect()
     }
 }
 
@@ -1010,6 +1149,82 @@ mod tests {
         let parsed = Manifest::parse(&bytes, &Limits::DEFAULT).unwrap();
         assert_eq!(parsed, m);
         assert_eq!(parsed.encode(), bytes);
+    }
+
+    /// A manifest big enough to be parsed in all its pieces, with paths
+    /// that hold what an entry separator looks like, escaped.
+    fn many() -> Manifest {
+        let mut entries = vec![dir("workspace")];
+        for d in 0..40 {
+            entries.push(dir(&format!("workspace/d{d:02}")));
+            for f in 0..25 {
+                let name = match f % 5 {
+                    0 => format!("workspace/d{d:02}/f{f:02}}},{{\"path\":\"x"),
+                    1 => format!("workspace/d{d:02}/f{f:02}é"),
+                    _ => format!("workspace/d{d:02}/f{f:02}"),
+                };
+                let size = if f == 3 { 5 << 20 } else { f * 1000 };
+                entries.push(file(&name, size));
+            }
+        }
+        entries.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+        Manifest {
+            harness: None,
+            entries,
+        }
+    }
+
+    /// What the sequential parser alone makes of `bytes`.
+    fn sequential(bytes: &[u8], limits: &Limits) -> Result<Manifest> {
+        let text = utf8(bytes)?;
+        let m = Parser { text, pos: 0 }.manifest(limits)?;
+        m.validate(limits)?;
+        Ok(m)
+    }
+
+    #[test]
+    fn pieces_parse_to_what_the_sequential_parser_gives() {
+        let m = many();
+        let bytes = m.encode();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        let pieces = parse_in_pieces(text, &Limits::DEFAULT).expect("parsed in pieces");
+        assert_eq!(pieces, m);
+        assert_eq!(Manifest::parse(&bytes, &Limits::DEFAULT).unwrap(), m);
+        // Limits the totals break send the parse back to the sequential
+        // parser, which names the first entry over the limit.
+        let small = Limits {
+            max_entries: 500,
+            max_bytes: 1 << 30,
+            ..Limits::DEFAULT
+        };
+        assert!(parse_in_pieces(text, &small).is_none());
+        let err = |b: &[u8], l: &Limits| Manifest::parse(b, l).unwrap_err().to_string();
+        assert_eq!(
+            err(&bytes, &small),
+            sequential(&bytes, &small).unwrap_err().to_string()
+        );
+    }
+
+    #[test]
+    fn a_damaged_manifest_gets_the_sequential_parsers_first_error() {
+        let bytes = many().encode();
+        // Every byte position in a sample spread over all pieces, each
+        // changed to bytes that break syntax, order, keys and values.
+        for at in (0..bytes.len()).step_by(bytes.len() / 100) {
+            for with in [b'}', b'"', b',', b'0', b'a', b'/', b'\\', b' '] {
+                let mut b = bytes.clone();
+                b[at] = with;
+                let ours = Manifest::parse(&b, &Limits::DEFAULT);
+                let theirs = sequential(&b, &Limits::DEFAULT);
+                match (&ours, &theirs) {
+                    (Ok(x), Ok(y)) => assert_eq!(x, y, "byte {at} -> {with}"),
+                    (Err(x), Err(y)) => {
+                        assert_eq!(x.to_string(), y.to_string(), "byte {at} -> {with}")
+                    }
+                    _ => panic!("byte {at} -> {with}: {ours:?} vs {theirs:?}"),
+                }
+            }
+        }
     }
 
     /// Applies `edit` to the canonical encoding and expects `kind`.

@@ -125,6 +125,10 @@ pub struct Packet {
     pub digest: Digest,
     /// Offsets of every member.
     pub layout: Layout,
+    /// The parent directory of each entry, as indexes into the entries
+    /// ([`NO_PARENT`](super::manifest::NO_PARENT) for a part root), found
+    /// while validating; a mount's index takes it (leaving it empty).
+    pub parents: Vec<u32>,
 }
 
 /// One piece of what [`Packet::check_batch`] reports to its sink.
@@ -155,9 +159,9 @@ impl Packet {
         // The digest and the parse are independent: one core each.
         let (digest, manifest) = rayon::join(
             || Digest::of_manifest(&raw.bytes),
-            || Manifest::parse(&raw.bytes, limits),
+            || Manifest::parse_tree(&raw.bytes, limits),
         );
-        let manifest = manifest?;
+        let (manifest, parents) = manifest?;
         tracing::debug!(elapsed = ?t.elapsed(), entries = manifest.entries.len(), "manifest hashed, parsed and validated");
         let layout = Layout::compute(&manifest, raw.bytes.len() as u64);
         let expected = layout.total_len();
@@ -179,6 +183,7 @@ impl Packet {
             manifest,
             digest,
             layout,
+            parents,
         })
     }
 
