@@ -149,9 +149,25 @@ fn data_files_are_spread_over_shards_and_old_flat_uppers_are_moved() {
     }
     let (tmp, p) = setup();
     let m = mount_ws(tmp.path(), &p, &[]);
-    for k in 0..70 {
+    // A shard is made with its first data file, not at mount.
+    let shards = |upper: &Path| {
+        let mut v: Vec<String> = fs::read_dir(upper.join("data"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(shards(&m.upper), Vec::<String>::new());
+    fs::write(m.path("new0.txt"), "file 0\n").unwrap();
+    let first = data_files_of(&m);
+    assert_eq!(first.len(), 1);
+    let id = u64::from_str_radix(first[0].0.file_name().unwrap().to_str().unwrap(), 16).unwrap();
+    assert_eq!(shards(&m.upper), vec![format!("{:02x}", id % 64)]);
+    for k in 1..70 {
         fs::write(m.path(&format!("new{k}.txt")), format!("file {k}\n")).unwrap();
     }
+    assert_eq!(shards(&m.upper).len(), 64);
     let mnt = m.mnt.clone();
     let upper = m.upper.clone();
     m.umount();

@@ -11,7 +11,7 @@ use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use lru::LruCache;
 use nix::fcntl::{AtFlags, OFlag, openat};
@@ -70,7 +70,7 @@ pub struct Upper {
     dir: OwnedFd,
     data: OwnedFd,
     /// The shard directories, by number.
-    shards: Box<[OwnedFd]>,
+    shards: Shards,
     /// The journal open for appending, and its length (to roll back a
     /// failed append). Replaced when a rebase compacts the journal.
     journal: Mutex<(File, u64)>,
@@ -238,28 +238,9 @@ impl Upper {
             &root.join(DATA),
             "cannot open (it must be a directory, not a symlink)",
         ))?;
-        // Before the shards are made: ext4 spreads them over the disk then.
+        // Before any shard is made: ext4 spreads them over the disk then.
         crate::sys::mark_top_dir(&data);
-        let shards = (0..SHARDS)
-            .map(|k| {
-                let name = shard_name(k);
-                let at = root.join(DATA).join(&name);
-                match mkdirat(&data, name.as_str(), Mode::from_bits_truncate(0o700)) {
-                    Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-                    Err(e) => return Err(nix_at(&at, "cannot create")(e)),
-                }
-                openat(
-                    &data,
-                    name.as_str(),
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(nix_at(
-                    &at,
-                    "cannot open (it must be a directory, not a symlink)",
-                ))
-            })
-            .collect::<Result<Box<[OwnedFd]>>>()?;
+        let shards = Shards::open(&data, &root.join(DATA))?;
         if let Some(packet) = flat {
             move_to_shards(root, &data, &shards)?;
             write_header(&dir, root, &packet, part)?;
@@ -358,8 +339,9 @@ impl Upper {
     /// Creates data file `id` (empty, mode 0600, `O_EXCL`).
     pub fn create_data(&self, id: u64) -> Result<Arc<File>> {
         let name = data_name(id);
+        let shard = self.shards.get_or_make(&self.data, id, &self.root)?;
         let fd = openat(
-            self.shard(id),
+            shard,
             name.as_str(),
             OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
@@ -376,7 +358,7 @@ impl Upper {
             return Ok(f.clone());
         }
         let fd = openat(
-            self.shard(id),
+            self.shard(id)?,
             data_name(id).as_str(),
             OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
@@ -394,7 +376,7 @@ impl Upper {
                 .map_err(|e| self.data_err(id, "cannot stat")(e.into()));
         }
         fstatat(
-            self.shard(id),
+            self.shard(id)?,
             data_name(id).as_str(),
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
@@ -404,11 +386,10 @@ impl Upper {
     /// Removes data file `id` (its last name is gone and nothing has it open).
     pub fn remove_data(&self, id: u64) {
         self.fds.lock().pop(&id);
-        if let Err(e) = unlinkat(
-            self.shard(id),
-            data_name(id).as_str(),
-            UnlinkatFlags::NoRemoveDir,
-        ) {
+        let Some(shard) = self.shards.get(id) else {
+            return;
+        };
+        if let Err(e) = unlinkat(shard, data_name(id).as_str(), UnlinkatFlags::NoRemoveDir) {
             tracing::warn!(id, error = %e, "cannot remove an unused data file; it will be removed at the next mount");
         }
     }
@@ -416,16 +397,19 @@ impl Upper {
     /// Ids of every data file present (names that are not ids are ignored).
     pub fn list_data(&self) -> Result<Vec<u64>> {
         let mut ids = Vec::new();
-        for (k, shard) in self.shards.iter().enumerate() {
-            let at = self.root.join(DATA).join(shard_name(k as u64));
+        for (k, shard) in self.shards.made() {
+            let at = self.root.join(DATA).join(shard_name(k));
             ids.extend(list_ids(shard, &at)?);
         }
         Ok(ids)
     }
 
-    /// The shard directory of data file `id`.
-    fn shard(&self, id: u64) -> &OwnedFd {
-        &self.shards[(id % SHARDS) as usize]
+    /// The shard directory of data file `id`, which must exist (a data file
+    /// in a shard never made does not).
+    fn shard(&self, id: u64) -> Result<&OwnedFd> {
+        self.shards.get(id).ok_or_else(|| {
+            self.data_err(id, "cannot open")(io::Error::from(io::ErrorKind::NotFound))
+        })
     }
 
     /// Numbers of the upper directory's filesystem.
@@ -468,6 +452,85 @@ fn shard_name(k: u64) -> String {
     format!("{k:02x}")
 }
 
+/// The shard directories beneath `data/`: those that exist are opened with
+/// the upper directory, the others made when a data file first needs one.
+/// (Making all 64 at every mount of a fresh upper directory cost the mount
+/// several ms on ext4, whose allocator looks over the disk's block groups
+/// for each new directory.)
+struct Shards {
+    dirs: Box<[OnceLock<OwnedFd>]>,
+    /// Held while a shard is made, so that it is made once.
+    making: Mutex<()>,
+}
+
+impl Shards {
+    /// Opens the shards present in `data` (at `at`).
+    fn open(data: &OwnedFd, at: &Path) -> Result<Shards> {
+        let dirs: Box<[OnceLock<OwnedFd>]> = (0..SHARDS).map(|_| OnceLock::new()).collect();
+        for (k, slot) in dirs.iter().enumerate() {
+            match open_shard(data, k as u64) {
+                Ok(fd) => drop(slot.set(fd)),
+                Err(nix::errno::Errno::ENOENT) => {}
+                Err(e) => {
+                    return Err(nix_at(
+                        &at.join(shard_name(k as u64)),
+                        "cannot open (it must be a directory, not a symlink)",
+                    )(e));
+                }
+            }
+        }
+        Ok(Shards {
+            dirs,
+            making: Mutex::new(()),
+        })
+    }
+
+    /// The shard of data file `id`, if it exists.
+    fn get(&self, id: u64) -> Option<&OwnedFd> {
+        self.dirs[(id % SHARDS) as usize].get()
+    }
+
+    /// The shard of data file `id`, made now if it does not exist yet
+    /// (`root` is the upper directory, for errors).
+    fn get_or_make(&self, data: &OwnedFd, id: u64, root: &Path) -> Result<&OwnedFd> {
+        let k = id % SHARDS;
+        let slot = &self.dirs[k as usize];
+        if let Some(fd) = slot.get() {
+            return Ok(fd);
+        }
+        let _making = self.making.lock();
+        if let Some(fd) = slot.get() {
+            return Ok(fd);
+        }
+        let at = root.join(DATA).join(shard_name(k));
+        let name = shard_name(k);
+        match mkdirat(data, name.as_str(), Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(nix_at(&at, "cannot create")(e)),
+        }
+        let fd = open_shard(data, k).map_err(nix_at(
+            &at,
+            "cannot open (it must be a directory, not a symlink)",
+        ))?;
+        Ok(slot.get_or_init(|| fd))
+    }
+
+    /// The shards that exist, with their numbers.
+    fn made(&self) -> impl Iterator<Item = (u64, &OwnedFd)> {
+        (0..SHARDS).filter_map(|k| Some((k, self.dirs[k as usize].get()?)))
+    }
+}
+
+/// Opens shard directory `k` beneath `data`, never through a symlink.
+fn open_shard(data: &OwnedFd, k: u64) -> nix::Result<OwnedFd> {
+    openat(
+        data,
+        shard_name(k).as_str(),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
 /// Ids of the data files in directory `dir` (at `at`).
 fn list_ids(dir: &OwnedFd, at: &Path) -> Result<Vec<u64>> {
     let fd = openat(
@@ -492,21 +555,16 @@ fn list_ids(dir: &OwnedFd, at: &Path) -> Result<Vec<u64>> {
 /// into their shards, and makes the moves durable before the caller writes
 /// the new header: a crash in between leaves the old header, and the next
 /// open moves what is left.
-fn move_to_shards(root: &Path, data: &OwnedFd, shards: &[OwnedFd]) -> Result<()> {
+fn move_to_shards(root: &Path, data: &OwnedFd, shards: &Shards) -> Result<()> {
     let at = root.join(DATA);
     for id in list_ids(data, &at)? {
         let name = data_name(id);
-        nix::fcntl::renameat(
-            data,
-            name.as_str(),
-            &shards[(id % SHARDS) as usize],
-            name.as_str(),
-        )
-        .map_err(nix_at(&at.join(&name), "cannot move into its shard"))?;
+        let shard = shards.get_or_make(data, id, root)?;
+        nix::fcntl::renameat(data, name.as_str(), shard, name.as_str())
+            .map_err(nix_at(&at.join(&name), "cannot move into its shard"))?;
     }
-    for (k, shard) in shards.iter().enumerate() {
-        nix::unistd::fsync(shard)
-            .map_err(nix_at(&at.join(shard_name(k as u64)), "cannot fsync"))?;
+    for (k, shard) in shards.made() {
+        nix::unistd::fsync(shard).map_err(nix_at(&at.join(shard_name(k)), "cannot fsync"))?;
     }
     nix::unistd::fsync(data).map_err(nix_at(&at, "cannot fsync"))
 }
