@@ -407,6 +407,40 @@ fn the_daemon_never_follows_symlinks_in_the_upper_directory() {
 }
 
 #[test]
+fn a_lost_data_file_reads_as_absent_whether_or_not_its_shard_is_left() {
+    // The journal names a data file the upper directory lost (a power cut,
+    // a careless cleanup): reading the file fails with ENOENT, the same
+    // with its shard directory gone too, and the mount serves the rest.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let upper = tmp.path().join("upper");
+    let mnt = tmp.path().join("mnt");
+    let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);
+    fs::write(m.path("new.txt"), b"mine").unwrap();
+    m.umount();
+    let data = data_files(&upper).pop().unwrap();
+    fs::remove_file(&data).unwrap();
+    for round in ["file gone", "shard gone"] {
+        let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);
+        let r = fs::read(m.path("new.txt"));
+        assert_eq!(
+            r.as_ref().map_err(|e| e.raw_os_error()).err(),
+            Some(Some(libc::ENOENT)),
+            "{round}: {r:?}"
+        );
+        assert_eq!(
+            fs::read(m.path("small.txt")).unwrap(),
+            b"small\n",
+            "{round}"
+        );
+        m.umount();
+        fs::remove_dir(data.parent().unwrap()).ok();
+    }
+}
+
+#[test]
 fn a_damaged_journal_is_refused_naming_the_line() {
     if !fuse_available() {
         return;

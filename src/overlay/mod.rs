@@ -1007,7 +1007,8 @@ impl Overlay {
         Ok(data.len() as u32)
     }
 
-    /// `fsync` / `fdatasync`: the file's data and the journal.
+    /// `fsync` / `fdatasync`: the file's data, its data file's name (once)
+    /// and the journal.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
         if let Content::Upper(id) = self.content(ino)?.0 {
             let f = self.upper.data(id)?;
@@ -1020,6 +1021,7 @@ impl Overlay {
                 context: "fsync".into(),
                 source: e,
             })?;
+            self.upper.sync_data_name(id)?;
         }
         self.upper.sync_journal()
     }

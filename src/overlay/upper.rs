@@ -5,12 +5,14 @@
 //! a directory handle with `O_NOFOLLOW`: nothing in the upper directory can
 //! make the daemon follow a symlink.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use lru::LruCache;
@@ -71,6 +73,10 @@ pub struct Upper {
     data: OwnedFd,
     /// The shard directories, by number.
     shards: Shards,
+    /// Shards whose entry in `data/` was fsynced by this daemon, a bit each.
+    shards_synced: AtomicU64,
+    /// Data files whose entry in their shard was fsynced by this daemon.
+    names_synced: Mutex<HashSet<u64>>,
     /// The journal open for appending, and its length (to roll back a
     /// failed append). Replaced when a rebase compacts the journal.
     journal: Mutex<(File, u64)>,
@@ -254,6 +260,8 @@ impl Upper {
                 dir,
                 data,
                 shards,
+                shards_synced: AtomicU64::new(0),
+                names_synced: Mutex::new(HashSet::new()),
                 journal: Mutex::new((journal, parsed.valid_len as u64)),
                 fds: Mutex::new(LruCache::new(
                     NonZeroUsize::new(OPEN_FILES).unwrap_or(NonZeroUsize::MIN),
@@ -358,7 +366,7 @@ impl Upper {
             return Ok(f.clone());
         }
         let fd = openat(
-            self.shard(id)?,
+            self.shard(id, "cannot open")?,
             data_name(id).as_str(),
             OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
@@ -376,7 +384,7 @@ impl Upper {
                 .map_err(|e| self.data_err(id, "cannot stat")(e.into()));
         }
         fstatat(
-            self.shard(id)?,
+            self.shard(id, "cannot stat")?,
             data_name(id).as_str(),
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
@@ -386,6 +394,7 @@ impl Upper {
     /// Removes data file `id` (its last name is gone and nothing has it open).
     pub fn remove_data(&self, id: u64) {
         self.fds.lock().pop(&id);
+        self.names_synced.lock().remove(&id);
         let Some(shard) = self.shards.get(id) else {
             return;
         };
@@ -405,11 +414,32 @@ impl Upper {
     }
 
     /// The shard directory of data file `id`, which must exist (a data file
-    /// in a shard never made does not).
-    fn shard(&self, id: u64) -> Result<&OwnedFd> {
-        self.shards.get(id).ok_or_else(|| {
-            self.data_err(id, "cannot open")(io::Error::from(io::ErrorKind::NotFound))
-        })
+    /// in a shard never made does not: `ENOENT`, as for the file itself).
+    fn shard(&self, id: u64, what: &str) -> Result<&OwnedFd> {
+        self.shards
+            .get(id)
+            .ok_or_else(|| self.data_err(id, what)(io::Error::from_raw_os_error(libc::ENOENT)))
+    }
+
+    /// Makes data file `id`'s name durable, once per file: its entry in its
+    /// shard, and the shard's entry in `data/`. With the file's own
+    /// `fsync`, the file then survives a power cut on any filesystem, not
+    /// only on those whose journal commits a new name with the file.
+    pub fn sync_data_name(&self, id: u64) -> Result<()> {
+        if self.names_synced.lock().contains(&id) {
+            return Ok(());
+        }
+        let shard = self.shard(id, "cannot fsync the directory of")?;
+        let bit = 1u64 << (id % SHARDS);
+        let at = self.root.join(DATA);
+        nix::unistd::fsync(shard)
+            .map_err(nix_at(&at.join(shard_name(id % SHARDS)), "cannot fsync"))?;
+        if self.shards_synced.load(Ordering::Acquire) & bit == 0 {
+            nix::unistd::fsync(&self.data).map_err(nix_at(&at, "cannot fsync"))?;
+            self.shards_synced.fetch_or(bit, Ordering::AcqRel);
+        }
+        self.names_synced.lock().insert(id);
+        Ok(())
     }
 
     /// Numbers of the upper directory's filesystem.
