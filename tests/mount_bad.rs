@@ -62,6 +62,19 @@ fn mount_workspace(tmp: &Path, p: &Path) -> Mounted {
     )
 }
 
+/// Mounts the workspace, writes `new.txt` (its content in the one data
+/// file) and unmounts: the packet, mountpoint, upper directory and that
+/// data file.
+fn upper_with_one_data_file() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf, PathBuf) {
+    let (tmp, p, _) = setup();
+    let m = mount_workspace(tmp.path(), &p);
+    fs::write(m.path("new.txt"), b"mine").unwrap();
+    let (mnt, upper) = (m.mnt.clone(), m.upper.clone());
+    m.umount();
+    let data = data_files(&upper).pop().unwrap();
+    (tmp, p, mnt, upper, data)
+}
+
 #[track_caller]
 fn mount_fails(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str], code: i32, kind: &str) {
     fs::create_dir_all(mnt).unwrap();
@@ -378,18 +391,7 @@ fn the_daemon_never_follows_symlinks_in_the_upper_directory() {
     if !fuse_available() {
         return;
     }
-    let (tmp, p, _) = setup();
-    let upper = tmp.path().join("upper");
-    let m = Mounted::new(
-        &p,
-        &tmp.path().join("mnt"),
-        &upper,
-        &["--part", "workspace"],
-    );
-    fs::write(m.path("new.txt"), b"mine").unwrap();
-    let mnt = m.mnt.clone();
-    m.umount();
-    let data = data_files(&upper).pop().unwrap();
+    let (_tmp, p, mnt, upper, data) = upper_with_one_data_file();
     fs::remove_file(&data).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", &data).unwrap();
     let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);
@@ -414,13 +416,7 @@ fn a_lost_data_file_reads_as_absent_whether_or_not_its_shard_is_left() {
     if !fuse_available() {
         return;
     }
-    let (tmp, p, _) = setup();
-    let upper = tmp.path().join("upper");
-    let mnt = tmp.path().join("mnt");
-    let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);
-    fs::write(m.path("new.txt"), b"mine").unwrap();
-    m.umount();
-    let data = data_files(&upper).pop().unwrap();
+    let (_tmp, p, mnt, upper, data) = upper_with_one_data_file();
     fs::remove_file(&data).unwrap();
     for round in ["file gone", "shard gone"] {
         let m = Mounted::new(&p, &mnt, &upper, &["--part", "workspace"]);
