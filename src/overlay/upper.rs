@@ -501,12 +501,7 @@ impl Shards {
             match open_shard(data, k as u64) {
                 Ok(fd) => drop(slot.set(fd)),
                 Err(nix::errno::Errno::ENOENT) => {}
-                Err(e) => {
-                    return Err(nix_at(
-                        &at.join(shard_name(k as u64)),
-                        "cannot open (it must be a directory, not a symlink)",
-                    )(e));
-                }
+                Err(e) => return Err(shard_open_failed(at, k as u64)(e)),
             }
         }
         Ok(Shards {
@@ -532,16 +527,12 @@ impl Shards {
         if let Some(fd) = slot.get() {
             return Ok(fd);
         }
-        let at = root.join(DATA).join(shard_name(k));
         let name = shard_name(k);
         match mkdirat(data, name.as_str(), Mode::from_bits_truncate(0o700)) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-            Err(e) => return Err(nix_at(&at, "cannot create")(e)),
+            Err(e) => return Err(nix_at(&root.join(DATA).join(&name), "cannot create")(e)),
         }
-        let fd = open_shard(data, k).map_err(nix_at(
-            &at,
-            "cannot open (it must be a directory, not a symlink)",
-        ))?;
+        let fd = open_shard(data, k).map_err(shard_open_failed(&root.join(DATA), k))?;
         Ok(slot.get_or_init(|| fd))
     }
 
@@ -558,6 +549,15 @@ fn open_shard(data: &OwnedFd, k: u64) -> nix::Result<OwnedFd> {
         shard_name(k).as_str(),
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
+    )
+}
+
+/// The error of a shard directory `k` beneath `data` (at `data_at`) that
+/// does not open.
+fn shard_open_failed(data_at: &Path, k: u64) -> impl FnOnce(nix::errno::Errno) -> Error + use<> {
+    nix_at(
+        &data_at.join(shard_name(k)),
+        "cannot open (it must be a directory, not a symlink)",
     )
 }
 
