@@ -32,7 +32,9 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use sha2::Digest as _;
 
-use super::{AlignedBuf, Check, Computed, ContentReader, Contents, Output, WriteStats};
+use super::{
+    AlignedBuf, Check, Computed, ContentReader, Contents, Fingerprinter, Hashed, Output, WriteStats,
+};
 use crate::packet::digest::{ContentHasher, Sha256};
 use crate::packet::error::{Error, Result};
 use crate::packet::format::{BLOCK, CHUNK_SIZE};
@@ -76,19 +78,26 @@ pub fn hash_new<S: Contents>(
         .map_init(Vec::new, |buf, (i, size)| {
             buf.resize(READ_PIECE, 0);
             let mut h = ContentHasher::new(size);
+            let mut f = Fingerprinter::new(size);
             let mut r = src.open(i)?;
             let mut left = size;
             while left > 0 {
                 let n = left.min(READ_PIECE as u64) as usize;
                 r.read_exact(&mut buf[..n])?;
                 h.update(&buf[..n]);
+                f.update(&buf[..n]);
                 left -= n as u64;
                 progress(n as u64);
             }
             r.finish()?;
             stats.count(Check::Compute, size);
-            let (sha, chunks) = h.finish();
-            Ok((i, sha, chunks))
+            let (sha256, chunks) = h.finish();
+            Ok(Hashed {
+                entry: i,
+                sha256,
+                chunks,
+                fingerprints: f.finish(),
+            })
         })
         .collect()
 }
@@ -553,6 +562,13 @@ impl<S: Contents> Assembler<'_, S> {
                     ),
                 };
                 if Sha256::of(data) != want {
+                    return Err(super::content_mismatch(&e.path, start, start + n));
+                }
+                self.stats.count(check, n);
+            }
+            Check::Unchanged => {
+                if self.src.fingerprint(i, k) != Some(super::fingerprint(data)) {
+                    let start = k.map_or(0, |k| k * CHUNK_SIZE);
                     return Err(super::content_mismatch(&e.path, start, start + n));
                 }
                 self.stats.count(check, n);

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::packet::digest::Sha256;
 use crate::packet::error::{Error, Result};
-use crate::packet::format::BLOCK;
+use crate::packet::format::{BLOCK, CHUNK_SIZE};
 use crate::packet::layout::Layout;
 
 pub mod in_order;
@@ -180,6 +180,11 @@ pub enum Check {
     /// Content the manifest already describes: hash it and compare, failing
     /// on a mismatch.
     Verify,
+    /// Content [`hash_new`] hashed, read again: compare its fingerprint
+    /// with the one taken then ([`Contents::fingerprint`]), failing on a
+    /// mismatch. This proves the bytes did not change in between, without
+    /// a second SHA-256 (see [`fingerprint`]).
+    Unchanged,
     /// Content known to match the manifest (verified before): copy it.
     Trust,
 }
@@ -196,6 +201,11 @@ pub trait Contents: Sync {
     fn check(&self, i: usize) -> Check;
     /// Opens entry `i` (a regular file) for reading.
     fn open(&self, i: usize) -> Result<Self::Reader<'_>, Self::Error>;
+    /// The fingerprint [`hash_new`] took of entry `i` (of its chunk `k`
+    /// when it has chunks), for [`Check::Unchanged`].
+    fn fingerprint(&self, _i: usize, _k: Option<u64>) -> Option<u128> {
+        None
+    }
     /// A hint that `entries` (only bytes `window` of them, when given: a
     /// large file's chunk) will be read soon: a source on disk can start
     /// reading them in now.
@@ -223,8 +233,81 @@ pub trait ContentReader {
     fn finish(self) -> Result<(), Self::Error>;
 }
 
-/// Hashes computed for [`Check::Compute`] entries: `(entry, sha256, chunks)`.
-pub type Computed = Vec<(usize, Sha256, Vec<Sha256>)>;
+/// What [`hash_new`] computed for one [`Check::Compute`] entry.
+pub struct Hashed {
+    /// The entry.
+    pub entry: usize,
+    /// SHA-256 of the whole content.
+    pub sha256: Sha256,
+    /// SHA-256 of each chunk (a file over one chunk).
+    pub chunks: Vec<Sha256>,
+    /// The [`fingerprint`] of the whole content (a file of at most one
+    /// chunk), or of each chunk.
+    pub fingerprints: Vec<u128>,
+}
+
+/// Hashes computed for [`Check::Compute`] entries.
+pub type Computed = Vec<Hashed>;
+
+/// A fingerprint of bytes read once, to tell whether the same bytes read
+/// again are the same: XXH3-128, some 20 times faster than SHA-256. It is
+/// not a cryptographic hash, and need not be: the manifest's hashes come
+/// from the first read, so bytes crafted to collide with it would only
+/// give a packet whose content does not match its manifest, which every
+/// reader refuses; whoever can write the tree being packed can change it
+/// more simply before the first read.
+pub fn fingerprint(bytes: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(bytes)
+}
+
+/// [`fingerprint`]s of a file as it streams by: of the whole file when it
+/// is at most one chunk, of each chunk otherwise.
+pub struct Fingerprinter {
+    h: xxhash_rust::xxh3::Xxh3,
+    chunked: bool,
+    fill: u64,
+    out: Vec<u128>,
+}
+
+impl Fingerprinter {
+    /// For a file of `size` bytes.
+    pub fn new(size: u64) -> Fingerprinter {
+        Fingerprinter {
+            h: xxhash_rust::xxh3::Xxh3::new(),
+            chunked: size > CHUNK_SIZE,
+            fill: 0,
+            out: Vec::new(),
+        }
+    }
+
+    /// Feeds the next bytes.
+    pub fn update(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let take = if self.chunked {
+                ((CHUNK_SIZE - self.fill) as usize).min(data.len())
+            } else {
+                data.len()
+            };
+            let (head, tail) = data.split_at(take);
+            self.h.update(head);
+            self.fill += take as u64;
+            data = tail;
+            if self.chunked && self.fill == CHUNK_SIZE {
+                self.out.push(self.h.digest128());
+                self.h.reset();
+                self.fill = 0;
+            }
+        }
+    }
+
+    /// The fingerprints.
+    pub fn finish(mut self) -> Vec<u128> {
+        if !self.chunked || self.fill > 0 {
+            self.out.push(self.h.digest128());
+        }
+        self.out
+    }
+}
 
 /// Byte counts of a [`hash_new`] and [`write_in_order`] run.
 #[derive(Default, Debug)]
@@ -245,6 +328,7 @@ impl WriteStats {
         let counters: &[&AtomicU64] = match check {
             Check::Compute => &[&self.hashed],
             Check::Verify => &[&self.verified, &self.copied],
+            Check::Unchanged => &[&self.copied],
             Check::Trust => &[&self.copied],
         };
         for c in counters {
@@ -253,18 +337,50 @@ impl WriteStats {
     }
 }
 
-/// The error (and log line) for reused content that does not match the
-/// manifest, bytes `start..end` of the file at `path`.
+/// The error (and log line) for content read again that does not match
+/// (the manifest's hash, or the first read's fingerprint), bytes
+/// `start..end` of the file at `path`.
 fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
     tracing::error!(
         path,
         start,
         end,
-        "content read again does not match its manifest hash"
+        "content read again does not match what was read before"
     );
     Error::ContentMismatch {
         path: path.to_string(),
         start,
         end,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Streamed in uneven pieces, a file's fingerprints are those of its
+    /// chunks (or of the whole file up to one chunk) taken in one go, so
+    /// the second pass can fingerprint each piece it reads on its own.
+    #[test]
+    fn streamed_fingerprints_are_those_of_each_chunk() {
+        let big = CHUNK_SIZE as usize;
+        for size in [0, 1, 4095, big - 1, big, big + 1, 2 * big, 2 * big + 77] {
+            let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+            let mut f = Fingerprinter::new(size as u64);
+            for piece in data.chunks(1_000_003) {
+                f.update(piece);
+            }
+            let want: Vec<u128> = if size > big {
+                data.chunks(big).map(fingerprint).collect()
+            } else {
+                vec![fingerprint(&data)]
+            };
+            assert_eq!(f.finish(), want, "size {size}");
+        }
+        // One changed byte changes its chunk's fingerprint only.
+        let mut data = vec![0u8; 2 * big];
+        let before = fingerprint(&data[big..]);
+        data[big + 5] = 1;
+        assert_ne!(fingerprint(&data[big..]), before);
     }
 }

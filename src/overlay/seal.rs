@@ -267,10 +267,10 @@ impl Overlay {
         // New content is hashed first, so the manifest is complete before
         // anything is written and the packet goes out in one ordered pass.
         let stats = WriteStats::default();
-        for (i, sha, chunks) in hash_new(&manifest, &sources, &stats, &|_| {})? {
-            if let EntryKind::File(f) = &mut manifest.entries[i].kind {
-                f.sha256 = sha;
-                f.chunks = chunks.into();
+        for h in hash_new(&manifest, &sources, &stats, &|_| {})? {
+            if let EntryKind::File(f) = &mut manifest.entries[h.entry].kind {
+                f.sha256 = h.sha256;
+                f.chunks = h.chunks.into();
             }
         }
         crate::barrier::wait(opts.barrier.as_deref(), "hashed");

@@ -5,10 +5,13 @@
 //! every file is hashed on all cores, and the packet is written once, in
 //! file order, around the page cache, while a thread hashes it for
 //! `file_sha256` (nothing is read back). A file must be the same in both
-//! passes: the second hashes every file again as it copies it and compares
-//! (timestamps cannot prove a file unchanged: stores through a shared
-//! mapping move no ctime until writeback), and after every read the file
-//! must still be the one the walk saw, with the same size and mtime.
+//! passes: the first takes a fingerprint of every file (or of each chunk)
+//! beside its hashes, and the second fingerprints it again as it copies
+//! it and compares (timestamps cannot prove a file unchanged: stores
+//! through a shared mapping move no ctime until writeback); see
+//! [`crate::output::fingerprint`] for why a fingerprint, not a second
+//! SHA-256. After every read the file must still be the one the walk saw,
+//! with the same size and mtime.
 
 use std::fs::File;
 use std::io::Read;
@@ -155,24 +158,26 @@ pub fn pack(
 
     // Two passes, like the seal: hash every file on all cores, then write
     // the packet once, in file order, hashing it on the way for
-    // `file_sha256` (see crate::output::in_order), every file hashed again
-    // as it is copied and compared with the first pass.
+    // `file_sha256` (see crate::output::in_order), every file fingerprinted
+    // again as it is copied and compared with the first pass.
     let stats = WriteStats::default();
     let first = PackContents {
         roots: &scan.roots,
         manifest: &manifest,
         sources: &sources,
-        second_pass: false,
+        fingerprints: None,
     };
     progress(PackProgress::Pass("hashing", manifest.content_bytes()));
     let hashes = hash_new(&manifest, &first, &stats, &bytes)?;
     tracing::debug!(elapsed = ?t.elapsed(), "content hashed");
     crate::barrier::wait(opts.barrier.as_deref(), "hashed");
-    for (i, sha, chunks) in hashes {
-        if let EntryKind::File(f) = &mut manifest.entries[i].kind {
-            f.sha256 = sha;
-            f.chunks = chunks.into();
+    let mut fingerprints = vec![Vec::new(); manifest.entries.len()];
+    for h in hashes {
+        if let EntryKind::File(f) = &mut manifest.entries[h.entry].kind {
+            f.sha256 = h.sha256;
+            f.chunks = h.chunks.into();
         }
+        fingerprints[h.entry] = h.fingerprints;
     }
     let manifest_bytes = manifest.encode();
     let layout = Layout::compute(&manifest, manifest_bytes.len() as u64);
@@ -181,7 +186,7 @@ pub fn pack(
         roots: &scan.roots,
         manifest: &manifest,
         sources: &sources,
-        second_pass: true,
+        fingerprints: Some(&fingerprints),
     };
     // Around the page cache, as the seal does: the packet is shipped.
     progress(PackProgress::Pass("writing", layout.total_len()));
@@ -231,8 +236,9 @@ struct PackContents<'a> {
     roots: &'a [Root],
     manifest: &'a Manifest,
     sources: &'a [Option<FoundFile>],
-    /// The writing pass, which checks every file against the first.
-    second_pass: bool,
+    /// In the writing pass, the first pass's fingerprints of each entry,
+    /// against which it checks every file.
+    fingerprints: Option<&'a [Vec<u128>]>,
 }
 
 /// One source file being read.
@@ -250,14 +256,19 @@ impl Contents for PackContents<'_> {
     where
         Self: 'a;
 
-    /// Every file is hashed in the first pass, and hashed again and
+    /// Every file is hashed in the first pass, and fingerprinted again and
     /// compared in the second.
     fn check(&self, _i: usize) -> Check {
-        if self.second_pass {
-            Check::Verify
+        if self.fingerprints.is_some() {
+            Check::Unchanged
         } else {
             Check::Compute
         }
+    }
+
+    fn fingerprint(&self, i: usize, k: Option<u64>) -> Option<u128> {
+        let k = usize::try_from(k.unwrap_or(0)).ok()?;
+        self.fingerprints?.get(i)?.get(k).copied()
     }
 
     fn open(&self, i: usize) -> Result<PackReader<'_>, Error> {
