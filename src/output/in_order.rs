@@ -6,9 +6,11 @@
 //! the manifest first and stream the rest behind it. The file is cut into
 //! pieces of about one chunk (small members grouped, a larger file split
 //! at its chunk boundaries). Worker threads (one per core) take pieces in
-//! order, assemble them (headers, content, padding) and verify reused
-//! content against the manifest (a small file's hash, or the one chunk a
-//! piece of a large file holds); two writer threads write them (two writes
+//! order, assemble them (headers, content, padding) and check content as
+//! its source asks ([`Check`]): reused content against the manifest (a
+//! small file's hash, or the one chunk a piece of a large file holds),
+//! content `pack` hashed in its first pass against that pass's
+//! fingerprint, per file or chunk likewise; two writer threads write them (two writes
 //! in flight); a hasher thread hashes them in file order for `file_sha256`
 //! (that hash is sequential, so the pipeline runs at its pace at best).
 //! Nothing is read back.
@@ -56,10 +58,13 @@ const LOOKAHEAD: usize = 4;
 const READ_PIECE: usize = 1 << 20;
 
 /// Hashes the content of every file `src` marks [`Check::Compute`], on all
-/// cores. The caller puts the hashes into the manifest before
-/// [`write_in_order`], which then writes that content without hashing it
-/// again (a source must refuse, in [`ContentReader::finish`], content that
-/// changed in between).
+/// cores, and takes its [`fingerprint`](super::fingerprint)s. The caller
+/// puts the hashes into the manifest before [`write_in_order`], which then
+/// writes that content without hashing it again; content that changed in
+/// between must be refused, by the source marking it
+/// [`Check::Unchanged`] (checked against the fingerprints it kept), or in
+/// [`ContentReader::finish`] (a seal's upper files, which nothing else
+/// writes while it runs).
 pub fn hash_new<S: Contents>(
     manifest: &Manifest,
     src: &S,
@@ -189,10 +194,10 @@ pub fn write_in_order<S: Contents>(
         stats,
         progress,
     };
-    // One worker per core assembles and verifies; the hasher (sequential,
-    // as costly as the verification) and the writer (mostly waiting on the
-    // disk) come on top. Measured on 2 cores: two workers beat one, whose
-    // per-file work left the hasher waiting.
+    // One worker per core assembles and checks; the hasher (sequential)
+    // and the writers (mostly waiting on the disk) come on top. Measured on
+    // 2 cores when the check was a second SHA-256: two workers beat one,
+    // whose per-file work left the hasher waiting.
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     write_pieces(&a, out, direct, workers)
 }
@@ -541,8 +546,9 @@ impl<S: Contents> Assembler<'_, S> {
         Ok(())
     }
 
-    /// Verifies reused content that is not trusted yet (a whole small file,
-    /// or chunk `k`), and counts it.
+    /// Checks content per its [`Check`] (a whole small file, or chunk `k`):
+    /// reused content not trusted yet against the manifest, content hashed
+    /// before against its fingerprint; and counts it.
     fn check(&self, i: usize, e: &Entry, k: Option<u64>, data: &[u8]) -> Result<()> {
         let n = data.len() as u64;
         let check = self.src.check(i);
@@ -606,8 +612,10 @@ mod tests {
         }
     }
 
-    /// Files held in memory, all to be verified against the manifest.
-    struct Memory(Vec<Option<Vec<u8>>>);
+    /// Files held in memory, all to be verified against the manifest, or,
+    /// with fingerprints (of each entry as the first pass saw it), checked
+    /// unchanged against those.
+    struct Memory(Vec<Option<Vec<u8>>>, Option<Vec<Vec<u128>>>);
 
     struct MemReader<'a>(&'a [u8]);
 
@@ -628,7 +636,18 @@ mod tests {
         type Error = Error;
         type Reader<'a> = MemReader<'a>;
         fn check(&self, _i: usize) -> Check {
-            Check::Verify
+            if self.1.is_some() {
+                Check::Unchanged
+            } else {
+                Check::Verify
+            }
+        }
+        fn fingerprint(&self, i: usize, k: Option<u64>) -> Option<u128> {
+            self.1
+                .as_ref()?
+                .get(i)?
+                .get(k.unwrap_or(0) as usize)
+                .copied()
         }
         fn open(&self, i: usize) -> Result<MemReader<'_>> {
             Ok(MemReader(self.0[i].as_deref().unwrap_or_default()))
@@ -660,11 +679,28 @@ mod tests {
         files: &[(&str, Vec<u8>)],
         tamper: bool,
     ) -> Result<(Vec<u8>, Sha256)> {
+        write_checking(dir, direct, workers, files, tamper, Check::Verify)
+    }
+
+    /// [`write`], checking reused content by `check`: [`Check::Verify`]
+    /// or [`Check::Unchanged`] (against fingerprints of `files`).
+    fn write_checking(
+        dir: &std::path::Path,
+        direct: bool,
+        workers: usize,
+        files: &[(&str, Vec<u8>)],
+        tamper: bool,
+        check: Check,
+    ) -> Result<(Vec<u8>, Sha256)> {
         let mut entries = vec![entry("workspace", None)];
         let mut data = vec![None];
+        let mut prints = vec![Vec::new()];
         for (p, d) in files {
             entries.push(file_entry(p, d));
             data.push(Some(d.clone()));
+            let mut f = super::super::Fingerprinter::new(d.len() as u64);
+            f.update(d);
+            prints.push(f.finish());
         }
         if tamper {
             // The last file's bytes no longer match its manifest hash.
@@ -683,7 +719,7 @@ mod tests {
         let out = Output::create(&dest)?;
         out.size_for(&layout)?;
         let stats = WriteStats::default();
-        let src = Memory(data);
+        let src = Memory(data, (check == Check::Unchanged).then_some(prints));
         let a = Assembler {
             manifest: &m,
             manifest_bytes: &bytes,
@@ -746,6 +782,54 @@ mod tests {
             }
             assert!(!tmp.path().join(format!("p-{direct}.packet")).exists());
         }
+    }
+
+    #[test]
+    fn a_changed_chunk_fails_the_unchanged_check_with_its_range() {
+        let tmp = tempfile::tempdir().unwrap();
+        let big: Vec<u8> = (0..9u32 << 20).map(|i| (i % 251) as u8).collect();
+        let files = [("workspace/a", b"alpha".to_vec()), ("workspace/big", big)];
+        // Unchanged, the bytes are those a verified write gives.
+        let (fp, fp_sha) = write_checking(tmp.path(), true, 2, &files, false, Check::Unchanged)
+            .expect("unchanged content passes");
+        let (verified, _) = write(tmp.path(), true, 2, &files, false).unwrap();
+        assert!(fp == verified && fp_sha == Sha256::of(&fp));
+        // One byte in the middle chunk changed: that chunk is named.
+        match write_checking(tmp.path(), false, 2, &files, true, Check::Unchanged) {
+            Err(Error::ContentMismatch { path, start, end }) => {
+                assert_eq!(
+                    (path.as_str(), start, end),
+                    ("workspace/big", 4 << 20, 8 << 20)
+                );
+            }
+            other => panic!("{:?}", other.map(|(_, s)| s)),
+        }
+        // A source with no fingerprint for a file refuses it.
+        let m = Manifest {
+            harness: None,
+            entries: vec![
+                entry("workspace", None),
+                file_entry("workspace/a", b"alpha"),
+            ],
+        };
+        let src = Memory(vec![None, Some(b"alpha".to_vec())], Some(vec![Vec::new()]));
+        let bytes = m.encode();
+        let layout = Layout::compute(&m, bytes.len() as u64);
+        let out = Output::create(&tmp.path().join("none.packet")).unwrap();
+        out.size_for(&layout).unwrap();
+        let a = Assembler {
+            manifest: &m,
+            manifest_bytes: &bytes,
+            layout: &layout,
+            src: &src,
+            stats: &WriteStats::default(),
+            progress: &|_| {},
+        };
+        let r = write_pieces(&a, &out, false, 1);
+        assert!(
+            matches!(r, Err(Error::ContentMismatch { ref path, .. }) if path == "workspace/a"),
+            "{r:?}"
+        );
     }
 
     #[test]
