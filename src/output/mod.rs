@@ -251,7 +251,7 @@ pub type Computed = Vec<Hashed>;
 
 /// A fingerprint of bytes read once, to tell whether the same bytes read
 /// again are the same: XXH3-128 with a seed drawn at random for each
-/// process ([`fingerprint_seed`]), some 20 times faster than SHA-256.
+/// process, some 20 times faster than SHA-256.
 ///
 /// It is not a cryptographic hash, and need not be. The manifest's hashes
 /// come from the first read, so bytes changed to collide with it would
