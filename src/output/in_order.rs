@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use sha2::Digest as _;
 
 use super::{
-    AlignedBuf, Check, Computed, ContentReader, Contents, Fingerprinter, Hashed, Output, WriteStats,
+    AlignedBuf, Check, Computed, ContentReader, Contents, Hashed, Output, WriteStats, fingerprint,
 };
 use crate::packet::digest::{ContentHasher, Sha256};
 use crate::packet::error::{Error, Result};
@@ -54,11 +54,13 @@ const IN_FLIGHT: usize = 8;
 /// to start reading (16 MiB: enough to keep a disk busy).
 const LOOKAHEAD: usize = 4;
 
-/// Reads new content in pieces of this size when hashing it.
-const READ_PIECE: usize = 1 << 20;
+/// Reads new content in pieces of this size when hashing it: one chunk, so
+/// that each read is a whole small file or one chunk of a larger one, the
+/// units the writer checks a fingerprint of.
+const READ_PIECE: usize = CHUNK_SIZE as usize;
 
 /// Hashes the content of every file `src` marks [`Check::Compute`], on all
-/// cores, and takes its [`fingerprint`](super::fingerprint)s. The caller
+/// cores, and with `fingerprints` takes its [`fingerprint`]s. The caller
 /// puts the hashes into the manifest before [`write_in_order`], which then
 /// writes that content without hashing it again; content that changed in
 /// between must be refused, by the source marking it
@@ -69,6 +71,7 @@ pub fn hash_new<S: Contents>(
     manifest: &Manifest,
     src: &S,
     stats: &WriteStats,
+    fingerprints: bool,
     progress: &(dyn Fn(u64) + Sync),
 ) -> std::result::Result<Computed, S::Error> {
     use rayon::prelude::*;
@@ -83,16 +86,22 @@ pub fn hash_new<S: Contents>(
         .map_init(Vec::new, |buf, (i, size)| {
             buf.resize(READ_PIECE, 0);
             let mut h = ContentHasher::new(size);
-            let mut f = Fingerprinter::new(size);
+            let mut prints = Vec::new();
             let mut r = src.open(i)?;
             let mut left = size;
             while left > 0 {
                 let n = left.min(READ_PIECE as u64) as usize;
                 r.read_exact(&mut buf[..n])?;
                 h.update(&buf[..n]);
-                f.update(&buf[..n]);
+                if fingerprints {
+                    prints.push(fingerprint(&buf[..n]));
+                }
                 left -= n as u64;
                 progress(n as u64);
+            }
+            if fingerprints && size == 0 {
+                // An empty file is read in no piece; its one is of nothing.
+                prints.push(fingerprint(&[]));
             }
             r.finish()?;
             stats.count(Check::Compute, size);
@@ -101,7 +110,7 @@ pub fn hash_new<S: Contents>(
                 entry: i,
                 sha256,
                 chunks,
-                fingerprints: f.finish(),
+                fingerprints: prints,
             })
         })
         .collect()
@@ -573,7 +582,7 @@ impl<S: Contents> Assembler<'_, S> {
                 self.stats.count(check, n);
             }
             Check::Unchanged => {
-                if self.src.fingerprint(i, k) != Some(super::fingerprint(data)) {
+                if self.src.fingerprint(i, k) != Some(fingerprint(data)) {
                     let start = k.map_or(0, |k| k * CHUNK_SIZE);
                     return Err(super::content_mismatch(&e.path, start, start + n));
                 }
@@ -694,14 +703,11 @@ mod tests {
     ) -> Result<(Vec<u8>, Sha256)> {
         let mut entries = vec![entry("workspace", None)];
         let mut data = vec![None];
-        let mut prints = vec![Vec::new()];
         for (p, d) in files {
             entries.push(file_entry(p, d));
             data.push(Some(d.clone()));
-            let mut f = super::super::Fingerprinter::new(d.len() as u64);
-            f.update(d);
-            prints.push(f.finish());
         }
+        let prints = fingerprints_of(&entries, &data);
         if tamper {
             // The last file's bytes no longer match its manifest hash.
             if let Some(Some(d)) = data.last_mut() {
@@ -732,6 +738,73 @@ mod tests {
         out.sync_data()?;
         out.commit(0o644)?;
         Ok((std::fs::read(&dest).unwrap(), sha))
+    }
+
+    /// New content: [`hash_new`] takes it from a [`Memory`] source.
+    struct Fresh<'m>(&'m Memory);
+
+    impl Contents for Fresh<'_> {
+        type Error = Error;
+        type Reader<'a>
+            = MemReader<'a>
+        where
+            Self: 'a;
+        fn check(&self, _i: usize) -> Check {
+            Check::Compute
+        }
+        fn open(&self, i: usize) -> Result<MemReader<'_>> {
+            self.0.open(i)
+        }
+    }
+
+    /// The fingerprints [`hash_new`] takes of each entry's `data`.
+    fn fingerprints_of(entries: &[Entry], data: &[Option<Vec<u8>>]) -> Vec<Vec<u128>> {
+        let m = Manifest {
+            harness: None,
+            entries: entries.to_vec(),
+        };
+        let src = Memory(data.to_vec(), None);
+        let mut prints = vec![Vec::new(); entries.len()];
+        for h in hash_new(&m, &Fresh(&src), &WriteStats::default(), true, &|_| {}).unwrap() {
+            prints[h.entry] = h.fingerprints;
+        }
+        prints
+    }
+
+    /// A file's fingerprints are those of its chunks (or of the whole
+    /// file up to one chunk), so the writer can check each piece it reads
+    /// on its own; one changed byte changes its chunk's only.
+    #[test]
+    fn fingerprints_are_those_of_each_chunk() {
+        let big = CHUNK_SIZE as usize;
+        let sizes = [0, 1, 4095, big - 1, big, big + 1, 2 * big, 2 * big + 77];
+        let mut entries = vec![entry("workspace", None)];
+        let mut data = vec![None];
+        for (n, size) in sizes.iter().enumerate() {
+            let d: Vec<u8> = (0..*size).map(|i| (i * 7 % 251) as u8).collect();
+            entries.push(file_entry(&format!("workspace/{n:02}"), &d));
+            data.push(Some(d));
+        }
+        let prints = fingerprints_of(&entries, &data);
+        for (n, size) in sizes.iter().enumerate() {
+            let d = data[n + 1].as_deref().unwrap();
+            let want: Vec<u128> = if *size > big {
+                d.chunks(big).map(fingerprint).collect()
+            } else {
+                vec![fingerprint(d)]
+            };
+            assert_eq!(prints[n + 1], want, "size {size}");
+        }
+        let two = |d: Vec<u8>| {
+            let e = [entry("workspace", None), file_entry("workspace/x", &d)];
+            fingerprints_of(&e, &[None, Some(d)]).swap_remove(1)
+        };
+        let mut d = vec![0u8; 2 * big];
+        let before = two(d.clone());
+        d[big + 5] = 1;
+        let after = two(d);
+        assert_eq!(after[0], before[0]);
+        assert_ne!(after[1], before[1]);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::packet::digest::Sha256;
 use crate::packet::error::{Error, Result};
-use crate::packet::format::{BLOCK, CHUNK_SIZE};
+use crate::packet::format::BLOCK;
 use crate::packet::layout::Layout;
 
 pub mod in_order;
@@ -242,7 +242,7 @@ pub struct Hashed {
     /// SHA-256 of each chunk (a file over one chunk).
     pub chunks: Vec<Sha256>,
     /// The [`fingerprint`] of the whole content (a file of at most one
-    /// chunk), or of each chunk.
+    /// chunk), or of each chunk; none unless [`hash_new`] was asked.
     pub fingerprints: Vec<u128>,
 }
 
@@ -271,56 +271,6 @@ fn fingerprint_seed() -> u64 {
     use std::hash::BuildHasher;
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64))
-}
-
-/// [`fingerprint`]s of a file as it streams by: of the whole file when it
-/// is at most one chunk, of each chunk otherwise.
-pub struct Fingerprinter {
-    h: xxhash_rust::xxh3::Xxh3,
-    chunked: bool,
-    fill: u64,
-    out: Vec<u128>,
-}
-
-impl Fingerprinter {
-    /// For a file of `size` bytes.
-    pub fn new(size: u64) -> Fingerprinter {
-        Fingerprinter {
-            h: xxhash_rust::xxh3::Xxh3::with_seed(fingerprint_seed()),
-            chunked: size > CHUNK_SIZE,
-            fill: 0,
-            out: Vec::new(),
-        }
-    }
-
-    /// Feeds the next bytes.
-    pub fn update(&mut self, mut data: &[u8]) {
-        while !data.is_empty() {
-            let take = if self.chunked {
-                ((CHUNK_SIZE - self.fill) as usize).min(data.len())
-            } else {
-                data.len()
-            };
-            let (head, tail) = data.split_at(take);
-            self.h.update(head);
-            self.fill += take as u64;
-            data = tail;
-            if self.chunked && self.fill == CHUNK_SIZE {
-                self.out.push(self.h.digest128());
-                // Back to the seed it was made with.
-                self.h.reset();
-                self.fill = 0;
-            }
-        }
-    }
-
-    /// The fingerprints.
-    pub fn finish(mut self) -> Vec<u128> {
-        if !self.chunked || self.fill > 0 {
-            self.out.push(self.h.digest128());
-        }
-        self.out
-    }
 }
 
 /// Byte counts of a [`hash_new`] and [`write_in_order`] run.
@@ -365,43 +315,5 @@ fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
         path: path.to_string(),
         start,
         end,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Streamed in uneven pieces, a file's fingerprints are those of its
-    /// chunks (or of the whole file up to one chunk) taken in one go, so
-    /// the second pass can fingerprint each piece it reads on its own.
-    #[test]
-    fn streamed_fingerprints_are_those_of_each_chunk() {
-        let big = CHUNK_SIZE as usize;
-        for size in [0, 1, 4095, big - 1, big, big + 1, 2 * big, 2 * big + 77] {
-            let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
-            let mut f = Fingerprinter::new(size as u64);
-            for piece in data.chunks(1_000_003) {
-                f.update(piece);
-            }
-            let want: Vec<u128> = if size > big {
-                data.chunks(big).map(fingerprint).collect()
-            } else {
-                vec![fingerprint(&data)]
-            };
-            assert_eq!(f.finish(), want, "size {size}");
-        }
-        // One changed byte changes its chunk's fingerprint only.
-        let prints = |data: &[u8]| {
-            let mut f = Fingerprinter::new(data.len() as u64);
-            f.update(data);
-            f.finish()
-        };
-        let mut data = vec![0u8; 2 * big];
-        let before = prints(&data);
-        data[big + 5] = 1;
-        let after = prints(&data);
-        assert_eq!(after[0], before[0]);
-        assert_ne!(after[1], before[1]);
     }
 }

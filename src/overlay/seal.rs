@@ -267,7 +267,7 @@ impl Overlay {
         // New content is hashed first, so the manifest is complete before
         // anything is written and the packet goes out in one ordered pass.
         let stats = WriteStats::default();
-        for h in hash_new(&manifest, &sources, &stats, &|_| {})? {
+        for h in hash_new(&manifest, &sources, &stats, false, &|_| {})? {
             if let EntryKind::File(f) = &mut manifest.entries[h.entry].kind {
                 f.sha256 = h.sha256;
                 f.chunks = h.chunks.into();

@@ -168,7 +168,7 @@ pub fn pack(
         fingerprints: None,
     };
     progress(PackProgress::Pass("hashing", manifest.content_bytes()));
-    let hashes = hash_new(&manifest, &first, &stats, &bytes)?;
+    let hashes = hash_new(&manifest, &first, &stats, true, &bytes)?;
     tracing::debug!(elapsed = ?t.elapsed(), "content hashed");
     crate::barrier::wait(opts.barrier.as_deref(), "hashed");
     let mut fingerprints = vec![Vec::new(); manifest.entries.len()];
