@@ -251,24 +251,13 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
             mountpoint,
         )
     })?;
-    let log_path = control::log_path(mountpoint).map_err(|e| {
+    let (log, log_path) = control::open_log(mountpoint).map_err(|e| {
         mount_error(
             "mount_failed",
-            format!("runtime directory: {e}"),
+            format!("cannot open the daemon's log in the runtime directory: {e}"),
             mountpoint,
         )
     })?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|e| {
-            mount_error(
-                "mount_failed",
-                format!("{}: {e}", log_path.display()),
-                mountpoint,
-            )
-        })?;
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     args.push("--daemon-child".into());
     use std::os::unix::process::CommandExt;

@@ -78,6 +78,78 @@ pub fn log_path(mountpoint: &Path) -> io::Result<PathBuf> {
     Ok(runtime_dir()?.join(format!("{}.log", key(mountpoint)?)))
 }
 
+/// A daemon's log is moved aside to `<key>.log.1` (replacing the one there)
+/// when a new daemon starts at that mountpoint and it has grown past this.
+pub const LOG_ROTATE_BYTES: u64 = 1 << 20;
+
+/// Logs (and sockets nobody listens on) untouched for this long are removed
+/// when a daemon starts: a runtime directory must not fill up with the logs
+/// of every mountpoint ever used.
+pub const LOG_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Opens the log for a new daemon at `mountpoint`, appending to the last
+/// one's (rotated past [`LOG_ROTATE_BYTES`]), after removing stale files
+/// from the runtime directory (see [`prune`]).
+pub fn open_log(mountpoint: &Path) -> io::Result<(std::fs::File, PathBuf)> {
+    let path = log_path(mountpoint)?;
+    if let Some(dir) = path.parent() {
+        prune(dir, LOG_KEEP, std::time::SystemTime::now());
+    }
+    Ok((append_rotated(&path, LOG_ROTATE_BYTES)?, path))
+}
+
+/// Opens `path` for appending, first moving it to `<path>.1` if it holds
+/// more than `limit` bytes.
+fn append_rotated(path: &Path, limit: u64) -> io::Result<std::fs::File> {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() > limit) {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        std::fs::rename(path, old)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// Removes from `dir` the daemon logs (`<key>.log`, `<key>.log.1`) and
+/// control sockets (`<key>.sock`) last modified more than `keep` before
+/// `now`, except those of a daemon that still answers on its socket. Best
+/// effort: a file that cannot be removed stays, and nothing else in `dir`
+/// is touched.
+pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
+    let Ok(list) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in list.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(key) = name
+            .strip_suffix(".log")
+            .or_else(|| name.strip_suffix(".log.1"))
+            .or_else(|| name.strip_suffix(".sock"))
+        else {
+            continue;
+        };
+        if key.len() != 16 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let stale = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > keep));
+        if !stale || UnixStream::connect(dir.join(format!("{key}.sock"))).is_ok() {
+            continue;
+        }
+        match std::fs::remove_file(e.path()) {
+            Ok(()) => tracing::debug!(path = %e.path().display(), "removed a stale file"),
+            Err(err) => {
+                tracing::debug!(path = %e.path().display(), %err, "cannot remove a stale file");
+            }
+        }
+    }
+}
+
 /// Binds the socket for `mountpoint`, replacing a stale one (a socket file
 /// nobody listens on), refusing if a daemon already answers on it.
 pub fn bind(mountpoint: &Path) -> io::Result<(UnixListener, PathBuf)> {
@@ -204,5 +276,64 @@ pub fn request_with_progress(
             Some(p) if v.get("schema").is_none() => progress(p),
             _ => return Ok(v),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    #[test]
+    fn prune_removes_only_stale_files_of_dead_daemons() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let now = SystemTime::now();
+        let touch = |name: &str, age: Duration| {
+            let f = std::fs::File::create(d.join(name)).unwrap();
+            f.set_modified(now - age).unwrap();
+        };
+        touch("00000000000000aa.log", 8 * DAY); // stale, no daemon
+        touch("00000000000000aa.log.1", 9 * DAY);
+        touch("00000000000000aa.sock", 8 * DAY); // a socket file nobody serves
+        touch("00000000000000bb.log", DAY); // recent
+        touch("notes.log", 30 * DAY); // not ours
+        touch("00000000000000cc.log", 30 * DAY); // stale, but its daemon lives
+        let live = UnixListener::bind(d.join("00000000000000cc.sock")).unwrap();
+
+        prune(d, LOG_KEEP, now);
+
+        let mut left: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "00000000000000bb.log",
+                "00000000000000cc.log",
+                "00000000000000cc.sock",
+                "notes.log"
+            ]
+        );
+        drop(live);
+    }
+
+    #[test]
+    fn a_log_past_the_limit_is_moved_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("00000000000000aa.log");
+        let old = dir.path().join("00000000000000aa.log.1");
+        let append = |bytes: &[u8]| append_rotated(&log, 8).unwrap().write_all(bytes).unwrap();
+        append(b"first\n"); // 6 bytes: kept
+        append(b"second\n"); // appended: 13 bytes, past the limit
+        assert_eq!(std::fs::read(&log).unwrap(), b"first\nsecond\n");
+        assert!(!old.exists());
+        append(b"third\n");
+        assert_eq!(std::fs::read(&old).unwrap(), b"first\nsecond\n");
+        assert_eq!(std::fs::read(&log).unwrap(), b"third\n");
     }
 }
