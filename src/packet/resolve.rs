@@ -1,5 +1,13 @@
 //! Symlink resolution inside a packet, for the strict mode that refuses
 //! symlinks whose targets escape the restored tree.
+//!
+//! The work is bounded by the manifest's size, whatever its symlinks: each
+//! step moves through the packet's tree by node (a lookup of one name in
+//! one directory, never of a whole path), and all the resolutions of one
+//! check share a budget of steps proportional to the symlinks and their
+//! targets. Real trees use a few steps per symlink; a packet built to make
+//! resolution expensive (long targets re-expanded by up to 40 hops, for
+//! each of many links) runs out and is refused.
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -10,86 +18,180 @@ use super::manifest::{EntryKind, Manifest};
 /// Symlinks followed before giving up, as the kernel's `ELOOP` bound.
 const MAX_HOPS: usize = 40;
 
+/// The budget of a check: this many steps per symlink, plus this many per
+/// byte of their targets (enough to expand each target 32 times).
+const STEPS_PER_LINK: u64 = 512;
+const STEPS_PER_TARGET_BYTE: u64 = 16;
+
 /// Fails with [`Error::SymlinkEscapes`] for the first symlink whose target,
 /// resolved through the packet's own symlinks, leaves the tree rooted at
 /// `root` (`""` for the packet root, or a part name). Absolute targets
 /// always escape. Paths that do not exist are resolved lexically (they may
 /// be created later); a loop or a file in the middle stops resolution
-/// without escaping.
+/// without escaping. Fails with [`Error::FormatLimit`] when resolving takes
+/// more steps than the budget the module describes.
 pub fn check_no_escapes(manifest: &Manifest, root: &str) -> Result<()> {
-    let kinds: HashMap<&str, &EntryKind> = manifest
+    let tree = Tree::new(manifest);
+    let root_depth = if root.is_empty() { 0 } else { 1 };
+    let mut budget = manifest
         .entries
         .iter()
-        .map(|e| (&*e.path, &e.kind))
-        .collect();
-    let root_depth = if root.is_empty() { 0 } else { 1 };
-    for e in &manifest.entries {
+        .filter_map(|e| match &e.kind {
+            EntryKind::Symlink(t) => Some(
+                STEPS_PER_LINK.saturating_add(STEPS_PER_TARGET_BYTE.saturating_mul(t.len() as u64)),
+            ),
+            _ => None,
+        })
+        .fold(0u64, u64::saturating_add);
+    for (i, e) in manifest.entries.iter().enumerate() {
         let EntryKind::Symlink(target) = &e.kind else {
             continue;
         };
         if !root.is_empty() && super::path::Part::of(&e.path).map(|p| p.as_str()) != Some(root) {
             continue;
         }
-        if escapes(&kinds, &e.path, target, root_depth) {
-            return Err(Error::SymlinkEscapes {
-                path: e.path.to_string(),
-                target: target.to_string(),
-            });
+        match tree.escapes(node_of(i), target, root_depth, &mut budget) {
+            Some(false) => {}
+            Some(true) => {
+                return Err(Error::SymlinkEscapes {
+                    path: e.path.to_string(),
+                    target: target.to_string(),
+                });
+            }
+            None => {
+                return Err(Error::FormatLimit {
+                    path: e.path.to_string(),
+                    reason: format!(
+                        "resolving the packet's symlinks takes more steps than the strict \
+                         check allows ({STEPS_PER_LINK} per symlink and \
+                         {STEPS_PER_TARGET_BYTE} per byte of their targets): they chain \
+                         long targets; unpack without --strict-symlinks to restore them as \
+                         they are"
+                    ),
+                });
+            }
         }
     }
     Ok(())
 }
 
-fn escapes(kinds: &HashMap<&str, &EntryKind>, link: &str, target: &str, root_depth: usize) -> bool {
-    let mut stack: Vec<&str> = link.split('/').collect();
-    stack.pop(); // the link's own name
-    let mut queue: VecDeque<&str> = VecDeque::new();
-    if target.starts_with('/') {
-        return true;
+/// The node of entry `i`; node 0 is the packet root.
+fn node_of(i: usize) -> u32 {
+    u32::try_from(i + 1).unwrap_or(u32::MAX)
+}
+
+/// The packet's entries as a tree of nodes.
+struct Tree<'a> {
+    /// Each node's directory (the root's is itself).
+    parent: Vec<u32>,
+    /// Components from the packet root (`workspace` is 1).
+    depth: Vec<u32>,
+    /// What each node is (`None` for the root).
+    kind: Vec<Option<&'a EntryKind>>,
+    /// A node's entry by its directory and name.
+    children: HashMap<(u32, &'a str), u32>,
+}
+
+impl<'a> Tree<'a> {
+    fn new(manifest: &'a Manifest) -> Tree<'a> {
+        let n = manifest.entries.len() + 1;
+        let mut t = Tree {
+            parent: Vec::with_capacity(n),
+            depth: Vec::with_capacity(n),
+            kind: Vec::with_capacity(n),
+            children: HashMap::with_capacity(n),
+        };
+        t.parent.push(0);
+        t.depth.push(0);
+        t.kind.push(None);
+        let mut by_path: HashMap<&str, u32> = HashMap::with_capacity(n);
+        for (i, e) in manifest.entries.iter().enumerate() {
+            let path: &str = &e.path;
+            let (dir, name) = match path.rsplit_once('/') {
+                Some((dir, name)) => (by_path.get(dir).copied(), name),
+                None => (Some(0), path),
+            };
+            // A validated manifest lists every directory before its
+            // entries; an entry without one is out of reach.
+            let parent = dir.unwrap_or(u32::MAX);
+            let node = node_of(i);
+            t.parent.push(parent);
+            t.depth
+                .push(t.depth.get(parent as usize).map_or(0, |d| d + 1));
+            t.kind.push(Some(&e.kind));
+            if dir.is_some() {
+                t.children.insert((parent, name), node);
+                by_path.insert(path, node);
+            }
+        }
+        t
     }
-    queue.extend(target.split('/'));
-    let mut hops = 0;
-    let mut path = String::new();
-    while let Some(c) = queue.pop_front() {
-        match c {
-            "" | "." => continue,
-            ".." => {
-                if stack.len() <= root_depth {
-                    return true;
-                }
-                stack.pop();
+
+    fn is_file(&self, node: u32) -> bool {
+        matches!(self.kind.get(node as usize), Some(Some(EntryKind::File(_))))
+    }
+
+    /// Whether the symlink at `link` with `target` leaves the tree at
+    /// `root_depth`; `None` once `budget` steps are spent.
+    fn escapes(&self, link: u32, target: &str, root_depth: u32, budget: &mut u64) -> Option<bool> {
+        if target.starts_with('/') {
+            return Some(true);
+        }
+        // Where resolution stands: a node, then `lexical` components that
+        // name nothing in the packet (nothing is beneath those).
+        let mut node = self.parent[link as usize];
+        let mut lexical: u32 = 0;
+        let mut queue: VecDeque<&str> = VecDeque::new();
+        *budget = budget.checked_sub(target.len() as u64 / 2 + 1)?;
+        queue.extend(target.split('/'));
+        // Following `link` itself is the first of the kernel's 40.
+        let mut hops = 1;
+        while let Some(c) = queue.pop_front() {
+            *budget = budget.checked_sub(1)?;
+            if c.is_empty() || c == "." {
                 continue;
             }
-            name => stack.push(name),
-        }
-        path.clear();
-        for (i, s) in stack.iter().enumerate() {
-            if i > 0 {
-                path.push('/');
+            if lexical == 0 && self.is_file(node) {
+                return Some(false); // ENOTDIR
             }
-            path.push_str(s);
-        }
-        match kinds.get(path.as_str()) {
-            Some(EntryKind::Symlink(t)) => {
-                hops += 1;
-                if hops > MAX_HOPS {
-                    return false;
+            if c == ".." {
+                if self.depth[node as usize] + lexical <= root_depth {
+                    return Some(true);
                 }
-                if t.starts_with('/') {
-                    return true;
+                if lexical > 0 {
+                    lexical -= 1;
+                } else {
+                    node = self.parent[node as usize];
                 }
-                stack.pop();
-                for part in t.split('/').rev() {
-                    queue.push_front(part);
-                }
+                continue;
             }
-            Some(EntryKind::File(_)) if !queue.iter().all(|c| c.is_empty() || *c == ".") => {
-                return false; // ENOTDIR
+            if lexical > 0 {
+                lexical += 1;
+                continue;
             }
-            _ => {}
+            let Some(&child) = self.children.get(&(node, c)) else {
+                lexical = 1;
+                continue;
+            };
+            match self.kind[child as usize] {
+                Some(EntryKind::Symlink(t)) => {
+                    hops += 1;
+                    if hops > MAX_HOPS {
+                        return Some(false); // ELOOP
+                    }
+                    if t.starts_with('/') {
+                        return Some(true);
+                    }
+                    *budget = budget.checked_sub(t.len() as u64 / 2 + 1)?;
+                    for part in t.split('/').rev() {
+                        queue.push_front(part);
+                    }
+                }
+                _ => node = child,
+            }
         }
+        Some(false)
     }
-    false
 }
 
 #[cfg(test)]
@@ -167,5 +269,97 @@ mod tests {
             ("workspace/b", Some("a")),
         ]);
         assert!(check_no_escapes(&man, "").is_ok());
+    }
+
+    #[test]
+    fn files_missing_paths_and_hop_counts_resolve_as_the_kernel_would() {
+        let man = m(&[
+            ("workspace", None),
+            ("workspace/d", None),
+            ("workspace/to_missing", Some("nope/x/../../../..")),
+            ("workspace/to_missing_ok", Some("nope/x/../../..")),
+        ]);
+        // Missing names are climbed back lexically: three levels up from
+        // workspace/nope/x is the packet root, four is outside it.
+        assert!(check_no_escapes(&man, "").is_err());
+        let mut ok = man.clone();
+        ok.entries.remove(2);
+        assert!(check_no_escapes(&ok, "").is_ok());
+
+        // Nothing goes through a file (ENOTDIR), not even `..`.
+        let mut man = m(&[("workspace", None), ("workspace/l", Some("f/../../.."))]);
+        man.entries.insert(
+            1,
+            Entry {
+                path: "workspace/f".into(),
+                kind: EntryKind::File(crate::packet::manifest::FileMeta {
+                    size: 0,
+                    mtime_ns: 0,
+                    executable: false,
+                    sha256: Default::default(),
+                    chunks: Vec::new().into(),
+                }),
+            },
+        );
+        assert!(check_no_escapes(&man, "").is_ok());
+
+        // From its first link, a chain of 40 links is followed to its
+        // escaping end; one of 41 stops (ELOOP) before it.
+        for (links, escapes) in [(40, true), (41, false)] {
+            let mut entries = vec![("workspace".to_string(), None)];
+            for i in 0..links {
+                let next = if i + 1 == links {
+                    "../..".to_string()
+                } else {
+                    format!("l{:02}", i + 1)
+                };
+                entries.push((format!("workspace/l{i:02}"), Some(next)));
+            }
+            let refs: Vec<(&str, Option<&str>)> = entries
+                .iter()
+                .map(|(p, t)| (p.as_str(), t.as_deref()))
+                .collect();
+            let man = m(&refs);
+            let mut budget = u64::MAX;
+            let got = Tree::new(&man).escapes(node_of(1), "l01", 0, &mut budget);
+            assert_eq!(got, Some(escapes), "{links} links");
+        }
+    }
+
+    #[test]
+    fn links_that_chain_long_targets_exhaust_the_budget_quickly() {
+        // `r` goes 818 names down and back up to itself; every `lN -> r`
+        // re-expands it 40 times. Unbounded, 20,000 of them took hours.
+        let r = format!("{}{}r", "a/".repeat(818), "../".repeat(818));
+        let mut entries = vec![("workspace".to_string(), None)];
+        for i in 0..20_000 {
+            entries.push((format!("workspace/l{i:06}"), Some("r".to_string())));
+        }
+        entries.push(("workspace/r".to_string(), Some(r)));
+        let refs: Vec<(&str, Option<&str>)> = entries
+            .iter()
+            .map(|(p, t)| (p.as_str(), t.as_deref()))
+            .collect();
+        let err = check_no_escapes(&m(&refs), "").unwrap_err();
+        assert!(
+            matches!(&err, Error::FormatLimit { path, reason }
+                if path.starts_with("workspace/l") && reason.contains("more steps")),
+            "{err}"
+        );
+        // The same links to a short target resolve within the budget.
+        let refs: Vec<(&str, Option<&str>)> = refs
+            .iter()
+            .map(|&(p, t)| {
+                (
+                    p,
+                    if p == "workspace/r" {
+                        Some("a/../r")
+                    } else {
+                        t
+                    },
+                )
+            })
+            .collect();
+        assert!(check_no_escapes(&m(&refs), "").is_ok());
     }
 }
