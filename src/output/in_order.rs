@@ -250,28 +250,34 @@ fn write_pieces<S: Contents>(
         let (failed, pool_rx) = (&failed, &pool_rx);
         let hasher = {
             let pool_tx = pool_tx.clone();
-            s.spawn(move || -> Option<Sha256> {
+            let pieces = &pieces;
+            s.spawn(move || -> Result<Option<Sha256>> {
                 let _guard = FailOnPanic(failed);
                 let mut h = sha2::Sha256::new();
+                let mut whole = None;
                 let mut waiting = BTreeMap::new();
                 let mut want = 0;
                 while want < count {
                     if failed.load(Ordering::Relaxed) {
-                        return None;
+                        return Ok(None);
                     }
                     match hash_rx.recv_timeout(POLL) {
                         Ok((idx, buf)) => waiting.insert(idx, buf),
                         Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(None),
                     };
                     while let Some(buf) = waiting.remove(&want) {
                         h.update(buf.bytes());
+                        if let Err(e) = a.check_whole(&pieces[want], buf.bytes(), &mut whole) {
+                            failed.store(true, Ordering::Relaxed);
+                            return Err(e);
+                        }
                         give_back(&pool_tx, buf);
                         want += 1;
                     }
                 }
                 h.update(vec![0u8; trailer as usize]);
-                Some(Sha256(h.finalize().into()))
+                Ok(Some(Sha256(h.finalize().into())))
             })
         };
         // Two writers keep two writes in flight: a direct write waits for
@@ -368,7 +374,7 @@ fn write_pieces<S: Contents>(
             return Err(e);
         }
         written?;
-        hash.ok_or_else(|| {
+        hash?.ok_or_else(|| {
             S::Error::from(Error::io(
                 "the packet writer stopped early",
                 std::io::Error::other("internal error"),
@@ -552,6 +558,42 @@ impl<S: Contents> Assembler<'_, S> {
             }
         }
         cur.zero_rest();
+        Ok(())
+    }
+
+    /// For a file whose whole hash must be checked ([`Contents::check_whole`]):
+    /// hashes the content `bytes` (all of `piece`) hold, into `whole`, and
+    /// compares at its last chunk. The hasher calls it with every piece in
+    /// file order, so a file's chunks come one after the other.
+    fn check_whole(
+        &self,
+        piece: &Piece,
+        bytes: &[u8],
+        whole: &mut Option<sha2::Sha256>,
+    ) -> Result<()> {
+        let Piece::Chunk { member, k } = *piece else {
+            return Ok(());
+        };
+        if !self.src.check_whole(member) {
+            return Ok(());
+        }
+        let e = &self.manifest.entries[member];
+        let Some(f) = e.file() else { return Ok(()) };
+        let start = range(piece, self.manifest, self.layout).start;
+        let data = self.layout.data_offset(member, e);
+        let from = data + k * CHUNK_SIZE;
+        let to = (from + CHUNK_SIZE).min(data + f.size);
+        if k == 0 {
+            *whole = Some(sha2::Sha256::new());
+        }
+        let h = whole.get_or_insert_with(sha2::Sha256::new);
+        h.update(&bytes[(from - start) as usize..(to - start) as usize]);
+        if to == data + f.size {
+            let got = Sha256(whole.take().unwrap_or_default().finalize().into());
+            if got != f.sha256 {
+                return Err(super::content_mismatch(&e.path, 0, f.size));
+            }
+        }
         Ok(())
     }
 
@@ -854,6 +896,76 @@ mod tests {
                 other => panic!("{:?}", other.map(|(_, s)| s)),
             }
             assert!(!tmp.path().join(format!("p-{direct}.packet")).exists());
+        }
+    }
+
+    /// Reused content trusted chunk by chunk, its whole-file hash checked
+    /// or not.
+    struct Whole<'m>(&'m Memory, bool);
+
+    impl Contents for Whole<'_> {
+        type Error = Error;
+        type Reader<'a>
+            = MemReader<'a>
+        where
+            Self: 'a;
+        fn check(&self, _i: usize) -> Check {
+            Check::Trust
+        }
+        fn check_whole(&self, _i: usize) -> bool {
+            self.1
+        }
+        fn open(&self, i: usize) -> Result<MemReader<'_>> {
+            self.0.open(i)
+        }
+    }
+
+    #[test]
+    fn a_wrong_whole_hash_beside_right_chunks_is_refused_when_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let big: Vec<u8> = (0..(9u32 << 20) + 1000).map(|i| (i % 251) as u8).collect();
+        let data = vec![None, Some(big.clone()), Some(b"tail".to_vec())];
+        for (wrong, checked) in [(true, true), (true, false), (false, true)] {
+            let mut big_entry = file_entry("workspace/big", &big);
+            if wrong {
+                // Right chunks, a wrong whole: a packet readers refuse.
+                if let EntryKind::File(f) = &mut big_entry.kind {
+                    f.sha256.0[0] ^= 1;
+                }
+            }
+            let m = Manifest {
+                harness: None,
+                entries: vec![
+                    entry("workspace", None),
+                    big_entry,
+                    file_entry("workspace/c", b"tail"),
+                ],
+            };
+            let bytes = m.encode();
+            let layout = Layout::compute(&m, bytes.len() as u64);
+            let out = Output::create(&tmp.path().join("w.packet")).unwrap();
+            out.size_for(&layout).unwrap();
+            let memory = Memory(data.clone(), None);
+            let src = Whole(&memory, checked);
+            let a = Assembler {
+                manifest: &m,
+                manifest_bytes: &bytes,
+                layout: &layout,
+                src: &src,
+                stats: &WriteStats::default(),
+                progress: &|_| {},
+            };
+            let got = write_pieces(&a, &out, false, 2);
+            match (wrong && checked, got) {
+                (true, Err(Error::ContentMismatch { path, start, end })) => {
+                    assert_eq!(
+                        (path.as_str(), start, end),
+                        ("workspace/big", 0, big.len() as u64)
+                    );
+                }
+                (false, Ok(_)) => {}
+                (_, other) => panic!("wrong={wrong} checked={checked}: {:?}", other.map(|_| ())),
+            }
         }
     }
 

@@ -206,6 +206,14 @@ pub trait Contents: Sync {
     fn fingerprint(&self, _i: usize, _k: Option<u64>) -> Option<u128> {
         None
     }
+    /// Whether entry `i` (a file with chunks) must also have its
+    /// whole-file SHA-256 checked as it is written: reused content whose
+    /// chunks are verified one by one (or trusted) while nothing has
+    /// checked the whole against the manifest yet. [`write_in_order`]
+    /// hashes such a file in order and refuses it on a mismatch.
+    fn check_whole(&self, _i: usize) -> bool {
+        false
+    }
     /// A hint that `entries` (only bytes `window` of them, when given: a
     /// large file's chunk) will be read soon: a source on disk can start
     /// reading them in now.
@@ -309,7 +317,7 @@ fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
         path,
         start,
         end,
-        "content read again does not match what was read before"
+        "content does not match its manifest hash or its first read"
     );
     Error::ContentMismatch {
         path: path.to_string(),

@@ -97,7 +97,9 @@ impl Verifier {
         for e in &m.entries {
             base.push(total);
             if let EntryKind::File(f) = &e.kind {
-                total += chunks_of(f.size, !f.chunks.is_empty());
+                // A file with chunks has one bit more, after its chunks':
+                // its whole-file hash checked (see Self::whole_checked).
+                total += chunks_of(f.size, !f.chunks.is_empty()) + u64::from(!f.chunks.is_empty());
             }
         }
         let bits = (0..total.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
@@ -159,6 +161,30 @@ impl Verifier {
         };
         let b = self.base[i as usize];
         (0..chunks_of(f.size, !f.chunks.is_empty())).all(|k| self.is_verified(b + k))
+    }
+
+    /// Whether the whole-file SHA-256 of entry `i` is known to match its
+    /// content: always for a file without chunks (its one chunk is the
+    /// whole), else once [`Self::mark_whole`] said so. Verifying every
+    /// chunk does not prove it: a manifest may pair right chunk hashes
+    /// with a wrong whole hash, and a packet holding it is invalid.
+    pub fn whole_checked(&self, packet: &Packet, i: Idx) -> bool {
+        match packet.manifest.entries[i as usize].file() {
+            Some(f) if !f.chunks.is_empty() => {
+                self.is_verified(self.base[i as usize] + chunks_of(f.size, true))
+            }
+            _ => true,
+        }
+    }
+
+    /// Records that entry `i`'s whole-file hash was checked against its
+    /// content (by a seal that copied it).
+    pub fn mark_whole(&self, packet: &Packet, i: Idx) {
+        if let Some(f) = packet.manifest.entries[i as usize].file()
+            && !f.chunks.is_empty()
+        {
+            self.mark(self.base[i as usize] + chunks_of(f.size, true));
+        }
     }
 
     /// Appends to `out` the bytes `offset..offset + len` of lower file `i`

@@ -300,6 +300,16 @@ impl Overlay {
             progress,
         )?;
         lower.verifier.check_unchanged(&lower.packet)?;
+        for i in 0..manifest.entries.len() {
+            if sources.check_whole(i)
+                && let ItemKind::File(FileItem {
+                    from: Source::Lower(idx),
+                    ..
+                }) = &sources.items[i].kind
+            {
+                lower.verifier.mark_whole(&lower.packet, *idx);
+            }
+        }
         let digest = Digest::of_manifest(&manifest_bytes);
         crate::barrier::wait(opts.barrier.as_deref(), "written");
         phase("written");
@@ -843,6 +853,20 @@ impl Contents for SealContents<'_> {
                 _ => Check::Compute,
             },
             _ => Check::Trust,
+        }
+    }
+
+    /// A reused lower file with chunks, until a seal has checked its whole
+    /// hash (every file of a packet this daemon wrote is checked).
+    fn check_whole(&self, i: usize) -> bool {
+        match &self.items[i].kind {
+            ItemKind::File(f) => match (f.from, f.reuse) {
+                (Source::Lower(idx), Some(_)) => {
+                    !self.lower.verifier.whole_checked(&self.lower.packet, idx)
+                }
+                _ => false,
+            },
+            _ => false,
         }
     }
 
