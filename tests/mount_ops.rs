@@ -922,3 +922,120 @@ fn absent_names_are_cached_as_absent_until_created_through_the_mount() {
     assert_eq!(fs::read(m.path("dir/created.new")).unwrap(), b"again");
     m.umount();
 }
+
+/// Whether `p` is the root of a FUSE mount.
+fn is_fuse(p: &Path) -> bool {
+    nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type().0 == 0x6573_5546)
+}
+
+/// Whether process `pid` runs (and is not a zombie).
+fn alive(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+/// Waits up to 10 s for `cond`.
+fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    (0..1000).any(|_| {
+        cond() || {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            false
+        }
+    })
+}
+
+#[test]
+fn unmounting_leaves_the_mount_beneath_the_mountpoint_alone() {
+    // "`sessionfs umount MOUNTPOINT` asks the daemon to unmount": that
+    // mount only. A pod's /workspace is often a volume: the daemon once
+    // unmounted the path a second time as it exited, taking the volume.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let mnt = tmp.path().join("volume");
+    fs::create_dir_all(&mnt).unwrap();
+    let tmpfs = Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(tmpfs.success(), "cannot mount a tmpfs to stack on");
+    let m = Mounted::new(
+        &p,
+        &mnt,
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let pid = m.pid();
+    assert!(is_fuse(&mnt));
+    m.umount();
+    assert!(eventually(|| !alive(pid)), "the daemon did not exit");
+    let still = nix::sys::statfs::statfs(&mnt).map(|s| s.filesystem_type().0);
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert_eq!(still.unwrap(), 0x0102_1994, "the tmpfs beneath is gone");
+}
+
+#[test]
+fn sigterm_unmounts_cleanly_and_keeps_the_upper() {
+    // "The daemon unmounts on SIGTERM, SIGINT or SIGHUP": what Kubernetes
+    // sends a pod. Every daemon thread must leave the signal to the one
+    // that waits for it, or the process dies with the mount left behind.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    fs::write(m.path("new.txt"), b"kept\n").unwrap();
+    let pid = m.pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(eventually(|| !alive(pid)), "the daemon did not exit");
+    assert!(!is_fuse(&m.mnt), "the mount was left behind");
+    assert!(
+        fs::read_dir(&m.mnt).unwrap().next().is_none(),
+        "the mountpoint is not empty"
+    );
+    // The upper directory holds the change: the next mount shows it.
+    let again = Mounted::new(&p, &m.mnt, &m.upper, &["--part", "workspace"]);
+    assert_eq!(fs::read(again.path("new.txt")).unwrap(), b"kept\n");
+    again.umount();
+    std::mem::forget(m);
+}
+
+#[test]
+fn a_lazy_unmount_detaches_and_serves_open_files_until_closed() {
+    // "`--lazy` detaches it now and lets the daemon exit once the last
+    // file is closed."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let pid = m.pid();
+    let mut open = fs::File::open(m.path("README.md")).unwrap();
+    let mnt = m.mnt.to_str().unwrap().to_owned();
+    run(["umount", &mnt]).fails(8, "busy");
+    assert!(is_fuse(&m.mnt));
+    let r = run(["umount", &mnt, "--lazy"]);
+    assert_eq!(r.ok()["unmounted"], true);
+    assert!(!is_fuse(&m.mnt), "still mounted after --lazy");
+    assert!(alive(pid), "the daemon left an open file unserved");
+    let mut s = String::new();
+    open.read_to_string(&mut s).unwrap();
+    assert!(!s.is_empty());
+    drop(open);
+    assert!(
+        eventually(|| !alive(pid)),
+        "the daemon outlived the last file"
+    );
+    std::mem::forget(m);
+}

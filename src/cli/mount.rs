@@ -144,6 +144,14 @@ pub fn run(a: Args) -> Result<Output, CliError> {
     if !a.foreground && !a.daemon_child {
         return spawn_daemon(&a.mountpoint);
     }
+    // Before the setup below starts any thread (see daemon::block_signals).
+    daemon::block_signals().map_err(|e| {
+        mount_error(
+            "mount_failed",
+            format!("cannot block signals: {e}"),
+            &a.mountpoint,
+        )
+    })?;
     let packet = Packet::open(&a.packet, &limits)?;
     packet.check_digest(a.digest.as_ref())?;
     let digest = packet.digest;

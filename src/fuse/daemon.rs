@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
-use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use super::control;
@@ -30,6 +29,21 @@ pub struct Ready {
     pub socket: PathBuf,
 }
 
+/// Blocks the signals that end a mount (SIGTERM, SIGINT, SIGHUP) in the
+/// calling thread, and so in every thread it spawns from then on, and
+/// returns them for the thread that waits for them. Call it before any
+/// other thread starts (the overlay's setup starts a thread pool): a thread
+/// that does not block them would take one and die with the process,
+/// leaving the mount behind. Blocking them again is harmless.
+pub fn block_signals() -> io::Result<SigSet> {
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().map_err(io::Error::from)?;
+    Ok(signals)
+}
+
 /// Mounts and serves until unmounted (by `sessionfs umount`, a signal, or
 /// `fusermount3 -u`). `ready` runs once the kernel has completed the FUSE
 /// handshake: the mount is usable from then on. `handler` answers control
@@ -40,13 +54,7 @@ pub fn serve(
     ready: impl FnOnce(&Ready),
     handler: impl Fn(&Overlay, &Value, control::Notify) -> Option<Value> + Send + Sync + 'static,
 ) -> io::Result<()> {
-    // Signals are taken by a dedicated thread; block them in this one first
-    // so every thread spawned from here inherits the mask.
-    let mut signals = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
-        signals.add(s);
-    }
-    signals.thread_block().map_err(io::Error::from)?;
+    let signals = block_signals()?;
 
     let (listener, socket) = control::bind(&opts.mountpoint)?;
     let digest = overlay.lower().packet.digest.to_string();
@@ -70,14 +78,13 @@ pub fn serve(
         config.clone_fd = true;
     }
     let fs = SessionFs::new(overlay.clone());
-    let mut session = match Session::new(fs, &opts.mountpoint, &config) {
+    let session = match Session::new(fs, &opts.mountpoint, &config) {
         Ok(s) => s,
         Err(e) => {
             let _ = std::fs::remove_file(&socket);
             return Err(e);
         }
     };
-    let unmounter = Arc::new(Mutex::new(session.unmount_callable()));
     let notifier = session.notifier();
     overlay.set_invalidator(Box::new(move |ino| {
         // Attributes only (offset -1): content does not change on a rebase.
@@ -85,20 +92,29 @@ pub fn serve(
     }));
 
     {
-        let unmounter = unmounter.clone();
+        let mountpoint = opts.mountpoint.clone();
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
                 if let Ok(sig) = signals.wait() {
+                    // A pod being stopped sends SIGTERM and then SIGKILL:
+                    // unmount now, or detach if files are still open (the
+                    // daemon then serves them until they are closed).
                     tracing::info!(?sig, "unmounting on signal");
-                    if let Err(e) = unmounter.lock().unmount() {
+                    let r = match unmount(&mountpoint, false) {
+                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                            tracing::warn!("files are open on the mount: detaching it");
+                            unmount(&mountpoint, true)
+                        }
+                        r => r,
+                    };
+                    if let Err(e) = r {
                         tracing::error!(error = %e, "unmount failed");
                     }
                 }
             })?;
     }
     {
-        let unmounter = unmounter.clone();
         let overlay = overlay.clone();
         let mountpoint = opts.mountpoint.clone();
         std::thread::Builder::new().name("control".into()).spawn(move || {
@@ -106,7 +122,7 @@ pub fn serve(
                 Some("status") => status(&overlay, &mountpoint),
                 Some("unmount") => {
                     let lazy = req["lazy"].as_bool().unwrap_or(false);
-                    let r = if lazy { unmounter.lock().unmount() } else { unmount_now(&mountpoint) };
+                    let r = unmount(&mountpoint, lazy);
                     match r {
                         Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": std::path::absolute(overlay.upper_dir()).unwrap_or_else(|_| overlay.upper_dir().to_owned())}),
                         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
@@ -126,25 +142,42 @@ pub fn serve(
     ready(&Ready {
         socket: socket.clone(),
     });
-    let result = session.run();
+    // Served on fuser's threads until the kernel ends the session (the
+    // mount is gone, or detached and its last file closed). Not joined:
+    // joining drops fuser's handle on the mount, which unmounts the
+    // mountpoint's path again, and that path then names whatever lies
+    // beneath it (a pod's volume). It is forgotten instead; its
+    // descriptors close when the process exits, right after.
+    let background = session.spawn()?;
+    while !background.guard.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::mem::forget(background);
     let _ = std::fs::remove_file(&socket);
     control::drain(std::time::Duration::from_secs(5));
     if let Err(e) = overlay.fsyncdir() {
         tracing::warn!(error = %e, "cannot sync the journal at exit");
     }
     tracing::info!("unmounted");
-    result
+    Ok(())
 }
 
-/// Unmounts now, or fails with EBUSY when files are open on the mount
-/// (fuser's own unmount detaches lazily, which never reports that).
-fn unmount_now(mountpoint: &Path) -> io::Result<()> {
-    match nix::mount::umount2(mountpoint, nix::mount::MntFlags::empty()) {
+/// Unmounts now, failing with EBUSY when files are open on the mount, or
+/// with `lazy` detaches it (the daemon serves open files until they are
+/// closed). Not fuser's unmount: it can run only once per session, and
+/// never reports a busy mount.
+fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    let flags = if lazy {
+        nix::mount::MntFlags::MNT_DETACH
+    } else {
+        nix::mount::MntFlags::empty()
+    };
+    match nix::mount::umount2(mountpoint, flags) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => {
             // Not root: the setuid helper checks for a busy mount too.
             let out = std::process::Command::new("fusermount3")
-                .arg("-u")
+                .arg(if lazy { "-uz" } else { "-u" })
                 .arg(mountpoint)
                 .output()?;
             if out.status.success() {
