@@ -254,6 +254,72 @@ fn bad_states_fail_closed_with_no_output() {
     assert!(!o2.exists());
 }
 
+#[test]
+fn destinations_are_checked_before_anything_is_written() {
+    // "Refusals write nothing at the output path and leave the mount and
+    // its upper directory as they were": a destination on the mount (the
+    // seal would wait on itself for good), a receipt with no directory
+    // (found once the packet was already written and rebased), the packet
+    // the mount serves without --rebase, and an offline seal of an upper
+    // directory that does not exist.
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = model_packet(tmp.path());
+    let upper = tmp.path().join("upper");
+    let m = Mounted::new(
+        &packet,
+        &tmp.path().join("mnt"),
+        &upper,
+        &["--part", "workspace"],
+    );
+    fs::write(m.path("new.txt"), b"new").unwrap();
+    let mp = m.mnt.to_str().unwrap();
+    let out = tmp.path().join("s.packet");
+    let o = out.to_str().unwrap();
+    let inside = m.path("inside.packet");
+    let e = run(["seal", mp, "-o", inside.to_str().unwrap()]);
+    assert!(
+        e.fails(7, "target_unusable")["message"]
+            .as_str()
+            .unwrap()
+            .contains("on the mount being sealed")
+    );
+    let receipt = tmp.path().join("no-dir/r.json");
+    run([
+        "seal",
+        mp,
+        "-o",
+        o,
+        "--rebase",
+        "--receipt",
+        receipt.to_str().unwrap(),
+    ])
+    .fails(7, "target_unusable");
+    assert!(!out.exists());
+    let before = fs::read(&packet).unwrap();
+    run(["seal", mp, "-o", packet.to_str().unwrap()]).fails(7, "target_unusable");
+    assert_eq!(fs::read(&packet).unwrap(), before);
+    // Still the same mount, serving the same packet, with the change.
+    assert_eq!(m.status()["digest"], m.result["digest"]);
+    assert_eq!(fs::read(m.path("new.txt")).unwrap(), b"new");
+    run(["seal", mp, "-o", o]).ok();
+    m.umount();
+    let missing = tmp.path().join("no-such-upper");
+    run([
+        "seal",
+        "--packet",
+        packet.to_str().unwrap(),
+        "--upper",
+        missing.to_str().unwrap(),
+        "-o",
+        tmp.path().join("o3.packet").to_str().unwrap(),
+    ])
+    .fails(7, "upper_refused");
+    assert!(!missing.exists(), "an offline seal made an upper directory");
+}
+
 /// Every point the seal's test barrier knows, in the order a seal passes them.
 const POINTS: [&str; 8] = [
     "collected",

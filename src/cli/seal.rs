@@ -120,6 +120,21 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         progress: false,
     };
     if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {
+        // An offline seal reads an upper directory a mount left; it never
+        // makes one (a mistyped path would seal the packet unchanged).
+        if std::fs::symlink_metadata(upper.join(crate::overlay::upper::HEADER)).is_err() {
+            return Err(CliError::new(
+                Some(ErrorClass::Refused),
+                "upper_refused",
+                format!(
+                    "{}: not the upper directory of a mount (no {} in it): nothing to seal; \
+                     pass the --upper a mount of this packet used",
+                    upper.display(),
+                    crate::overlay::upper::HEADER
+                ),
+                Some(upper.display().to_string()),
+            ));
+        }
         let packet = Packet::open(packet, &limits)?;
         // The journal names inodes relative to the root it was mounted with.
         let part = crate::overlay::recorded_part(upper)?;
@@ -135,6 +150,9 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         return handle(&overlay, &req, &load_roots(upper), None).map(Output::raw);
     }
     let mp = a.mountpoint.unwrap_or_default();
+    for path in std::iter::once(&req.output).chain(&req.receipt) {
+        refuse_on_mount(path, &mp)?;
+    }
     let bar = super::progress::Progress::bytes("sealing", 0);
     let mut msg = serde_json::to_value(&req).unwrap_or(Value::Null);
     msg["op"] = Value::String("seal".into());
@@ -165,6 +183,7 @@ pub fn handle(
     notify: Option<control::Notify>,
 ) -> std::result::Result<Value, CliError> {
     let started = std::time::Instant::now();
+    check_destinations(overlay, req)?;
     let opts = SealOptions {
         output: req.output.clone(),
         mode: req.mode,
@@ -205,7 +224,20 @@ pub fn handle(
     let outcome = overlay.seal(&opts, &report)?;
     drop(progress);
     if let Some(path) = &req.receipt {
-        write_receipt(path, &outcome)?;
+        write_receipt(path, &outcome).map_err(|mut e| {
+            e.message = format!(
+                "{}; the packet itself was written ({} at {}{})",
+                e.message,
+                outcome.digest,
+                outcome.output.display(),
+                if req.rebase {
+                    ", and the mount now serves it"
+                } else {
+                    ""
+                }
+            );
+            e
+        })?;
     }
     let out = Output::new(
         "sessionfs.seal-result/1",
@@ -242,6 +274,75 @@ fn load_roots(upper: &Path) -> HashMap<Part, Vec<String>> {
         .and_then(|b| serde_json::from_slice::<Info>(&b).ok())
         .map(|i| i.roots)
         .unwrap_or_default()
+}
+
+/// Refuses a destination on the mount being sealed: the seal holds the
+/// mount's changes while it writes, so writing into the mount would wait on
+/// itself for good.
+fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), CliError> {
+    use std::os::unix::fs::MetadataExt;
+    let (Some(dir), Ok(mount)) = (path.parent(), std::fs::metadata(mountpoint)) else {
+        return Ok(());
+    };
+    match std::fs::metadata(dir) {
+        Ok(d) if d.dev() == mount.dev() => Err(CliError::new(
+            Some(ErrorClass::Refused),
+            "target_unusable",
+            format!(
+                "{}: is on the mount being sealed ({}); a seal cannot write into the tree \
+                 it seals: write it outside the mount",
+                path.display(),
+                mountpoint.display()
+            ),
+            Some(path.display().to_string()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Before anything is written: the receipt's directory exists, and the
+/// output is not the packet being served unless the seal rebases onto it
+/// (overwriting it would pull the packet from under the mount, and leave
+/// the upper directory tied to a packet that no longer exists).
+fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(), CliError> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |path: &Path, why: String| {
+        CliError::new(
+            Some(ErrorClass::Refused),
+            "target_unusable",
+            format!("{}: {why}", path.display()),
+            Some(path.display().to_string()),
+        )
+    };
+    for path in std::iter::once(&req.output).chain(&req.receipt) {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+            return Err(refuse(
+                path,
+                format!("its directory {} does not exist", dir.display()),
+            ));
+        }
+        if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+            return Err(refuse(path, "is a directory".into()));
+        }
+    }
+    let served = overlay.lower().packet.file().metadata();
+    let output = std::fs::metadata(&req.output);
+    if let (Ok(s), Ok(o)) = (served, output)
+        && (s.dev(), s.ino()) == (o.dev(), o.ino())
+        && !req.rebase
+    {
+        return Err(refuse(
+            &req.output,
+            "is the packet this mount serves: overwriting it would take it from under the \
+             mount; write another file, or pass --rebase to serve the new packet"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The receipt: every change, with the digests it goes between.
