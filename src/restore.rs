@@ -137,7 +137,7 @@ pub fn unpack(
     if opts.strict_symlinks {
         resolve::check_no_escapes(&packet.manifest, root_name)?;
     }
-    check_target(&opts.into)?;
+    let exists = check_target(&opts.into)?;
     let shown = opts.into.display().to_string();
     let parent = match opts.into.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -148,14 +148,27 @@ pub fn unpack(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // Private (0700) until renamed into place; removed on any error.
-    let staging = tempfile::Builder::new()
-        .prefix(&format!(".{name}.sessionfs-unpack."))
-        .tempdir_in(parent)
-        .map_err(io_err(
-            &shown,
-            "cannot create a staging directory beside the target",
-        ))?;
+    // Private (0700) until its entries are in place; removed on any error.
+    // Beside a new target, renamed onto it; inside an existing (empty)
+    // one, emptied into it, so that the directory keeps its owner, mode
+    // and inode, and a mountpoint (a pod's volume) stays one.
+    let staging = if exists {
+        tempfile::Builder::new()
+            .prefix(".sessionfs-unpack.")
+            .tempdir_in(&opts.into)
+            .map_err(io_err(
+                &shown,
+                "cannot create a staging directory in the target",
+            ))?
+    } else {
+        tempfile::Builder::new()
+            .prefix(&format!(".{name}.sessionfs-unpack."))
+            .tempdir_in(parent)
+            .map_err(io_err(
+                &shown,
+                "cannot create a staging directory beside the target",
+            ))?
+    };
     let stage_fd: OwnedFd = nix::fcntl::open(
         staging.path(),
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
@@ -169,27 +182,72 @@ pub fn unpack(
         root_name,
     };
     let outcome = writer.restore(progress)?;
-    std::fs::rename(staging.path(), &opts.into).map_err(|e| Error::Target {
-        path: shown.clone(),
-        reason: format!("cannot move the restored tree into place: {e}"),
-    })?;
-    // The directory now lives at the target: keep TempDir from removing it.
-    let _ = staging.keep();
+    if exists {
+        move_into(staging.path(), &opts.into).map_err(|e| Error::Target {
+            path: shown.clone(),
+            reason: format!("cannot move the restored tree into place: {e}"),
+        })?;
+    } else {
+        std::fs::rename(staging.path(), &opts.into).map_err(|e| Error::Target {
+            path: shown.clone(),
+            reason: format!("cannot move the restored tree into place: {e}"),
+        })?;
+        // The directory now lives at the target: keep TempDir from removing it.
+        let _ = staging.keep();
+    }
     Ok(UnpackOutcome {
         into: shown,
         ..outcome
     })
 }
 
-/// The target must be absent, or an empty directory (not a symlink).
-fn check_target(into: &Path) -> Result<(), Error> {
+/// Moves every entry of `staging` into `into` (its parent), none over an
+/// existing name; on a failure, moves back those already moved, so that
+/// `into` holds only the staging directory again (removed by the caller).
+fn move_into(staging: &Path, into: &Path) -> std::io::Result<()> {
+    let names: Vec<std::ffi::OsString> = std::fs::read_dir(staging)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()?;
+    let mut moved = Vec::new();
+    for n in &names {
+        if let Err(e) = rename_noreplace(&staging.join(n), &into.join(n)) {
+            for m in moved.iter().rev() {
+                let _ = rename_noreplace(&into.join(m), &staging.join(m));
+            }
+            return Err(e);
+        }
+        moved.push(n);
+    }
+    Ok(())
+}
+
+/// `rename` that fails (EEXIST) rather than replace what is at `to`.
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+        renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE)
+            .map_err(std::io::Error::from)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        if std::fs::symlink_metadata(to).is_ok() {
+            return Err(std::io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        std::fs::rename(from, to)
+    }
+}
+
+/// The target must be absent, or an empty directory (not a symlink);
+/// returns whether it exists.
+fn check_target(into: &Path) -> Result<bool, Error> {
     let shown = into.display().to_string();
     let refuse = |reason: &str| Error::Target {
         path: shown.clone(),
         reason: reason.into(),
     };
     match std::fs::symlink_metadata(into) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(io_err(&shown, "cannot stat the target")(e)),
         Ok(m) if m.file_type().is_symlink() => {
             Err(refuse("the target is a symlink; name a real directory"))
@@ -203,7 +261,7 @@ fn check_target(into: &Path) -> Result<(), Error> {
                     "the target directory is not empty; unpack into an empty or new directory",
                 ))
             } else {
-                Ok(())
+                Ok(true)
             }
         }
     }

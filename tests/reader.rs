@@ -5,6 +5,7 @@
 mod common;
 
 use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -559,8 +560,13 @@ fn unpack_targets() {
     .fails(7, "target_unusable");
     assert_eq!(fs::read(busy.join("keep.txt")).unwrap(), b"mine");
     // An empty directory is fine, and --part restores one part as the root.
+    // The directory itself is kept: its owner, mode and inode (a pod's
+    // prepared /workspace), with nothing else left in it.
     let empty = f.dir.join("empty");
     fs::create_dir(&empty).unwrap();
+    fs::set_permissions(&empty, fs::Permissions::from_mode(0o750)).unwrap();
+    std::os::unix::fs::chown(&empty, Some(65534), Some(65534)).unwrap();
+    let before = fs::metadata(&empty).unwrap();
     run([
         "unpack",
         p.to_str().unwrap(),
@@ -571,6 +577,52 @@ fn unpack_targets() {
     ])
     .ok();
     assert_eq!(fs::read(empty.join("README.md")).unwrap(), b"# sample\n");
+    let after = fs::metadata(&empty).unwrap();
+    assert_eq!(
+        (after.ino(), after.uid(), after.mode() & 0o7777),
+        (before.ino(), 65534, 0o750)
+    );
+    let names: Vec<String> = fs::read_dir(&empty)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.iter().any(|n| n == "README.md"), "{names:?}");
+    assert!(
+        names.iter().all(|n| !n.contains("sessionfs-unpack")),
+        "staging left behind: {names:?}"
+    );
+    assert!(
+        fs::read_dir(&f.dir).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("sessionfs-unpack")),
+        "staging left beside the target"
+    );
+    // A mountpoint (a pod's volume) is restored into, not replaced.
+    let vol = f.dir.join("vol");
+    fs::create_dir(&vol).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&vol)
+        .status()
+        .is_ok_and(|s| s.success());
+    if mounted {
+        let r = run([
+            "unpack",
+            p.to_str().unwrap(),
+            "--into",
+            vol.to_str().unwrap(),
+            "--part",
+            "workspace",
+        ]);
+        let read = fs::read(vol.join("README.md"));
+        let _ = std::process::Command::new("umount").arg(&vol).status();
+        r.ok();
+        assert_eq!(read.unwrap(), b"# sample\n");
+    } else {
+        eprintln!("SKIPPED the mountpoint case: cannot mount a tmpfs here (not root?)");
+    }
     // A symlink as target is refused, not followed.
     let link = f.dir.join("link-target");
     std::os::unix::fs::symlink(&empty, &link).unwrap();
