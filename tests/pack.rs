@@ -623,8 +623,45 @@ fn missing_or_bad_inputs_are_clear_errors() {
         out.to_str().unwrap(),
     ])
     .fails(6, "not_a_directory");
-    run(["pack", "-o", out.to_str().unwrap()]).fails(2, "usage");
+    // A usage error names what is missing; no command at all is one too.
+    let e = run(["pack", "-o", out.to_str().unwrap()]);
+    assert!(
+        e.fails(2, "usage")["message"]
+            .as_str()
+            .unwrap()
+            .contains("--workspace"),
+        "{}",
+        e.stderr
+    );
     run(["frobnicate"]).fails(2, "usage");
+    run::<[&str; 0], &str>([]).fails(2, "usage");
+    // --harness without its kind: never guessed (the kind picks which
+    // credentials stay out).
+    let e = run([
+        "pack",
+        "--workspace",
+        tmp.path().to_str().unwrap(),
+        "--harness",
+        tmp.path().to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        e.fails(2, "usage")["message"]
+            .as_str()
+            .unwrap()
+            .contains("--harness-kind")
+    );
+    // Logs on a pipe carry no colour codes.
+    assert!(!e.stderr.contains('\x1b'), "{}", e.stderr);
+    let missing = tmp.path().join("missing.packet");
+    let e = run(["verify", missing.to_str().unwrap()]);
+    assert!(
+        e.fails(6, "io")["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing.packet")
+    );
     let ws = tmp.path().join("ws");
     write(&ws, "a", b"a");
     run([

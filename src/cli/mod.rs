@@ -139,26 +139,43 @@ pub fn report(e: CliError) -> ExitCode {
 fn clap_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
-        ErrorKind::DisplayHelp
-        | ErrorKind::DisplayVersion
-        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            // Help and version are for people: plain text, exit 0 (2 when
-            // the help replaced a missing subcommand).
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            // Help and version are for people: plain text, exit 0.
             let _ = e.print();
-            let code = if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                exit::USAGE
-            } else {
-                exit::OK
-            };
-            ExitCode::from(code)
+            ExitCode::from(exit::OK)
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // No command: the help for people on stderr, and on stdout the
+            // one JSON object every run prints.
+            let _ = writeln!(std::io::stderr(), "{}", e.render().to_string().trim_end());
+            report(CliError::usage(
+                "no command given: run `sessionfs --help` for the commands".to_owned(),
+            ))
         }
         _ => {
             let rendered = e.render().to_string();
             let _ = writeln!(std::io::stderr(), "{}", rendered.trim_end());
-            let first = rendered.lines().next().unwrap_or("bad usage");
-            let message = first.trim_start_matches("error: ").to_owned();
-            report(CliError::usage(message))
+            report(CliError::usage(usage_message(&rendered)))
         }
+    }
+}
+
+/// The message of a rendered clap error, on one line: its text before the
+/// usage line (so a missing argument is named), without the `error:`
+/// prefix and the closing advice.
+fn usage_message(rendered: &str) -> String {
+    let parts: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    let message = parts.join(" ");
+    let message = message.trim_start_matches("error: ");
+    if message.is_empty() {
+        "bad usage".into()
+    } else {
+        message.to_owned()
     }
 }
 
@@ -181,6 +198,7 @@ fn init_logging(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }

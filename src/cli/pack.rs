@@ -28,10 +28,13 @@ pub struct Args {
     /// The workspace directory (becomes `workspace/`).
     #[arg(long, value_name = "DIR")]
     workspace: PathBuf,
-    /// The harness's home directory (becomes `harness/`).
-    #[arg(long, value_name = "DIR")]
+    /// The harness's home directory (becomes `harness/`). Needs
+    /// `--harness-kind`: the kind decides which credential files are left
+    /// out, so it is never guessed.
+    #[arg(long, value_name = "DIR", requires = "harness_kind")]
     harness: Option<PathBuf>,
-    /// What kind of harness `--harness` is; selects its credential exclusions.
+    /// What kind of harness `--harness` is; selects its credential
+    /// exclusions (`generic`: the workspace's rules only).
     #[arg(long, value_name = "KIND", requires = "harness", value_enum)]
     harness_kind: Option<KindArg>,
     /// Where to write the packet.
