@@ -137,10 +137,49 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The upper directory must lie apart from the mountpoint: inside it (or
+/// it) the mount would hide it, and leave the mountpoint not empty for the
+/// next mount; around it, the mount would cover part of it.
+fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
+    let (Some(upper_c), Ok(mp_c)) = (canonical_prefix(upper), std::fs::canonicalize(mp)) else {
+        return Ok(());
+    };
+    if upper_c.starts_with(&mp_c) || mp_c.starts_with(&upper_c) {
+        return Err(CliError::new(
+            Some(ErrorClass::Refused),
+            "upper_refused",
+            format!(
+                "{}: the upper directory must lie outside the mountpoint {} (and not contain \
+                 it): the mount would hide it; pick a directory beside it",
+                upper.display(),
+                mp.display()
+            ),
+            Some(upper.display().to_string()),
+        ));
+    }
+    Ok(())
+}
+
+/// `p` made absolute through its longest existing ancestor, canonicalized
+/// (symlinks resolved), with the missing components after it appended.
+fn canonical_prefix(p: &Path) -> Option<PathBuf> {
+    let abs = std::path::absolute(p).ok()?;
+    let mut rest = Vec::new();
+    let mut cur = abs.as_path();
+    loop {
+        if let Ok(c) = std::fs::canonicalize(cur) {
+            return Some(rest.iter().rev().fold(c, |acc: PathBuf, n| acc.join(n)));
+        }
+        rest.push(cur.file_name()?.to_owned());
+        cur = cur.parent()?;
+    }
+}
+
 pub fn run(a: Args) -> Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
     check_mountpoint(&a.mountpoint)?;
+    check_upper_apart(&a.upper, &a.mountpoint)?;
     if !a.foreground && !a.daemon_child {
         return spawn_daemon(&a.mountpoint);
     }
