@@ -1023,7 +1023,13 @@ fn a_lazy_unmount_detaches_and_serves_open_files_until_closed() {
     let pid = m.pid();
     let mut open = fs::File::open(m.path("README.md")).unwrap();
     let mnt = m.mnt.to_str().unwrap().to_owned();
-    run(["umount", &mnt]).fails(8, "busy");
+    let busy = run(["umount", &mnt]);
+    assert!(
+        busy.fails(8, "busy")["hint"]
+            .as_str()
+            .unwrap()
+            .contains("--lazy")
+    );
     assert!(is_fuse(&m.mnt));
     let r = run(["umount", &mnt, "--lazy"]);
     assert_eq!(r.ok()["unmounted"], true);

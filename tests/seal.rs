@@ -92,6 +92,7 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
         .status()
         .unwrap();
     assert!(st.success());
+    fs::remove_file(m.path("bin/run.sh")).unwrap();
     let out = tmp.path().join("s.packet");
     let receipt = tmp.path().join("receipt.json");
     let v = seal(&m, &out, &["--receipt", receipt.to_str().unwrap()]);
@@ -102,7 +103,7 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
             v["added"].as_u64(),
             v["removed"].as_u64()
         ),
-        (Some(1), Some(1), Some(0), Some(0)),
+        (Some(1), Some(1), Some(0), Some(1)),
         "{v}"
     );
     let manifest_bytes = tar::Header::from_byte_slice(&fs::read(&out).unwrap()[..512])
@@ -124,6 +125,19 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
     assert_eq!(r["parent"], m.result["digest"]);
     assert_eq!(r["digest"], v["digest"]);
     let changes = r["changes"].as_array().unwrap();
+    // Sorted by path, a rename by its new one.
+    let order: Vec<&str> = changes
+        .iter()
+        .map(|c| c["path"].as_str().or(c["to"].as_str()).unwrap())
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "workspace/README.md",
+            "workspace/bin/run.sh",
+            "workspace/moved.bin"
+        ]
+    );
     let renamed = changes.iter().find(|c| c["op"] == "renamed").unwrap();
     assert_eq!(
         (&renamed["from"], &renamed["to"]),
@@ -194,6 +208,8 @@ fn bad_states_fail_closed_with_no_output() {
     let out = tmp.path().join("s.packet");
     let o = out.to_str().unwrap();
     let mp = m.mnt.to_str().unwrap();
+    // A bad pattern is a usage error, as for pack.
+    run(["seal", mp, "-o", o, "--exclude", "["]).fails(2, "bad_pattern");
     fs::write(m.path("readme.md"), b"lower case").unwrap();
     let e = run(["seal", mp, "-o", o]);
     assert_eq!(e.fails(7, "path_collision")["path"], "workspace/readme.md");

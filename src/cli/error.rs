@@ -47,6 +47,28 @@ pub struct CliError {
     pub relayed: Option<Box<serde_json::Value>>,
 }
 
+/// Advice for a kind whose class's advice would mislead.
+fn kind_hint(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "not_mounted" => {
+            "no sessionfs daemon serves that path: check the mountpoint (`sessionfs status MOUNTPOINT`), or seal offline with --packet and --upper"
+        }
+        "busy" => {
+            "close the files open on the mount and leave it (cd elsewhere), or use `sessionfs umount --lazy`"
+        }
+        "umount_failed" => {
+            "see the daemon's log (named by `sessionfs mount`); `fusermount3 -uz MOUNTPOINT` detaches the mount by force"
+        }
+        "symlink_escapes" => {
+            "the packet is valid but holds a symlink leading out of the tree; unpack without --strict-symlinks to restore it as it is"
+        }
+        "changed_while_packing" | "changed_while_sealing" => {
+            "something wrote to the tree while it was read: run the command again once nothing writes to it"
+        }
+        _ => return None,
+    })
+}
+
 impl CliError {
     /// Builds an error of `class`.
     pub fn new(
@@ -89,7 +111,7 @@ impl CliError {
             kind: kind.to_owned(),
             message,
             path,
-            hint,
+            hint: kind_hint(kind).unwrap_or(hint),
             exit_code,
             relayed: None,
         }

@@ -105,6 +105,9 @@ fn absolute(p: &Path) -> PathBuf {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
+    // Bad patterns are usage errors, as for pack, before any daemon is asked.
+    crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
+        .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;
     let req = Request {
         output: absolute(&a.output),
         receipt: a.receipt.as_deref().map(absolute),

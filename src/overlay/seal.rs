@@ -769,7 +769,21 @@ fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Change> {
             old_sha256,
         });
     }
+    // By path (a rename by its new one), as the receipt promises.
+    changes.sort_by(|a, b| a.path().as_bytes().cmp(b.path().as_bytes()));
     changes
+}
+
+impl Change {
+    /// The path a change is listed by: a rename's new one.
+    fn path(&self) -> &str {
+        match self {
+            Change::Added { path, .. }
+            | Change::Modified { path, .. }
+            | Change::Deleted { path, .. } => path,
+            Change::Renamed { to, .. } => to,
+        }
+    }
 }
 
 fn new_has(new: &Manifest, path: &str) -> bool {
