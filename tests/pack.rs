@@ -672,6 +672,27 @@ fn missing_or_bad_inputs_are_clear_errors() {
         "/nonexistent/dir/p.packet",
     ])
     .fails(6, "io");
+    let m = e_message(&run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        "/nonexistent/dir/p.packet",
+    ]));
+    assert!(m.contains("/nonexistent/dir") && !m.contains(".tmp"), "{m}");
+    // An existing directory as the output is refused before any work.
+    let m = e_message(&run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        tmp.path().to_str().unwrap(),
+    ]));
+    assert!(m.contains("is a directory"), "{m}");
+}
+
+fn e_message(r: &Run) -> String {
+    r.fails(6, "io")["message"].as_str().unwrap().to_owned()
 }
 
 #[test]

@@ -42,11 +42,26 @@ impl Output {
                 )
             })?
             .to_string_lossy();
+        // Found now, not at the rename after all the work.
+        if std::fs::metadata(dest).is_ok_and(|m| m.is_dir()) {
+            return Err(Error::io(
+                format!(
+                    "{}: is a directory; name the packet file to write",
+                    dest.display()
+                ),
+                io::Error::from_raw_os_error(libc::EISDIR),
+            ));
+        }
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
             .suffix(".tmp")
             .tempfile_in(dir)
             .map_err(|e| {
+                // tempfile adds the random name it tried; the directory is
+                // what the user can act on.
+                let text = e.to_string();
+                let text = text.split(" at path ").next().unwrap_or_default();
+                let e = io::Error::new(e.kind(), text.to_owned());
                 Error::io(
                     format!("cannot create a temporary file in {}", dir.display()),
                     e,
