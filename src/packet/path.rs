@@ -165,8 +165,11 @@ fn check_path_slowly(path: &str, limits: &Limits) -> Result<()> {
 }
 
 /// The key under which two paths collide on a case-insensitive, normalizing
-/// filesystem: canonical decomposition, then lowercase, then decomposition
-/// again (lowercasing can compose). ASCII paths take a fast path.
+/// filesystem: canonical decomposition, then full Unicode case folding
+/// (CaseFolding.txt, statuses C and F: `ß` and `ss`, `ſ` and `s`, final
+/// `ς` and `σ` fold alike, whatever surrounds them), then decomposition
+/// again (folding can compose). ASCII paths take a fast path (ASCII folds
+/// to its lowercase).
 pub fn collision_key(path: &str) -> Cow<'_, str> {
     if path.is_ascii() {
         if path.bytes().any(|b| b.is_ascii_uppercase()) {
@@ -175,8 +178,8 @@ pub fn collision_key(path: &str) -> Cow<'_, str> {
             Cow::Borrowed(path)
         }
     } else {
-        let lowered = path.nfd().collect::<String>().to_lowercase();
-        Cow::Owned(lowered.nfd().collect())
+        let folded = caseless::default_case_fold_str(&path.nfd().collect::<String>());
+        Cow::Owned(folded.nfd().collect())
     }
 }
 
@@ -260,6 +263,19 @@ mod tests {
             collision_key("workspace/cafe\u{301}")
         );
         assert_ne!(collision_key("workspace/a"), collision_key("workspace/b"));
+        // Full case folding, free of context: pairs that lowercasing keeps
+        // apart (final sigma after a letter, sharp s, long s, micro sign)
+        // collide on a folding filesystem.
+        for (a, b) in [
+            ("workspace/x\u{3c2}", "workspace/x\u{3c3}"),
+            ("workspace/x\u{3a3}", "workspace/x\u{3c3}"),
+            ("workspace/stra\u{df}e", "workspace/STRASSE"),
+            ("workspace/\u{17f}", "workspace/s"),
+            ("workspace/\u{b5}", "workspace/\u{3bc}"),
+            ("workspace/\u{212a}", "workspace/k"),
+        ] {
+            assert_eq!(collision_key(a), collision_key(b), "{a} {b}");
+        }
     }
 
     proptest::proptest! {
