@@ -165,10 +165,10 @@ fn check_path_slowly(path: &str, limits: &Limits) -> Result<()> {
 }
 
 /// The key under which two paths collide on a case-insensitive, normalizing
-/// filesystem: canonical decomposition, then full Unicode case folding
-/// (CaseFolding.txt, statuses C and F: `ß` and `ss`, `ſ` and `s`, final
-/// `ς` and `σ` fold alike, whatever surrounds them), then decomposition
-/// again (folding can compose). ASCII paths take a fast path (ASCII folds
+/// filesystem: canonical decomposition, then each character's lowercase,
+/// then full Unicode case folding (CaseFolding.txt, statuses C and F: `ß`
+/// and `ss`, `ſ` and `s`, final `ς` and `σ` fold alike, whatever surrounds
+/// them), then decomposition again (folding can compose). ASCII paths take a fast path (ASCII folds
 /// to its lowercase).
 pub fn collision_key(path: &str) -> Cow<'_, str> {
     if path.is_ascii() {
@@ -178,7 +178,11 @@ pub fn collision_key(path: &str) -> Cow<'_, str> {
             Cow::Borrowed(path)
         }
     } else {
-        let folded = caseless::default_case_fold_str(&path.nfd().collect::<String>());
+        // Lowercase first, character by character (no context): folding
+        // tables can lag the lowercase ones by a Unicode version, and a
+        // name must never stop colliding with its lowercase.
+        let lowered: String = path.nfd().flat_map(char::to_lowercase).collect();
+        let folded = caseless::default_case_fold_str(&lowered);
         Cow::Owned(folded.nfd().collect())
     }
 }
@@ -275,6 +279,24 @@ mod tests {
             ("workspace/\u{212a}", "workspace/k"),
         ] {
             assert_eq!(collision_key(a), collision_key(b), "{a} {b}");
+        }
+    }
+
+    #[test]
+    fn folding_keeps_every_collision_lowercasing_found() {
+        // Every character folds as its lowercase does, so no two names that
+        // collided under the earlier rule (NFD, lowercase, NFD) are told
+        // apart now: no packet refused then is accepted.
+        let changed = |c: &char| !c.to_lowercase().eq(std::iter::once(*c));
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32).filter(changed) {
+            let s = format!("workspace/{c}");
+            let lower = format!("workspace/{}", c.to_lowercase());
+            assert_eq!(
+                collision_key(&s),
+                collision_key(&lower),
+                "U+{:04X}",
+                c as u32
+            );
         }
     }
 
