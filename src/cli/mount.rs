@@ -31,6 +31,7 @@ use crate::packet::reader::Packet;
 ///   sessionfs mount session.packet /workspace --upper /var/lib/s/upper --part workspace
 ///   sessionfs mount session.packet ./mnt --upper ./upper --digest sha256:… --foreground
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The packet file.
     packet: PathBuf,

@@ -24,6 +24,7 @@ use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
 ///   sessionfs pack --workspace ./repo --harness ~/.codex --harness-kind codex -o s.packet
 ///   sessionfs pack --workspace ./repo --exclude 'target' --exclude '*.log' -o s.packet
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The workspace directory (becomes `workspace/`).
     #[arg(long, value_name = "DIR")]

@@ -34,6 +34,7 @@ use crate::packet::reader::Packet;
 ///   sessionfs seal /workspace -o turn-3.packet --rebase
 ///   sessionfs seal --packet turn-1.packet --upper /var/lib/s/upper -o turn-2.packet
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The mountpoint of a running mount.
     #[arg(required_unless_present = "packet", conflicts_with = "packet")]

@@ -9,7 +9,8 @@ use crate::fuse::control;
 use crate::packet::error::ErrorClass;
 
 /// Show what a running mount serves (packet, digest, upper directory,
-/// daemon pid) and its counters (opens, reads, copy-ups, bytes verified).
+/// daemon pid) and its counters (lookups, reads, writes, copy-ups, bytes
+/// verified).
 ///
 /// Example: sessionfs status /workspace
 #[derive(clap::Args, Debug)]

@@ -24,6 +24,7 @@ use crate::restore::{UnpackOptions, UnpackOutcome, unpack};
 ///   sessionfs unpack session.packet --into ./restored
 ///   sessionfs unpack session.packet --into /workspace --part workspace --digest sha256:…
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The packet file.
     packet: PathBuf,
