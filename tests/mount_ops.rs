@@ -1045,3 +1045,43 @@ fn a_lazy_unmount_detaches_and_serves_open_files_until_closed() {
     );
     std::mem::forget(m);
 }
+
+#[test]
+fn status_gives_absolute_paths_whatever_the_mount_was_given() {
+    // "status shows what it serves": paths the asker can use from its own
+    // working directory, though the mount was made with relative ones.
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    fs::create_dir_all(tmp.path().join("mnt")).unwrap();
+    let out = Command::new(bin())
+        .current_dir(tmp.path())
+        .args(["mount", p.file_name().unwrap().to_str().unwrap(), "mnt"])
+        .args(["--upper", "upper"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mnt = tmp.path().join("mnt");
+    let s = run(["status", mnt.to_str().unwrap()]);
+    let v = s.ok().clone();
+    run(["umount", mnt.to_str().unwrap()]).ok();
+    let real = |p: &Path| fs::canonicalize(p).unwrap();
+    for (key, want) in [
+        ("mountpoint", tmp.path().join("mnt")),
+        ("packet", p.clone()),
+        ("upper", tmp.path().join("upper")),
+    ] {
+        let got = Path::new(v[key].as_str().unwrap());
+        assert!(got.is_absolute(), "{key}: {got:?}");
+        if key != "mountpoint" {
+            assert_eq!(real(got), real(&want), "{key}");
+        } else {
+            assert_eq!(got, want, "{key}");
+        }
+    }
+}

@@ -207,12 +207,14 @@ pub fn error(kind: &str, message: &str) -> Value {
 fn status(o: &Overlay, mountpoint: &Path) -> Value {
     let s = &o.stats;
     let read_inodes: Vec<u64> = s.read_inodes.lock().clone();
+    // Absolute: the asker's working directory need not be the daemon's.
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
     json!({
         "schema": "sessionfs.status-result/2",
-        "mountpoint": mountpoint,
-        "packet": o.lower().packet.path(),
+        "mountpoint": abs(mountpoint),
+        "packet": abs(o.lower().packet.path()),
         "digest": o.lower().packet.digest.to_string(),
-        "upper": o.upper_dir(),
+        "upper": abs(o.upper_dir()),
         "pid": std::process::id(),
         "records": o.records(),
         "lookups": s.lookups.load(Ordering::Relaxed),
