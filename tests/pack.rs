@@ -599,6 +599,12 @@ fn output_inside_the_workspace_is_skipped() {
         .map(|e| e["reason"]["rule"].as_str().unwrap())
         .collect();
     assert!(reasons.contains(&"output_file"), "{v2}");
+    // The older packet is reported by its name; pack's own temporary file
+    // (a random name) is not reported, so results repeat exactly.
+    let v3 = pack(&ws, &out, &[]);
+    assert_eq!(v2["excluded"], v3["excluded"]);
+    assert_eq!(v3["excluded"].as_array().unwrap().len(), 1, "{v3}");
+    assert_eq!(v3["excluded"][0]["path"], "workspace/self.packet");
 }
 
 #[test]

@@ -104,7 +104,7 @@ pub fn pack(
     let kind = opts.harness.as_ref().map(|(_, k)| *k);
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
     let output = Output::create(&opts.output)?;
-    let mut skip = vec![output.identity()?];
+    let mut skip = Vec::new();
     if let Ok(m) = std::fs::symlink_metadata(&opts.output) {
         skip.push((m.dev(), m.ino()));
     }
@@ -118,6 +118,7 @@ pub fn pack(
         reject_external_symlinks: opts.reject_external_symlinks,
         limits: opts.limits,
         skip,
+        own: Some(output.identity()?),
     };
     let t = std::time::Instant::now();
     let mut scan = scan(&parts, &scan_opts)?;

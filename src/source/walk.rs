@@ -205,8 +205,11 @@ pub struct ScanOptions<'a> {
     pub reject_external_symlinks: bool,
     /// Limits, checked as the walk goes.
     pub limits: Limits,
-    /// `(dev, ino)` of files to skip silently-but-reported: the output.
+    /// `(dev, ino)` of files to leave out and report: an older output.
     pub skip: Vec<(u64, u64)>,
+    /// `(dev, ino)` of a file to leave out unreported: pack's own temporary
+    /// file, whose random name would make the result differ run to run.
+    pub own: Option<(u64, u64)>,
 }
 
 /// The result of walking every root.
@@ -398,6 +401,9 @@ impl Walker<'_, '_> {
                 }
                 SFlag::S_IFREG => {
                     let Some(st) = child.st else { continue };
+                    if self.opts.own == Some(sys::dev_ino(&st)) {
+                        continue;
+                    }
                     if self.opts.skip.contains(&sys::dev_ino(&st)) {
                         out.report.excluded.push(Excluded {
                             path: cpath,
