@@ -248,6 +248,29 @@ fn user_patterns_and_keep() {
     );
     assert_eq!(v["excluded"][0]["reason"]["rule"], "excluded");
     assert_eq!(v["excluded"][0]["reason"]["pattern"], "*.log");
+    // Each excluded entry is named with its own type.
+    std::os::unix::fs::symlink("a.log", ws.join("link.log")).unwrap();
+    nix::unistd::mkfifo(&ws.join("pipe.log"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    fs::create_dir_all(ws.join("dir.log")).unwrap();
+    let typed = pack(
+        &ws,
+        &tmp.path().join("typed.packet"),
+        &["--exclude", "*.log"],
+    );
+    let types: Vec<(&str, &str)> = typed["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["path"].as_str().unwrap(), e["type"].as_str().unwrap()))
+        .collect();
+    for want in [
+        ("workspace/a.log", "file"),
+        ("workspace/dir.log", "dir"),
+        ("workspace/link.log", "symlink"),
+        ("workspace/pipe.log", "fifo"),
+    ] {
+        assert!(types.contains(&want), "{want:?} in {types:?}");
+    }
     let listing = tar_listing(&out);
     assert!(
         listing.contains("workspace/cert.pem"),

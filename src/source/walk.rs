@@ -224,6 +224,20 @@ pub struct Scan {
 
 /// Walks each `(part, dir)`: directories of one depth are read in parallel,
 /// level by level; limits are counted across all of them as they go.
+/// The name a result gives an entry of type `ty`.
+fn type_name(ty: SFlag) -> &'static str {
+    match ty {
+        SFlag::S_IFDIR => "dir",
+        SFlag::S_IFREG => "file",
+        SFlag::S_IFLNK => "symlink",
+        SFlag::S_IFIFO => "fifo",
+        SFlag::S_IFSOCK => "socket",
+        SFlag::S_IFCHR => "char_device",
+        SFlag::S_IFBLK => "block_device",
+        _ => "unknown",
+    }
+}
+
 pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, Error> {
     let mut roots = Vec::new();
     for (part, dir) in parts {
@@ -360,11 +374,7 @@ impl Walker<'_, '_> {
         for (child, verdict) in children.iter().zip(verdicts) {
             let cpath = format!("{ppath}/{}", child.name);
             let crel = rel.join(&child.name);
-            let kind_name = if child.ty == SFlag::S_IFDIR {
-                "dir"
-            } else {
-                "file"
-            };
+            let kind_name = type_name(child.ty);
             match verdict {
                 Verdict::Include => {}
                 Verdict::Exclude(reason) => {
@@ -441,13 +451,7 @@ impl Walker<'_, '_> {
                     });
                 }
                 other => {
-                    let kind = match other {
-                        SFlag::S_IFIFO => "fifo",
-                        SFlag::S_IFSOCK => "socket",
-                        SFlag::S_IFCHR => "char_device",
-                        SFlag::S_IFBLK => "block_device",
-                        _ => "unknown",
-                    };
+                    let kind = type_name(other);
                     tracing::debug!(path = %cpath, kind, "dropped special file");
                     out.report.dropped.push(Dropped { path: cpath, kind });
                 }
