@@ -222,8 +222,6 @@ pub struct Scan {
     pub report: ScanReport,
 }
 
-/// Walks each `(part, dir)`: directories of one depth are read in parallel,
-/// level by level; limits are counted across all of them as they go.
 /// The name a result gives an entry of type `ty`.
 fn type_name(ty: SFlag) -> &'static str {
     match ty {
@@ -238,6 +236,8 @@ fn type_name(ty: SFlag) -> &'static str {
     }
 }
 
+/// Walks each `(part, dir)`: directories of one depth are read in parallel,
+/// level by level; limits are counted across all of them as they go.
 pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, Error> {
     let mut roots = Vec::new();
     for (part, dir) in parts {
