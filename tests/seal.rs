@@ -106,6 +106,9 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
         (Some(1), Some(1), Some(0), Some(1)),
         "{v}"
     );
+    // Files whose hashes were kept: src/main.rs, src/lib/mod.rs, empty, and
+    // the renamed big file (not the edited README, nor directories).
+    assert_eq!(v["reused"], 4, "{v}");
     let manifest_bytes = tar::Header::from_byte_slice(&fs::read(&out).unwrap()[..512])
         .entry_size()
         .unwrap();

@@ -342,7 +342,10 @@ impl Overlay {
             changed,
             removed,
             renamed,
-            reused: entries.saturating_sub(added + changed + renamed),
+            reused: items
+                .iter()
+                .filter(|it| matches!(&it.kind, ItemKind::File(f) if f.reuse.is_some()))
+                .count() as u64,
             bytes_hashed: stats.hashed.load(Ordering::Relaxed) + manifest_len,
             bytes_verified: stats.verified.load(Ordering::Relaxed),
             bytes_copied: stats.copied.load(Ordering::Relaxed),
