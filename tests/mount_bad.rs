@@ -389,6 +389,11 @@ fn upper_directories_and_mountpoints_are_checked() {
         mount_fails(&p, &mnt7, &upper, &[], 7, "upper_refused");
         assert!(fs::read_dir(&mnt7).unwrap().next().is_none());
     }
+    // More threads than descriptors allow: refused up front, not a daemon
+    // that dies after the mount reported success.
+    let u8 = tmp.path().join("u8");
+    mount_fails(&p, &mnt7, &u8, &["--threads", "100000"], 2, "usage");
+    assert!(!u8.exists());
 }
 
 #[test]

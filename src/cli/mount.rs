@@ -58,9 +58,10 @@ pub struct Args {
     /// Serve in this process until unmounted, instead of returning once ready.
     #[arg(long)]
     foreground: bool,
-    /// FUSE dispatch threads.
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    threads: usize,
+    /// FUSE dispatch threads (1 to 256; each holds a /dev/fuse descriptor).
+    #[arg(long, default_value_t = 2, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: u16,
     /// Internal: this process is the daemon started by `mount`.
     #[arg(long, hide = true)]
     daemon_child: bool,
@@ -212,7 +213,7 @@ pub fn run(a: Args) -> Result<Output, CliError> {
     let opts = daemon::ServeOptions {
         mountpoint: a.mountpoint.clone(),
         allow_other: a.allow_other,
-        threads: a.threads,
+        threads: usize::from(a.threads),
     };
     let log = a
         .daemon_child
