@@ -394,6 +394,9 @@ fn upper_directories_and_mountpoints_are_checked() {
     let u8 = tmp.path().join("u8");
     mount_fails(&p, &mnt7, &u8, &["--threads", "100000"], 2, "usage");
     assert!(!u8.exists());
+    // A part the packet lacks: refused before the upper directory is made.
+    mount_fails(&p, &mnt7, &u8, &["--part", "harness"], 7, "upper_refused");
+    assert!(!u8.exists());
 }
 
 #[test]

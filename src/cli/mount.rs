@@ -201,6 +201,18 @@ pub fn run(a: Args) -> Result<Output, CliError> {
         PartArg::Workspace => Part::Workspace,
         PartArg::Harness => Part::Harness,
     });
+    // Before the upper directory is touched.
+    if let Some(p) = part.filter(|p| !packet.manifest.has_part(*p)) {
+        return Err(CliError::new(
+            Some(ErrorClass::Refused),
+            "upper_refused",
+            format!(
+                "{}: the packet has no {p} part to mount; mount without --part, or with the part it has",
+                a.packet.display()
+            ),
+            Some(a.packet.display().to_string()),
+        ));
+    }
     let uid = a.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let gid = a.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw());
     let overlay = Arc::new(Overlay::mount(
