@@ -508,3 +508,26 @@ fn a_packet_changed_while_mounted_stops_serving_lower_content() {
     assert_eq!(e.raw_os_error(), Some(libc::EIO));
     m.umount();
 }
+
+#[test]
+fn commands_on_a_path_nothing_serves_say_so() {
+    // "`not_mounted` when no daemon serves the mountpoint (exit 8)", with
+    // the path named, whether it exists or not.
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let out = tmp.path().join("o.packet");
+    for dir in [empty.clone(), tmp.path().join("missing")] {
+        let d = dir.to_str().unwrap();
+        for args in [
+            vec!["status", d],
+            vec!["umount", d],
+            vec!["seal", d, "-o", out.to_str().unwrap()],
+        ] {
+            let r = run(&args);
+            let e = r.fails(8, "not_mounted");
+            assert!(e["message"].as_str().unwrap().contains(d), "{args:?}: {e}");
+        }
+    }
+    assert!(!out.exists());
+}

@@ -248,7 +248,12 @@ pub fn request_with_progress(
     timeout: Option<Duration>,
     progress: &mut dyn FnMut(&Value),
 ) -> io::Result<Value> {
-    let path = socket_path(mountpoint)?;
+    let path = socket_path(mountpoint).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("{}: no sessionfs mount here: {e}", mountpoint.display()),
+        )
+    })?;
     let conn = UnixStream::connect(&path).map_err(|e| {
         io::Error::new(
             e.kind(),
