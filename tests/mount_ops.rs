@@ -976,9 +976,37 @@ fn unmounting_leaves_the_mount_beneath_the_mountpoint_alone() {
     assert!(is_fuse(&mnt));
     m.umount();
     assert!(eventually(|| !alive(pid)), "the daemon did not exit");
-    let still = nix::sys::statfs::statfs(&mnt).map(|s| s.filesystem_type().0);
+    let tmpfs_there =
+        || nix::sys::statfs::statfs(&mnt).is_ok_and(|s| s.filesystem_type().0 == 0x0102_1994);
+    let first = tmpfs_there();
+    // A pod's stop: a lazy unmount while a file is open, then SIGTERM to
+    // the daemon still serving it. The signal must not unmount the path,
+    // which is the volume's by then.
+    let m = Mounted::new(
+        &p,
+        &mnt,
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let pid = m.pid();
+    let open = fs::File::open(m.path("README.md")).unwrap();
+    run(["umount", mnt.to_str().unwrap(), "--lazy"]).ok();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let second = tmpfs_there();
+    drop(open);
+    assert!(eventually(|| !alive(pid)), "the daemon did not exit");
+    std::mem::forget(m);
     let _ = Command::new("umount").arg(&mnt).status();
-    assert_eq!(still.unwrap(), 0x0102_1994, "the tmpfs beneath is gone");
+    assert!(first, "the tmpfs beneath is gone after umount");
+    assert!(
+        second,
+        "the tmpfs beneath is gone after a lazy umount and SIGTERM"
+    );
 }
 
 #[test]

@@ -58,9 +58,10 @@ pub fn serve(
 
     let (listener, socket) = control::bind(&opts.mountpoint)?;
     let digest = overlay.lower().packet.digest.to_string();
+    let fs_name = format!("sessionfs:{}", &digest[7..19]);
     let mut config = Config::default();
     config.mount_options = vec![
-        MountOption::FSName(format!("sessionfs:{}", &digest[7..19])),
+        MountOption::FSName(fs_name.clone()),
         MountOption::Subtype("sessionfs".into()),
         MountOption::DefaultPermissions,
         MountOption::RW,
@@ -78,6 +79,7 @@ pub fn serve(
         config.clone_fd = true;
     }
     let fs = SessionFs::new(overlay.clone());
+    let canonical = std::fs::canonicalize(&opts.mountpoint)?;
     let session = match Session::new(fs, &opts.mountpoint, &config) {
         Ok(s) => s,
         Err(e) => {
@@ -85,6 +87,7 @@ pub fn serve(
             return Err(e);
         }
     };
+    let ours = Arc::new(Ours::new(canonical, fs_name));
     let notifier = session.notifier();
     overlay.set_invalidator(Box::new(move |ino| {
         // Attributes only (offset -1): content does not change on a rebase.
@@ -92,7 +95,7 @@ pub fn serve(
     }));
 
     {
-        let mountpoint = opts.mountpoint.clone();
+        let (mountpoint, ours) = (opts.mountpoint.clone(), ours.clone());
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
@@ -101,10 +104,10 @@ pub fn serve(
                     // unmount now, or detach if files are still open (the
                     // daemon then serves them until they are closed).
                     tracing::info!(?sig, "unmounting on signal");
-                    let r = match unmount(&mountpoint, false) {
+                    let r = match unmount(&mountpoint, false, &ours) {
                         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                             tracing::warn!("files are open on the mount: detaching it");
-                            unmount(&mountpoint, true)
+                            unmount(&mountpoint, true, &ours)
                         }
                         r => r,
                     };
@@ -117,12 +120,13 @@ pub fn serve(
     {
         let overlay = overlay.clone();
         let mountpoint = opts.mountpoint.clone();
+        let ours = ours.clone();
         std::thread::Builder::new().name("control".into()).spawn(move || {
             control::serve(listener, move |req, notify| match req["op"].as_str() {
                 Some("status") => status(&overlay, &mountpoint),
                 Some("unmount") => {
                     let lazy = req["lazy"].as_bool().unwrap_or(false);
-                    let r = unmount(&mountpoint, lazy);
+                    let r = unmount(&mountpoint, lazy, &ours);
                     match r {
                         Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": std::path::absolute(overlay.upper_dir()).unwrap_or_else(|_| overlay.upper_dir().to_owned())}),
                         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
@@ -153,25 +157,128 @@ pub fn serve(
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     std::mem::forget(background);
+    // Ended with the mount still in place: fuser's loop failed (a thread
+    // or a descriptor it could not get). Detach it rather than leave a
+    // mount nobody serves.
+    let result = if ours.known() && ours.still_mounted() {
+        tracing::error!("the FUSE session ended while mounted; detaching the mount");
+        let _ = unmount(&opts.mountpoint, true, &ours);
+        Err(io::Error::other(
+            "the FUSE session ended while still mounted (see the log); the mount was detached",
+        ))
+    } else {
+        Ok(())
+    };
     let _ = std::fs::remove_file(&socket);
     control::drain(std::time::Duration::from_secs(5));
     if let Err(e) = overlay.fsyncdir() {
         tracing::warn!(error = %e, "cannot sync the journal at exit");
     }
     tracing::info!("unmounted");
-    Ok(())
+    result
+}
+
+/// This daemon's mount: the device of the sessionfs mount made at the
+/// canonical mountpoint, so that an unmount is only ever aimed at it. Once
+/// it is gone (unmounted or detached by anyone), the path names whatever
+/// lies beneath, such as a pod's volume, which must be left alone.
+struct Ours {
+    mountpoint: PathBuf,
+    /// The mount's source, as mountinfo shows it (`sessionfs:<digest>`).
+    source: String,
+    /// `major:minor` from mountinfo; `None` where it cannot be read.
+    dev: Option<String>,
+}
+
+impl Ours {
+    fn new(mountpoint: PathBuf, source: String) -> Ours {
+        let dev = sessionfs_mount_at(&mountpoint, &source);
+        if dev.is_none() {
+            tracing::warn!(mountpoint = %mountpoint.display(), "cannot find this mount in /proc/self/mountinfo");
+        }
+        Ours {
+            mountpoint,
+            source,
+            dev,
+        }
+    }
+
+    /// Whether the mount's device is known.
+    fn known(&self) -> bool {
+        self.dev.is_some()
+    }
+
+    /// Whether the topmost mount at the mountpoint is still this one
+    /// (assumed when its device is unknown).
+    fn still_mounted(&self) -> bool {
+        self.dev.is_none() || sessionfs_mount_at(&self.mountpoint, &self.source) == self.dev
+    }
+}
+
+/// The device (`major:minor`) of the topmost mount at `mountpoint` (a
+/// canonical path), when it is a FUSE mount of `source`. Read from
+/// `/proc/self/mountinfo`, so the mount itself is not touched (a FUSE
+/// request to a mount whose daemon is busy could wait).
+fn sessionfs_mount_at(mountpoint: &Path, source: &str) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.as_os_str().as_bytes();
+    let mut top = None;
+    for line in info.lines() {
+        let Some((fields, rest)) = line.split_once(" - ") else {
+            continue;
+        };
+        let f: Vec<&str> = fields.split(' ').collect();
+        if f.len() < 5 || unescape_mountinfo(f[4]) != want {
+            continue;
+        }
+        // `fuse` when mounted directly, `fuse.sessionfs` by fusermount3.
+        let mut rest = rest.split(' ');
+        let fstype = rest.next().unwrap_or_default();
+        let src = rest.next().map(unescape_mountinfo).unwrap_or_default();
+        let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
+        top = Some((fuse && src == source.as_bytes()).then(|| f[2].to_owned()));
+    }
+    top.flatten()
+}
+
+/// A mountinfo path field: spaces, tabs, newlines and backslashes are
+/// written as octal escapes (`\040`).
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 /// Unmounts now, failing with EBUSY when files are open on the mount, or
 /// with `lazy` detaches it (the daemon serves open files until they are
 /// closed). Not fuser's unmount: it can run only once per session, and
 /// never reports a busy mount.
-fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
-    let flags = if lazy {
-        nix::mount::MntFlags::MNT_DETACH
-    } else {
-        nix::mount::MntFlags::empty()
-    };
+fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
+    if !ours.still_mounted() {
+        // Already unmounted or detached: the path is no longer this mount.
+        tracing::info!("the mount is already gone; nothing to unmount");
+        return Ok(());
+    }
+    let flags = nix::mount::MntFlags::UMOUNT_NOFOLLOW
+        | if lazy {
+            nix::mount::MntFlags::MNT_DETACH
+        } else {
+            nix::mount::MntFlags::empty()
+        };
     match nix::mount::umount2(mountpoint, flags) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => {
@@ -225,4 +332,27 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
         "verified_bytes": o.verified_bytes(),
         "read_inodes": read_inodes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mountinfo("/a\\040b\\011c\\134d"), b"/a b\tc\\d");
+        assert_eq!(unescape_mountinfo("/plain"), b"/plain");
+        // Not an escape: kept as it is.
+        assert_eq!(unescape_mountinfo("/x\\09"), b"/x\\09");
+    }
+
+    #[test]
+    fn only_a_sessionfs_mount_on_top_is_ours() {
+        // The root is mounted, and not by sessionfs.
+        assert_eq!(sessionfs_mount_at(Path::new("/"), "sessionfs:0"), None);
+        assert_eq!(
+            sessionfs_mount_at(Path::new("/no/such"), "sessionfs:0"),
+            None
+        );
+    }
 }

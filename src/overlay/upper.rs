@@ -116,9 +116,14 @@ impl Upper {
             }
             Err(e) => return Err(io_at(root, "cannot stat the upper directory")(e)),
             Ok(m) if !m.is_dir() => {
+                let what = if m.file_type().is_symlink() {
+                    "a symlink, which is not followed: name the directory itself"
+                } else {
+                    "not a directory: name a new or empty directory, or a mount's upper directory"
+                };
                 return Err(Error::UpperRefused {
                     path: root.display().to_string(),
-                    reason: "not a directory (a symlink is not followed)".into(),
+                    reason: what.into(),
                 });
             }
             Ok(_) => {}
