@@ -628,6 +628,9 @@ fn output_inside_the_workspace_is_skipped() {
     assert_eq!(v2["excluded"], v3["excluded"]);
     assert_eq!(v3["excluded"].as_array().unwrap().len(), 1, "{v3}");
     assert_eq!(v3["excluded"][0]["path"], "workspace/self.packet");
+    // Not even when a pattern names it.
+    let v4 = pack(&ws, &out, &["--exclude", "*.tmp"]);
+    assert_eq!(v3["excluded"], v4["excluded"]);
 }
 
 #[test]

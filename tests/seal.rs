@@ -319,6 +319,11 @@ fn destinations_are_checked_before_anything_is_written() {
     assert!(!out.exists());
     let before = fs::read(&packet).unwrap();
     run(["seal", mp, "-o", packet.to_str().unwrap()]).fails(7, "target_unusable");
+    // A receipt over the output, or over the packet being served.
+    run(["seal", mp, "-o", o, "--receipt", o]).fails(7, "target_unusable");
+    let pk = packet.to_str().unwrap();
+    run(["seal", mp, "-o", o, "--rebase", "--receipt", pk]).fails(7, "target_unusable");
+    assert!(!out.exists());
     assert_eq!(fs::read(&packet).unwrap(), before);
     // Still the same mount, serving the same packet, with the change.
     assert_eq!(m.status()["digest"], m.result["digest"]);

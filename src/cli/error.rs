@@ -59,6 +59,9 @@ fn kind_hint(kind: &str) -> Option<&'static str> {
         "umount_failed" => {
             "see the daemon's log (named by `sessionfs mount`); `fusermount3 -uz MOUNTPOINT` detaches the mount by force"
         }
+        "symlink_budget" => {
+            "the packet is valid but its symlinks are too costly to resolve in strict mode; unpack without --strict-symlinks to restore them as they are"
+        }
         "symlink_escapes" => {
             "the packet is valid but holds a symlink leading out of the tree; unpack without --strict-symlinks to restore it as it is"
         }

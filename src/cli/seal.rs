@@ -337,12 +337,22 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
             return Err(refuse(path, "is a directory".into()));
         }
     }
-    let served = overlay.lower().packet.file().metadata();
-    let output = std::fs::metadata(&req.output);
-    if let (Ok(s), Ok(o)) = (served, output)
-        && (s.dev(), s.ino()) == (o.dev(), o.ino())
-        && !req.rebase
+    if let Some(receipt) = &req.receipt
+        && (receipt == &req.output || same_file(receipt, &req.output))
     {
+        return Err(refuse(
+            receipt,
+            "is also the output: name the receipt another file".into(),
+        ));
+    }
+    // The open file, not its path: the daemon may have been started elsewhere.
+    let served = overlay.lower().packet.file().metadata().ok();
+    let is_served = |p: &Path| {
+        served.as_ref().is_some_and(|s| {
+            std::fs::metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == (s.dev(), s.ino()))
+        })
+    };
+    if is_served(&req.output) && !req.rebase {
         return Err(refuse(
             &req.output,
             "is the packet this mount serves: overwriting it would take it from under the \
@@ -350,7 +360,22 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
                 .into(),
         ));
     }
+    if let Some(receipt) = req.receipt.as_deref().filter(|r| is_served(r)) {
+        return Err(refuse(
+            receipt,
+            "is the packet this mount serves: name the receipt another file".into(),
+        ));
+    }
     Ok(())
+}
+
+/// Whether `a` and `b` both exist and are the same file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
 }
 
 /// The receipt: every change, with the digests it goes between.

@@ -188,6 +188,18 @@ pub enum Error {
         target: String,
     },
 
+    /// In strict-symlink mode: resolving the symlinks takes more steps than
+    /// the check allows (see [`crate::packet::resolve`]).
+    #[error(
+        "{path}: resolving the packet's symlinks takes more steps than the strict check allows ({steps}): they chain long targets"
+    )]
+    SymlinkBudget {
+        /// The symlink being resolved when the budget ran out.
+        path: String,
+        /// The budget.
+        steps: String,
+    },
+
     /// The manifest names a harness kind without a harness part, or the reverse.
     #[error("{reason}")]
     HarnessMismatch {
@@ -366,6 +378,7 @@ impl Error {
             Error::BadParent { .. } => "bad_parent",
             Error::InvalidTarget { .. } => "invalid_symlink_target",
             Error::SymlinkEscapes { .. } => "symlink_escapes",
+            Error::SymlinkBudget { .. } => "symlink_budget",
             Error::HarnessMismatch { .. } => "harness_mismatch",
             Error::LimitExceeded { .. } => "limit_exceeded",
             Error::FormatLimit { .. } => "format_limit",
@@ -404,6 +417,7 @@ impl Error {
             | Error::BadParent { .. }
             | Error::InvalidTarget { .. }
             | Error::SymlinkEscapes { .. }
+            | Error::SymlinkBudget { .. }
             | Error::HarnessMismatch { .. }
             | Error::FormatLimit { .. }
             | Error::BadChecksum { .. }
@@ -430,6 +444,7 @@ impl Error {
             | Error::BadParent { path, .. }
             | Error::InvalidTarget { path, .. }
             | Error::SymlinkEscapes { path, .. }
+            | Error::SymlinkBudget { path, .. }
             | Error::FormatLimit { path, .. }
             | Error::ContentMismatch { path, .. } => Some(path),
             Error::LimitExceeded { path, .. } => path.as_deref(),

@@ -372,6 +372,10 @@ impl Walker<'_, '_> {
         let (dirfd, children) = self.read_dir(fd, &shown, &ppath)?;
         let verdicts = self.judge_all(part, &ppath, &children);
         for (child, verdict) in children.iter().zip(verdicts) {
+            // Pack's own temporary file, whatever rule would name it.
+            if self.opts.own.is_some() && child.st.as_ref().map(sys::dev_ino) == self.opts.own {
+                continue;
+            }
             let cpath = format!("{ppath}/{}", child.name);
             let crel = rel.join(&child.name);
             let kind_name = type_name(child.ty);
@@ -411,9 +415,6 @@ impl Walker<'_, '_> {
                 }
                 SFlag::S_IFREG => {
                     let Some(st) = child.st else { continue };
-                    if self.opts.own == Some(sys::dev_ino(&st)) {
-                        continue;
-                    }
                     if self.opts.skip.contains(&sys::dev_ino(&st)) {
                         out.report.excluded.push(Excluded {
                             path: cpath,
