@@ -175,6 +175,11 @@ pub fn unpack(
         Mode::empty(),
     )
     .map_err(|e| io_err(&shown, "cannot open the staging directory")(e.into()))?;
+    // Held until the end: a staging directory nobody holds is the debris of
+    // a killed unpack, which the next one into this target removes.
+    let _held = stage_fd.try_clone().ok().and_then(|fd| {
+        nix::fcntl::Flock::lock(fd, nix::fcntl::FlockArg::LockExclusiveNonblock).ok()
+    });
 
     let writer = Restorer {
         packet,
@@ -238,8 +243,34 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
     }
 }
 
-/// The target must be absent, or an empty directory (not a symlink);
-/// returns whether it exists.
+/// Removes `path` if it is the staging directory of an unpack into this
+/// target that was killed (named `.sessionfs-unpack.*`, a real directory,
+/// and no live unpack holds its lock); returns whether it did.
+fn remove_stale_staging(path: &Path) -> bool {
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(".sessionfs-unpack."));
+    if !named || !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return false;
+    }
+    let Ok(fd) = nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    let Ok(_lock) = nix::fcntl::Flock::lock(fd, nix::fcntl::FlockArg::LockExclusiveNonblock) else {
+        return false; // an unpack at work
+    };
+    tracing::info!(path = %path.display(), "removing the staging directory of an unpack that was killed");
+    std::fs::remove_dir_all(path).is_ok()
+}
+
+/// The target must be absent, or an empty directory (not a symlink), or
+/// hold only the staging directory of a killed unpack (removed); returns
+/// whether it exists.
 fn check_target(into: &Path) -> Result<bool, Error> {
     let shown = into.display().to_string();
     let refuse = |reason: &str| Error::Target {
@@ -254,15 +285,16 @@ fn check_target(into: &Path) -> Result<bool, Error> {
         }
         Ok(m) if !m.is_dir() => Err(refuse("the target exists and is not a directory")),
         Ok(_) => {
-            let mut it =
-                std::fs::read_dir(into).map_err(io_err(&shown, "cannot read the target"))?;
-            if it.next().is_some() {
-                Err(refuse(
-                    "the target directory is not empty; unpack into an empty or new directory",
-                ))
-            } else {
-                Ok(true)
+            let it = std::fs::read_dir(into).map_err(io_err(&shown, "cannot read the target"))?;
+            for e in it {
+                let e = e.map_err(io_err(&shown, "cannot read the target"))?;
+                if !remove_stale_staging(&e.path()) {
+                    return Err(refuse(
+                        "the target directory is not empty; unpack into an empty or new directory",
+                    ));
+                }
             }
+            Ok(true)
         }
     }
 }

@@ -599,6 +599,26 @@ fn unpack_targets() {
             .contains("sessionfs-unpack")),
         "staging left beside the target"
     );
+    // The staging directory a killed unpack left in the target is removed
+    // by the next one; one that a live unpack holds (locked) is not.
+    let retry = f.dir.join("retry");
+    write(&retry.join(".sessionfs-unpack.dead"), "half", b"x");
+    write(&retry.join(".sessionfs-unpack.live"), "half", b"x");
+    let held = fs::File::open(retry.join(".sessionfs-unpack.live")).unwrap();
+    let lock = nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+    let into = [
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        retry.to_str().unwrap(),
+    ];
+    run(into).fails(7, "target_unusable");
+    assert!(retry.join(".sessionfs-unpack.live/half").exists());
+    drop(lock);
+    run(into).ok();
+    assert!(retry.join("workspace/README.md").exists());
+    assert!(!retry.join(".sessionfs-unpack.dead").exists());
+    assert!(!retry.join(".sessionfs-unpack.live").exists());
     // A mountpoint (a pod's volume) is restored into, not replaced.
     let vol = f.dir.join("vol");
     fs::create_dir(&vol).unwrap();
