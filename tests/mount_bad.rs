@@ -385,7 +385,12 @@ fn upper_directories_and_mountpoints_are_checked() {
     // The upper directory inside the mountpoint, the mountpoint itself, or
     // around it: the mount would hide it. Nothing is created.
     let mnt7 = tmp.path().join("mnt7");
-    for upper in [mnt7.join("up"), mnt7.clone(), tmp.path().to_owned()] {
+    for upper in [
+        mnt7.join("up"),
+        mnt7.clone(),
+        tmp.path().to_owned(),
+        mnt7.join("missing/../up"),
+    ] {
         mount_fails(&p, &mnt7, &upper, &[], 7, "upper_refused");
         assert!(fs::read_dir(&mnt7).unwrap().next().is_none());
     }

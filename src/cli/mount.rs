@@ -165,16 +165,25 @@ fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
 /// `p` made absolute through its longest existing ancestor, canonicalized
 /// (symlinks resolved), with the missing components after it appended.
 fn canonical_prefix(p: &Path) -> Option<PathBuf> {
+    use std::path::Component;
     let abs = std::path::absolute(p).ok()?;
-    let mut rest = Vec::new();
-    let mut cur = abs.as_path();
-    loop {
-        if let Ok(c) = std::fs::canonicalize(cur) {
-            return Some(rest.iter().rev().fold(c, |acc: PathBuf, n| acc.join(n)));
+    let comps: Vec<Component> = abs.components().collect();
+    // The longest prefix that exists, canonicalized; the rest (which names
+    // nothing yet, so no symlink) applied lexically, `..` included.
+    (0..=comps.len()).rev().find_map(|n| {
+        let prefix: PathBuf = comps[..n].iter().collect();
+        let mut out = std::fs::canonicalize(&prefix).ok()?;
+        for c in &comps[n..] {
+            match c {
+                Component::ParentDir => {
+                    out.pop();
+                }
+                Component::Normal(name) => out.push(name),
+                _ => {}
+            }
         }
-        rest.push(cur.file_name()?.to_owned());
-        cur = cur.parent()?;
-    }
+        Some(out)
+    })
 }
 
 pub fn run(a: Args) -> Result<Output, CliError> {
