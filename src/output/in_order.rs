@@ -782,6 +782,30 @@ mod tests {
         Ok((std::fs::read(&dest).unwrap(), sha))
     }
 
+    /// Writes the packet of manifest `m` with content from `src` into
+    /// `dir/name` (through the page cache) and returns the writer's hash.
+    fn write_from<S: Contents<Error = Error>>(
+        dir: &std::path::Path,
+        name: &str,
+        m: &Manifest,
+        src: &S,
+        workers: usize,
+    ) -> Result<Sha256> {
+        let bytes = m.encode();
+        let layout = Layout::compute(m, bytes.len() as u64);
+        let out = Output::create(&dir.join(name))?;
+        out.size_for(&layout)?;
+        let a = Assembler {
+            manifest: m,
+            manifest_bytes: &bytes,
+            layout: &layout,
+            src,
+            stats: &WriteStats::default(),
+            progress: &|_| {},
+        };
+        write_pieces(&a, &out, false, workers)
+    }
+
     /// New content: [`hash_new`] takes it from a [`Memory`] source.
     struct Fresh<'m>(&'m Memory);
 
@@ -941,21 +965,8 @@ mod tests {
                     file_entry("workspace/c", b"tail"),
                 ],
             };
-            let bytes = m.encode();
-            let layout = Layout::compute(&m, bytes.len() as u64);
-            let out = Output::create(&tmp.path().join("w.packet")).unwrap();
-            out.size_for(&layout).unwrap();
             let memory = Memory(data.clone(), None);
-            let src = Whole(&memory, checked);
-            let a = Assembler {
-                manifest: &m,
-                manifest_bytes: &bytes,
-                layout: &layout,
-                src: &src,
-                stats: &WriteStats::default(),
-                progress: &|_| {},
-            };
-            let got = write_pieces(&a, &out, false, 2);
+            let got = write_from(tmp.path(), "w.packet", &m, &Whole(&memory, checked), 2);
             match (wrong && checked, got) {
                 (true, Err(Error::ContentMismatch { path, start, end })) => {
                     assert_eq!(
@@ -998,19 +1009,7 @@ mod tests {
             ],
         };
         let src = Memory(vec![None, Some(b"alpha".to_vec())], Some(vec![Vec::new()]));
-        let bytes = m.encode();
-        let layout = Layout::compute(&m, bytes.len() as u64);
-        let out = Output::create(&tmp.path().join("none.packet")).unwrap();
-        out.size_for(&layout).unwrap();
-        let a = Assembler {
-            manifest: &m,
-            manifest_bytes: &bytes,
-            layout: &layout,
-            src: &src,
-            stats: &WriteStats::default(),
-            progress: &|_| {},
-        };
-        let r = write_pieces(&a, &out, false, 1);
+        let r = write_from(tmp.path(), "none.packet", &m, &src, 1);
         assert!(
             matches!(r, Err(Error::ContentMismatch { ref path, .. }) if path == "workspace/a"),
             "{r:?}"
