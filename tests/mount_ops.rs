@@ -939,6 +939,15 @@ fn alive(pid: i32) -> bool {
     })
 }
 
+/// Sends SIGTERM to process `pid`, as a stopping pod's runtime does.
+fn sigterm(pid: i32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+}
+
 /// Waits up to 10 s for `cond`.
 fn eventually(mut cond: impl FnMut() -> bool) -> bool {
     (0..1000).any(|_| {
@@ -991,11 +1000,7 @@ fn unmounting_leaves_the_mount_beneath_the_mountpoint_alone() {
     let pid = m.pid();
     let open = fs::File::open(m.path("README.md")).unwrap();
     run(["umount", mnt.to_str().unwrap(), "--lazy"]).ok();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm(pid);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let second = tmpfs_there();
     drop(open);
@@ -1021,11 +1026,7 @@ fn sigterm_unmounts_cleanly_and_keeps_the_upper() {
     let m = mount_ws(tmp.path(), &p, &[]);
     fs::write(m.path("new.txt"), b"kept\n").unwrap();
     let pid = m.pid();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm(pid);
     assert!(eventually(|| !alive(pid)), "the daemon did not exit");
     assert!(!is_fuse(&m.mnt), "the mount was left behind");
     assert!(
