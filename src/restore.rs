@@ -77,7 +77,7 @@ impl Error {
     /// The path concerned.
     pub fn path(&self) -> Option<&str> {
         match self {
-            Error::Packet(e) => e.entry_path(),
+            Error::Packet(e) => e.path(),
             Error::Target { path, .. } | Error::Io { path, .. } => Some(path),
         }
     }

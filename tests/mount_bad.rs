@@ -86,7 +86,11 @@ fn mount_fails(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str], code: i3
         upper.display().to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    run(&args).fails(code, kind);
+    let e = run(&args);
+    // Every refusal but a bad command line names what is at fault: the
+    // packet file, the mountpoint, the upper directory or an entry.
+    let path = e.fails(code, kind)["path"].as_str().unwrap_or_default();
+    assert!(code == 2 || !path.is_empty(), "{:#}", e.json);
     assert!(
         !is_mounted(mnt),
         "{} was mounted although mount failed",

@@ -115,6 +115,7 @@ fn final_path(o: &Overlay, path: &str) -> Result<String, Error> {
 /// loop with the kernel's errno.
 fn eloop() -> Error {
     Error::Upper {
+        path: None,
         context: "symlink loop".into(),
         source: std::io::Error::from_raw_os_error(libc::ELOOP),
     }

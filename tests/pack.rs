@@ -694,16 +694,18 @@ fn missing_or_bad_inputs_are_clear_errors() {
             .unwrap()
             .contains("missing.packet")
     );
+    assert_eq!(e.json["path"], missing.to_str().unwrap());
     let ws = tmp.path().join("ws");
     write(&ws, "a", b"a");
-    run([
+    let e = run([
         "pack",
         "--workspace",
         ws.to_str().unwrap(),
         "-o",
         "/nonexistent/dir/p.packet",
-    ])
-    .fails(6, "io");
+    ]);
+    // The directory the user must fix, as a field as well as in the text.
+    assert_eq!(e.fails(6, "io")["path"], "/nonexistent/dir");
     let m = e_message(&run([
         "pack",
         "--workspace",
@@ -721,6 +723,13 @@ fn missing_or_bad_inputs_are_clear_errors() {
         tmp.path().to_str().unwrap(),
     ]));
     assert!(m.contains("is a directory"), "{m}");
+    // Every command that reads a packet names the file it could not read.
+    for cmd in ["verify", "inspect", "digest"] {
+        let e = run([cmd, tmp.path().to_str().unwrap()]);
+        assert_eq!(e.fails(6, "io")["path"], tmp.path().to_str().unwrap());
+        let m = e.json["message"].as_str().unwrap();
+        assert!(m.starts_with(tmp.path().to_str().unwrap()), "{cmd}: {m}");
+    }
 }
 
 fn e_message(r: &Run) -> String {

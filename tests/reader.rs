@@ -101,15 +101,16 @@ fn reseal(bytes: &mut [u8], at: usize) {
 /// refused unpack leaves no target behind.
 #[track_caller]
 fn refused_everywhere(f: &Fixture, p: &Path, code: i32, kind: &str) {
-    run(["verify", p.to_str().unwrap()]).fails(code, kind);
+    let e = run(["verify", p.to_str().unwrap()]);
+    names_what_is_at_fault(e.fails(code, kind), p);
     let target = f.dir.join("target-dir");
-    run([
+    let e = run([
         "unpack",
         p.to_str().unwrap(),
         "--into",
         target.to_str().unwrap(),
-    ])
-    .fails(code, kind);
+    ]);
+    names_what_is_at_fault(e.fails(code, kind), p);
     assert!(!target.exists(), "a refused unpack created the target");
     let leftovers: Vec<_> = fs::read_dir(&f.dir)
         .unwrap()
@@ -117,6 +118,18 @@ fn refused_everywhere(f: &Fixture, p: &Path, code: i32, kind: &str) {
         .filter(|n| n.contains("sessionfs-unpack"))
         .collect();
     assert!(leftovers.is_empty(), "staging left behind: {leftovers:?}");
+}
+
+/// A refusal's `path` is the entry at fault, or else the packet file, named
+/// at the start of the message too.
+#[track_caller]
+fn names_what_is_at_fault(e: &serde_json::Value, p: &Path) {
+    let path = e["path"].as_str().unwrap_or_else(|| panic!("no path: {e}"));
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains(path), "{e}");
+    if path == p.to_str().unwrap() {
+        assert!(message.starts_with(path), "{e}");
+    }
 }
 
 #[test]

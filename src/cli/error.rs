@@ -163,10 +163,29 @@ impl CliError {
         serde_json::Value::Object(m)
     }
 
+    /// Names the packet file `file` as what is at fault when the error
+    /// names nothing more precise: an error about a packet as a whole
+    /// (not a packet, truncated, unreadable) is about that file.
+    pub fn in_file(mut self, file: &std::path::Path) -> CliError {
+        if self.path.is_none() && self.relayed.is_none() {
+            let f = file.display().to_string();
+            if !self.message.starts_with(&f) {
+                self.message = format!("{f}: {}", self.message);
+            }
+            self.path = Some(f);
+        }
+        self
+    }
+
     /// A usage error.
     pub fn usage(message: impl Into<String>) -> CliError {
         CliError::new(None, "usage", message.into(), None)
     }
+}
+
+/// Maps an error met reading the packet file `file` ([`CliError::in_file`]).
+pub fn at_packet<E: Into<CliError>>(file: &std::path::Path) -> impl Fn(E) -> CliError + '_ {
+    move |e| e.into().in_file(file)
 }
 
 impl From<crate::packet::Error> for CliError {
@@ -175,7 +194,7 @@ impl From<crate::packet::Error> for CliError {
             Some(e.class()),
             e.kind(),
             chain(&e),
-            e.entry_path().map(str::to_owned),
+            e.path().map(str::to_owned),
         )
     }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::Output;
 use super::args::LimitArgs;
-use super::error::CliError;
+use super::error::{CliError, at_packet};
 use crate::packet::format::SCHEMA;
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{EntryKind, Manifest};
@@ -59,9 +59,9 @@ struct Result {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
-    let file = File::open(&a.packet)
-        .map_err(|e| Error::io(format!("cannot open {}", a.packet.display()), e))?;
-    let raw = read_raw_manifest(&file, &limits)?;
+    let file =
+        File::open(&a.packet).map_err(|e| Error::io_at(&a.packet, "cannot open the packet", e))?;
+    let raw = read_raw_manifest(&file, &limits).map_err(at_packet(&a.packet))?;
     let mut out = Result {
         packet: a.packet.display().to_string(),
         packet_schema: SCHEMA.into(),

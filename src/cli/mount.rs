@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::Output;
 use super::args::{LimitArgs, parse_digest};
-use super::error::CliError;
+use super::error::{CliError, at_packet};
 use crate::fuse::{control, daemon};
 use crate::overlay::{Options, Overlay};
 use crate::packet::digest::Digest;
@@ -202,8 +202,9 @@ pub fn run(a: Args) -> Result<Output, CliError> {
             &a.mountpoint,
         )
     })?;
-    let packet = Packet::open(&a.packet, &limits)?;
-    packet.check_digest(a.digest.as_ref())?;
+    let at = at_packet(&a.packet);
+    let packet = Packet::open(&a.packet, &limits).map_err(&at)?;
+    packet.check_digest(a.digest.as_ref()).map_err(&at)?;
     let digest = packet.digest;
     let entries = packet.manifest.entries.len() as u64;
     let part = a.part.map(|p| match p {

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::Output;
 use super::args::{LimitArgs, file_mode_from_umask};
-use super::error::CliError;
+use super::error::{CliError, at_packet};
 use crate::fuse::control;
 use crate::overlay::seal::{SealOptions, SealOutcome};
 use crate::overlay::{Options, Overlay};
@@ -139,7 +139,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 Some(upper.display().to_string()),
             ));
         }
-        let packet = Packet::open(packet, &limits)?;
+        let packet = Packet::open(packet, &limits).map_err(at_packet(packet))?;
         // The journal names inodes relative to the root it was mounted with.
         let part = crate::overlay::recorded_part(upper)?;
         let overlay = Overlay::mount(

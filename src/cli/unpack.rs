@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::Output;
 use super::args::{LimitArgs, parse_digest};
-use super::error::CliError;
+use super::error::{CliError, at_packet};
 use super::progress::Progress;
 use crate::packet::digest::Digest;
 use crate::packet::path::Part;
@@ -60,7 +60,8 @@ struct Result {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
-    let packet = Packet::open(&a.packet, &limits)?;
+    let at = at_packet(&a.packet);
+    let packet = Packet::open(&a.packet, &limits).map_err(&at)?;
     let opts = UnpackOptions {
         into: a.into,
         part: a.part.map(|p| match p {
@@ -71,7 +72,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         digest: a.digest,
     };
     let progress = Progress::bytes("unpacking", packet.manifest.content_bytes());
-    let outcome = unpack(&packet, &opts, &|n| progress.add(n))?;
+    let outcome = unpack(&packet, &opts, &|n| progress.add(n)).map_err(at_packet(&a.packet))?;
     drop(progress);
     Ok(Output::new(
         "sessionfs.unpack-result/1",

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::Output;
 use super::args::{LimitArgs, parse_digest};
-use super::error::CliError;
+use super::error::{CliError, at_packet};
 use super::progress::Progress;
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::reader::Packet;
@@ -44,10 +44,11 @@ struct Result {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
-    let packet = Packet::open(&a.packet, &limits)?;
-    packet.check_digest(a.digest.as_ref())?;
+    let at = at_packet(&a.packet);
+    let packet = Packet::open(&a.packet, &limits).map_err(&at)?;
+    packet.check_digest(a.digest.as_ref()).map_err(&at)?;
     let progress = Progress::bytes("verifying", packet.manifest.content_bytes() + packet.len());
-    let report = verify(&packet, &|n| progress.add(n))?;
+    let report = verify(&packet, &|n| progress.add(n)).map_err(&at)?;
     drop(progress);
     Ok(Output::new(
         "sessionfs.verify-result/1",

@@ -451,10 +451,8 @@ impl Sink<'_> {
                     self.direct_refused.store(true, Ordering::Relaxed);
                 }
                 Err(e) => {
-                    return Err(Error::io(
-                        format!("cannot write the output at byte {at}"),
-                        e,
-                    ));
+                    let what = format!("cannot write the output at byte {at}");
+                    return Err(Error::io_at(self.out.dest(), &what, e));
                 }
             }
         }

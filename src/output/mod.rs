@@ -36,19 +36,18 @@ impl Output {
         let name = dest
             .file_name()
             .ok_or_else(|| {
-                Error::io(
-                    format!("{}: not a file name", dest.display()),
+                Error::io_at(
+                    dest,
+                    "not a file name",
                     io::Error::from(io::ErrorKind::InvalidInput),
                 )
             })?
             .to_string_lossy();
         // Found now, not at the rename after all the work.
         if std::fs::metadata(dest).is_ok_and(|m| m.is_dir()) {
-            return Err(Error::io(
-                format!(
-                    "{}: is a directory; name the packet file to write",
-                    dest.display()
-                ),
+            return Err(Error::io_at(
+                dest,
+                "is a directory; name the packet file to write",
                 io::Error::from_raw_os_error(libc::EISDIR),
             ));
         }
@@ -62,15 +61,17 @@ impl Output {
                 let text = e.to_string();
                 let text = text.split(" at path ").next().unwrap_or_default();
                 let e = io::Error::new(e.kind(), text.to_owned());
-                Error::io(
-                    format!("cannot create a temporary file in {}", dir.display()),
-                    e,
-                )
+                Error::io_at(dir, "cannot create a temporary file here", e)
             })?;
         Ok(Output {
             tmp,
             dest: dest.to_owned(),
         })
+    }
+
+    /// Where the packet goes once committed.
+    pub fn dest(&self) -> &Path {
+        &self.dest
     }
 
     /// The temporary file (buffered handle).
@@ -83,7 +84,7 @@ impl Output {
         let m = self
             .file()
             .metadata()
-            .map_err(|e| Error::io("cannot stat the temporary file", e))?;
+            .map_err(|e| Error::io_at(self.tmp.path(), "cannot stat the temporary file", e))?;
         Ok((m.dev(), m.ino()))
     }
 
@@ -93,17 +94,20 @@ impl Output {
         let len = layout.total_len();
         self.file()
             .set_len(len)
-            .map_err(|e| Error::io("cannot size the output file", e))?;
-        crate::sys::reserve(self.file(), len)
-            .map_err(|e| Error::io(format!("cannot reserve {len} bytes for the output"), e))
+            .map_err(|e| Error::io_at(&self.dest, "cannot size the output file", e))?;
+        crate::sys::reserve(self.file(), len).map_err(|e| {
+            let what = format!("cannot reserve {len} bytes for the output");
+            Error::io_at(&self.dest, &what, e)
+        })
     }
 
     /// Writes whole blocks at a block-aligned `offset`.
     pub fn write_at(&self, bytes: &[u8], offset: u64) -> Result<()> {
         debug_assert!(offset % BLOCK == 0 && bytes.len() as u64 % BLOCK == 0);
-        self.file()
-            .write_all_at(bytes, offset)
-            .map_err(|e| Error::io(format!("cannot write the output at byte {offset}"), e))
+        self.file().write_all_at(bytes, offset).map_err(|e| {
+            let what = format!("cannot write the output at byte {offset}");
+            Error::io_at(&self.dest, &what, e)
+        })
     }
 
     /// The temporary file opened again with `O_DIRECT` (Linux), or `None`
@@ -116,7 +120,7 @@ impl Output {
     pub fn sync_data(&self) -> Result<()> {
         self.file()
             .sync_data()
-            .map_err(|e| Error::io("cannot fsync the output", e))
+            .map_err(|e| Error::io_at(&self.dest, "cannot fsync the output", e))
     }
 
     /// Makes the packet durable and visible: mode, fsync, rename over the
@@ -124,20 +128,17 @@ impl Output {
     pub fn commit(self, mode: u32) -> Result<()> {
         let file = self.file();
         file.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(|e| Error::io("cannot set the output's mode", e))?;
+            .map_err(|e| Error::io_at(&self.dest, "cannot set the output's mode", e))?;
         file.sync_all()
-            .map_err(|e| Error::io("cannot fsync the output", e))?;
+            .map_err(|e| Error::io_at(&self.dest, "cannot fsync the output", e))?;
         let dest = self.dest.clone();
-        self.tmp.persist(&dest).map_err(|e| {
-            Error::io(
-                format!("cannot rename the output into {}", dest.display()),
-                e.error,
-            )
-        })?;
+        self.tmp
+            .persist(&dest)
+            .map_err(|e| Error::io_at(&dest, "cannot rename the output into place", e.error))?;
         let dir = parent_dir(&dest);
         File::open(dir)
             .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(format!("cannot fsync {}", dir.display()), e))
+            .map_err(|e| Error::io_at(dir, "cannot fsync the directory", e))
     }
 }
 

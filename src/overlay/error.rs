@@ -70,6 +70,9 @@ pub enum Error {
     /// An operation on the upper directory failed.
     #[error("{context}: {source}")]
     Upper {
+        /// The file or directory, when known (also at the start of
+        /// `context`).
+        path: Option<String>,
         /// What and where.
         context: String,
         /// The OS error.
@@ -146,12 +149,13 @@ impl Error {
     /// entries, a filesystem path for the upper directory or the packet file.
     pub fn path(&self) -> Option<&str> {
         match self {
-            Error::Packet(p) => p.entry_path(),
+            Error::Packet(p) => p.path(),
             Error::Corrupt { path, .. }
             | Error::PacketChanged { packet: path }
             | Error::Refused { path, .. }
             | Error::UpperRefused { path, .. }
             | Error::UpperMismatch { path, .. } => Some(path),
+            Error::Upper { path, .. } => path.as_deref(),
             _ => None,
         }
     }

@@ -767,6 +767,7 @@ impl Overlay {
                 .data(id)?
                 .set_len(size)
                 .map_err(|e| Error::Upper {
+                    path: None,
                     context: "truncate".into(),
                     source: e,
                 })?;
@@ -858,12 +859,14 @@ impl Overlay {
                 let n = (copy - pos).min(crate::packet::format::CHUNK_SIZE);
                 lower.verifier.read(&lower.packet, idx, pos, n, &mut buf)?;
                 upper::write_sparse(&file, &buf, pos).map_err(|e| Error::Upper {
+                    path: None,
                     context: "copy-up".into(),
                     source: e,
                 })?;
                 pos += n;
             }
             file.set_len(copy).map_err(|e| Error::Upper {
+                path: None,
                 context: "copy-up".into(),
                 source: e,
             })?;
@@ -958,6 +961,7 @@ impl Overlay {
             Content::Upper(id) => {
                 let f = self.upper.data(id)?;
                 let len = f.metadata().map_err(|e| Error::Upper {
+                    path: None,
                     context: "read".into(),
                     source: e,
                 })?;
@@ -972,6 +976,7 @@ impl Overlay {
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(e) => {
                             return Err(Error::Upper {
+                                path: None,
                                 context: "read".into(),
                                 source: e,
                             });
@@ -1001,6 +1006,7 @@ impl Overlay {
             .data(id)?
             .write_all_at(data, offset)
             .map_err(|e| Error::Upper {
+                path: None,
                 context: "write".into(),
                 source: e,
             })?;
@@ -1018,6 +1024,7 @@ impl Overlay {
                 f.sync_all()
             };
             r.map_err(|e| Error::Upper {
+                path: None,
                 context: "fsync".into(),
                 source: e,
             })?;
@@ -1043,6 +1050,7 @@ impl Overlay {
                 Error::NotSupported
             } else {
                 Error::Upper {
+                    path: None,
                     context: "fallocate".into(),
                     source: e,
                 }
@@ -1064,6 +1072,7 @@ fn set_file_times(f: &File, atime: Option<Nanos>, mtime: Option<Nanos>) -> Resul
         None => TimeSpec::UTIME_OMIT,
     };
     futimens(f, &ts(atime), &ts(mtime)).map_err(|e| Error::Upper {
+        path: None,
         context: "set times".into(),
         source: e.into(),
     })

@@ -813,6 +813,7 @@ type Stamp = (u64, i64, i64, i64, i64);
 
 fn stamp_of(file: &File, path: &str) -> Result<Stamp> {
     let m = file.metadata().map_err(|e| Error::Upper {
+        path: Some(path.to_string()),
         context: format!("{path}: stat"),
         source: e,
     })?;
@@ -988,7 +989,8 @@ impl ContentReader for SealReader<'_> {
                         }
                     } else {
                         Error::Upper {
-                            context: format!("{path}: read"),
+                            path: Some(path.to_string()),
+        context: format!("{path}: read"),
                             source: e,
                         }
                     }

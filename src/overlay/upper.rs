@@ -93,8 +93,13 @@ pub struct Opened {
 }
 
 fn io_at(path: &Path, what: &str) -> impl FnOnce(io::Error) -> Error + use<> {
-    let context = format!("{}: {what}", path.display());
-    move |e| Error::Upper { context, source: e }
+    let shown = path.display().to_string();
+    let context = format!("{shown}: {what}");
+    move |e| Error::Upper {
+        path: Some(shown),
+        context,
+        source: e,
+    }
 }
 
 fn nix_at(path: &Path, what: &str) -> impl FnOnce(nix::Error) -> Error + use<> {

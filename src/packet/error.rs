@@ -34,6 +34,9 @@ pub enum Error {
     /// An I/O operation on the packet file failed.
     #[error("{context}: {source}")]
     Io {
+        /// The file or directory on disk, when the caller knows it (also
+        /// at the start of `context`).
+        file: Option<String>,
         /// What was being done.
         context: String,
         /// The OS error.
@@ -353,7 +356,19 @@ impl Error {
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: io::Error) -> Error {
         Error::Io {
+            file: None,
             context: context.into(),
+            source,
+        }
+    }
+
+    /// An I/O error on the file or directory `file`, which the message
+    /// starts with and the error's path names.
+    pub fn io_at(file: &std::path::Path, context: &str, source: io::Error) -> Error {
+        let file = file.display().to_string();
+        Error::Io {
+            context: format!("{file}: {context}"),
+            file: Some(file),
             source,
         }
     }
@@ -434,9 +449,11 @@ impl Error {
         }
     }
 
-    /// The entry path the error is about, when there is one.
-    pub fn entry_path(&self) -> Option<&str> {
+    /// The path the error is about, when there is one: the entry of the
+    /// packet at fault, or for an I/O error the file on disk.
+    pub fn path(&self) -> Option<&str> {
         match self {
+            Error::Io { file, .. } => file.as_deref(),
             Error::InvalidPath { path, .. }
             | Error::NotSorted { path, .. }
             | Error::DuplicatePath { path }
@@ -454,8 +471,7 @@ impl Error {
             | Error::NonCanonicalHeader { member, .. }
             | Error::SizeMismatch { member, .. }
             | Error::BadPadding { member } => Some(member),
-            Error::Io { .. }
-            | Error::NotAPacket { .. }
+            Error::NotAPacket { .. }
             | Error::ManifestMissing { .. }
             | Error::ManifestSyntax { .. }
             | Error::ManifestNotCanonical { .. }

@@ -147,8 +147,7 @@ pub const BATCH_BYTES: u64 = 1 << 20;
 impl Packet {
     /// Opens `path` and checks its manifest member and length.
     pub fn open(path: &Path, limits: &Limits) -> Result<Packet> {
-        let file = File::open(path)
-            .map_err(|e| Error::io(format!("{}: cannot open the packet", path.display()), e))?;
+        let file = File::open(path).map_err(|e| Error::io_at(path, "cannot open the packet", e))?;
         Packet::from_file(file, path, limits)
     }
 

@@ -127,7 +127,7 @@ impl Error {
             | Error::Changed { path, .. }
             | Error::Io { path, .. } => Some(path),
             Error::Pattern(_) => None,
-            Error::Packet(e) => e.entry_path(),
+            Error::Packet(e) => e.path(),
         }
     }
 }
