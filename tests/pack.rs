@@ -738,14 +738,22 @@ fn e_message(r: &Run) -> String {
 
 #[test]
 fn help_explains_every_command_with_examples() {
-    for cmd in ["pack", "verify", "inspect", "digest", "unpack"] {
-        let out = Command::new(bin()).args([cmd, "--help"]).output().unwrap();
-        assert!(out.status.success());
-        let text = String::from_utf8(out.stdout).unwrap();
+    let commands = [
+        "pack", "verify", "inspect", "digest", "unpack", "mount", "umount", "status", "seal",
+    ];
+    for cmd in commands {
+        let help = |flag: &str| {
+            let out = Command::new(bin()).args([cmd, flag]).output().unwrap();
+            assert!(out.status.success());
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let text = help("--help");
         assert!(
             text.contains("Example"),
             "{cmd} --help has no example:\n{text}"
         );
+        // The short flag gives the same help, examples included.
+        assert_eq!(help("-h"), text, "{cmd} -h");
     }
 }
 

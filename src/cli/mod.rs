@@ -36,8 +36,20 @@ Examples:
 
 /// sessionfs: deterministic, verified session packets for AI coding agents.
 #[derive(Parser, Debug)]
-#[command(name = "sessionfs", version, about, after_help = AFTER_HELP, propagate_version = true)]
+#[command(
+    name = "sessionfs",
+    version,
+    about,
+    after_help = AFTER_HELP,
+    propagate_version = true,
+    disable_help_flag = true
+)]
 pub struct Cli {
+    /// Print help, with examples (`-h` and `--help` print the same).
+    // One help: clap's short `-h` leaves out the long text, which holds
+    // each command's examples.
+    #[arg(short = 'h', long = "help", action = clap::ArgAction::HelpLong, global = true)]
+    help: Option<bool>,
     /// More logging on stderr (-v info, -vv debug). SESSIONFS_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
