@@ -237,6 +237,47 @@ pub fn mtime_ns(st: &FileStat) -> i128 {
     i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec)
 }
 
+/// The memory this process may use, at most: the machine's physical
+/// memory, or less where its cgroup (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`) sets a lower limit, as in a pod.
+pub fn memory_limit() -> u64 {
+    #[cfg(target_os = "linux")]
+    let phys = {
+        use nix::unistd::{SysconfVar, sysconf};
+        match (
+            sysconf(SysconfVar::PAGE_SIZE),
+            sysconf(SysconfVar::_PHYS_PAGES),
+        ) {
+            (Ok(Some(a)), Ok(Some(b))) if a > 0 && b > 0 => (a as u64).saturating_mul(b as u64),
+            _ => u64::MAX,
+        }
+    };
+    // Elsewhere (macOS) the physical memory is not asked for: the callers'
+    // own caps apply.
+    #[cfg(not(target_os = "linux"))]
+    let phys = u64::MAX;
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let limits = cgroups.lines().filter_map(|line| {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        let file = if controllers.is_empty() {
+            format!("/sys/fs/cgroup{}/memory.max", path.trim_end_matches('/'))
+        } else if controllers.split(',').any(|c| c == "memory") {
+            let path = path.trim_end_matches('/');
+            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+        } else {
+            return None;
+        };
+        // "max" (v2) or a huge number (v1) where there is no limit.
+        std::fs::read_to_string(file)
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    });
+    limits.fold(phys, u64::min)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -805,9 +805,15 @@ fn wait_until_hashed(bar: &Path) {
 }
 
 /// Runs `pack` paused at its `hashed` barrier (between the pass that hashes
-/// every file and the pass that writes them), lets `change` alter the
-/// tree there, and returns the exit code and the result.
-fn pack_changed_between_passes(ws: &Path, out: &Path, change: impl FnOnce()) -> (i32, Value) {
+/// every file and the pass that writes them), holding at most `hold` of
+/// small files' content between them, lets `change` alter the tree there,
+/// and returns the exit code and the result.
+fn pack_changed_between_passes(
+    ws: &Path,
+    out: &Path,
+    hold: &str,
+    change: impl FnOnce(),
+) -> (i32, Value) {
     let bar = out.with_extension("barrier");
     let _ = fs::remove_dir_all(&bar);
     fs::create_dir_all(&bar).unwrap();
@@ -815,6 +821,7 @@ fn pack_changed_between_passes(ws: &Path, out: &Path, change: impl FnOnce()) -> 
         .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
         .arg(out)
         .env("SESSIONFS_TEST_BARRIER", &bar)
+        .env("SESSIONFS_PACK_HOLD", hold)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -868,8 +875,9 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
         ),
         ("grows.txt", "changed size", Box::new(grow)),
     ];
+    // Nothing held: every file is read again, and compared.
     for (rel, what, change) in cases {
-        let (code, v) = pack_changed_between_passes(&ws, &out, change);
+        let (code, v) = pack_changed_between_passes(&ws, &out, "0", change);
         assert_eq!(code, 6, "{rel}: {v}");
         assert_eq!(v["kind"], "changed_while_packing", "{rel}: {v}");
         assert_eq!(v["path"], format!("workspace/{rel}"), "{v}");
@@ -889,9 +897,44 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
         assert!(left.is_empty(), "temporary files left: {left:?}");
     }
     // Untouched between the passes, the same tree packs and verifies.
-    let (code, v) = pack_changed_between_passes(&ws, &out, || {});
+    let (code, v) = pack_changed_between_passes(&ws, &out, "0", || {});
     assert_eq!(code, 0, "{v}");
     run(["verify", out.to_str().unwrap()]).ok();
+
+    // Small files held from the first pass are written as they were
+    // hashed, whatever happens to them after; a file too large to hold is
+    // still read again and compared.
+    let before = fs::read(ws.join("small.txt")).unwrap();
+    let grows_before = fs::read(ws.join("grows.txt")).unwrap();
+    let (code, v) = pack_changed_between_passes(&ws, &out, "1KiB", || {
+        overwrite_keeping_mtime("small.txt", 1);
+        grow();
+    });
+    assert_eq!(code, 0, "{v}");
+    run(["verify", out.to_str().unwrap()]).ok();
+    let back = tmp.path().join("back");
+    run([
+        "unpack",
+        out.to_str().unwrap(),
+        "--into",
+        back.to_str().unwrap(),
+    ])
+    .ok();
+    assert_eq!(fs::read(back.join("workspace/small.txt")).unwrap(), before);
+    assert_ne!(fs::read(ws.join("small.txt")).unwrap(), before);
+    assert_eq!(
+        fs::read(back.join("workspace/grows.txt")).unwrap(),
+        grows_before
+    );
+    let (code, v) = pack_changed_between_passes(&ws, &out, "1KiB", || {
+        overwrite_keeping_mtime("big.bin", 1 << 20)
+    });
+    assert_eq!(
+        (code, v["kind"].as_str()),
+        (6, Some("changed_while_packing")),
+        "{v}"
+    );
+    assert_eq!(v["path"], "workspace/big.bin", "{v}");
 }
 
 #[test]

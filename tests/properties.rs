@@ -76,6 +76,12 @@ fn build(dir: &Path, children: &BTreeMap<String, Node>) {
 }
 
 fn opts(ws: &Path, out: &Path) -> PackOptions {
+    opts_holding(ws, out, 256 << 20)
+}
+
+/// Options holding at most `hold_memory` bytes of small files between
+/// pack's passes.
+fn opts_holding(ws: &Path, out: &Path, hold_memory: u64) -> PackOptions {
     PackOptions {
         workspace: ws.to_owned(),
         harness: None,
@@ -86,6 +92,7 @@ fn opts(ws: &Path, out: &Path) -> PackOptions {
         keep: vec![],
         limits: Limits::DEFAULT,
         mode: 0o644,
+        hold_memory,
         barrier: None,
     }
 }
@@ -105,7 +112,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_trees_round_trip(children in prop::collection::btree_map(name(), node(), 0..8)) {
+    fn random_trees_round_trip(
+        children in prop::collection::btree_map(name(), node(), 0..8),
+        hold in 0u64..12_000,
+    ) {
         let tmp = tempfile::tempdir().unwrap();
         let ws = tmp.path().join("ws");
         build(&ws, &children);
@@ -119,7 +129,9 @@ proptest! {
         prop_assert_eq!(snapshot(&ws), snapshot(&out.join("workspace")));
         prop_assert_eq!(mtimes(&ws), mtimes(&out.join("workspace")));
         let p2 = tmp.path().join("2.packet");
-        let r2 = pack_lib(&opts(&out.join("workspace"), &p2), &|_| {}).unwrap();
+        // Packed again with some, or none, of its files held between the
+        // passes: the same bytes.
+        let r2 = pack_lib(&opts_holding(&out.join("workspace"), &p2, hold), &|_| {}).unwrap();
         prop_assert_eq!(r1.digest, r2.digest);
         prop_assert_eq!(fs::read(&p1).unwrap(), fs::read(&p2).unwrap());
     }

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::Output;
-use super::args::{LimitArgs, file_mode_from_umask};
+use super::args::{LimitArgs, file_mode_from_umask, parse_size};
 use super::error::CliError;
 use super::progress::Progress;
 use crate::packet::format::HarnessKind;
-use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
+use crate::source::pack::{PackOptions, PackOutcome, PackProgress, default_hold_memory, pack};
 
 /// Pack a workspace, and optionally an agent harness's home, into one
 /// deterministic packet.
@@ -57,6 +57,13 @@ pub struct Args {
     /// (repeatable). Does not override --exclude.
     #[arg(long, value_name = "GLOB")]
     keep: Vec<String>,
+    /// Memory for the content of small files, read once and kept from the
+    /// hashing pass to the writing pass instead of read again (suffixes
+    /// KiB, MiB, GiB). Default: 256 MiB, or a sixteenth of the memory this
+    /// process may use (its cgroup's limit) where that is less; never more
+    /// than half of it. 0 reads every file twice.
+    #[arg(long, value_name = "SIZE", env = "SESSIONFS_PACK_HOLD", value_parser = parse_size)]
+    hold_memory: Option<u64>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -104,6 +111,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         keep: a.keep,
         limits,
         mode: file_mode_from_umask(),
+        hold_memory: a.hold_memory.unwrap_or_else(default_hold_memory),
         barrier: crate::barrier::from_env(),
     };
     let progress = Progress::bytes("packing", 0);

@@ -60,18 +60,20 @@ const LOOKAHEAD: usize = 4;
 const READ_PIECE: usize = CHUNK_SIZE as usize;
 
 /// Hashes the content of every file `src` marks [`Check::Compute`], on all
-/// cores, and with `fingerprints` takes its [`fingerprint`]s. The caller
+/// cores, and keeps what `keep` asks for: the [`fingerprint`]s of files
+/// read again later, the bytes of files small enough to hold. The caller
 /// puts the hashes into the manifest before [`write_in_order`], which then
 /// writes that content without hashing it again; content that changed in
 /// between must be refused, by the source marking it
 /// [`Check::Unchanged`] (checked against the fingerprints it kept), or in
 /// [`ContentReader::finish`] (a seal's upper files, which nothing else
-/// writes while it runs).
+/// writes while it runs). Held bytes are the bytes hashed: the writer
+/// copies them as they are.
 pub fn hash_new<S: Contents>(
     manifest: &Manifest,
     src: &S,
     stats: &WriteStats,
-    fingerprints: bool,
+    keep: Keep,
     progress: &(dyn Fn(u64) + Sync),
 ) -> std::result::Result<Computed, S::Error> {
     use rayon::prelude::*;
@@ -84,22 +86,40 @@ pub fn hash_new<S: Contents>(
         .collect();
     todo.into_par_iter()
         .map_init(Vec::new, |buf, (i, size)| {
-            buf.resize(READ_PIECE, 0);
             let mut h = ContentHasher::new(size);
-            let mut prints = Vec::new();
             let mut r = src.open(i)?;
+            if keep.hold_max.is_some_and(|max| size <= max) {
+                // One read into memory the writer copies from: no second
+                // open, read and compare.
+                let mut data = vec![0u8; size as usize];
+                r.read_exact(&mut data)?;
+                r.finish()?;
+                h.update(&data);
+                progress(size);
+                stats.count(Check::Compute, size);
+                let (sha256, chunks) = h.finish();
+                return Ok(Hashed {
+                    entry: i,
+                    sha256,
+                    chunks,
+                    fingerprints: Vec::new(),
+                    held: Some(data.into_boxed_slice()),
+                });
+            }
+            buf.resize(READ_PIECE, 0);
+            let mut prints = Vec::new();
             let mut left = size;
             while left > 0 {
                 let n = left.min(READ_PIECE as u64) as usize;
                 r.read_exact(&mut buf[..n])?;
                 h.update(&buf[..n]);
-                if fingerprints {
+                if keep.fingerprints {
                     prints.push(fingerprint(&buf[..n]));
                 }
                 left -= n as u64;
                 progress(n as u64);
             }
-            if fingerprints && size == 0 {
+            if keep.fingerprints && size == 0 {
                 // An empty file is read in no piece; its one is of nothing.
                 prints.push(fingerprint(&[]));
             }
@@ -111,9 +131,19 @@ pub fn hash_new<S: Contents>(
                 sha256,
                 chunks,
                 fingerprints: prints,
+                held: None,
             })
         })
         .collect()
+}
+
+/// What [`hash_new`] keeps of the content it reads, besides its hashes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Keep {
+    /// A [`fingerprint`] of each file (or chunk) not held.
+    pub fingerprints: bool,
+    /// Hold the bytes of every file of at most this many bytes.
+    pub hold_max: Option<u64>,
 }
 
 /// One unit of work: a contiguous range of the output.
@@ -829,7 +859,11 @@ mod tests {
         };
         let src = Memory(data.to_vec(), None);
         let mut prints = vec![Vec::new(); entries.len()];
-        for h in hash_new(&m, &Fresh(&src), &WriteStats::default(), true, &|_| {}).unwrap() {
+        let keep = Keep {
+            fingerprints: true,
+            hold_max: None,
+        };
+        for h in hash_new(&m, &Fresh(&src), &WriteStats::default(), keep, &|_| {}).unwrap() {
             prints[h.entry] = h.fingerprints;
         }
         prints

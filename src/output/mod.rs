@@ -21,7 +21,7 @@ use crate::packet::format::BLOCK;
 use crate::packet::layout::Layout;
 
 pub mod in_order;
-pub use in_order::{hash_new, write_in_order};
+pub use in_order::{Keep, hash_new, write_in_order};
 
 /// A packet being written: a temporary file in the destination's directory.
 pub struct Output {
@@ -268,6 +268,8 @@ pub struct Hashed {
     /// The [`fingerprint`] of the whole content (a file of at most one
     /// chunk), or of each chunk; none unless [`hash_new`] was asked.
     pub fingerprints: Vec<u128>,
+    /// The content itself, when [`hash_new`] was asked to hold it.
+    pub held: Option<Box<[u8]>>,
 }
 
 /// Hashes computed for [`Check::Compute`] entries.

@@ -25,7 +25,9 @@ use super::ino::Ino;
 use super::journal::Record;
 use super::node::{Content, Kind};
 use super::state::{Lower, Ref};
-use crate::output::{Check, ContentReader, Contents, Output, WriteStats, hash_new, write_in_order};
+use crate::output::{
+    Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
+};
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
 use crate::packet::layout::Layout;
@@ -267,7 +269,7 @@ impl Overlay {
         // New content is hashed first, so the manifest is complete before
         // anything is written and the packet goes out in one ordered pass.
         let stats = WriteStats::default();
-        for h in hash_new(&manifest, &sources, &stats, false, &|_| {})? {
+        for h in hash_new(&manifest, &sources, &stats, Keep::default(), &|_| {})? {
             if let EntryKind::File(f) = &mut manifest.entries[h.entry].kind {
                 f.sha256 = h.sha256;
                 f.chunks = h.chunks.into();

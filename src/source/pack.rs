@@ -4,7 +4,9 @@
 //! validated before any file is read. Then two passes, as in the seal:
 //! every file is hashed on all cores, and the packet is written once, in
 //! file order, around the page cache, while a thread hashes it for
-//! `file_sha256` (nothing is read back). A file must be the same in both
+//! `file_sha256` (nothing is read back). The smallest files, up to a
+//! memory budget, are read once: the first pass holds their bytes for the
+//! second. Any other file must be the same in both
 //! passes: the first takes a fingerprint of every file (or of each chunk)
 //! beside its hashes, and the second fingerprints it again as it copies
 //! it and compares (timestamps cannot prove a file unchanged: stores
@@ -26,7 +28,9 @@ use serde::Serialize;
 use super::error::Error;
 use super::policy::Policy;
 use super::walk::{FoundFile, FoundKind, Root, ScanOptions, ScanReport, scan};
-use crate::output::{Check, ContentReader, Contents, Output, WriteStats, hash_new, write_in_order};
+use crate::output::{
+    Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
+};
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{HarnessKind, Limits, chunk_count};
 use crate::packet::layout::Layout;
@@ -54,6 +58,9 @@ pub struct PackOptions {
     pub limits: Limits,
     /// Mode of the packet file.
     pub mode: u32,
+    /// Bytes of small files' content held between the two passes, at most
+    /// ([`default_hold_memory`]).
+    pub hold_memory: u64,
     /// Test barrier directory (see [`crate::barrier`]); its point is
     /// `hashed`, between the two passes.
     pub barrier: Option<PathBuf>,
@@ -167,18 +174,26 @@ pub fn pack(
         manifest: &manifest,
         sources: &sources,
         fingerprints: None,
+        held: &[],
+    };
+    let keep = Keep {
+        fingerprints: true,
+        // Never more than half the memory this process may use.
+        hold_max: hold_max(&manifest, opts.hold_memory.min(sys::memory_limit() / 2)),
     };
     progress(PackProgress::Pass("hashing", manifest.content_bytes()));
-    let hashes = hash_new(&manifest, &first, &stats, true, &bytes)?;
-    tracing::debug!(elapsed = ?t.elapsed(), "content hashed");
+    let hashes = hash_new(&manifest, &first, &stats, keep, &bytes)?;
+    tracing::debug!(elapsed = ?t.elapsed(), hold_max = ?keep.hold_max, "content hashed");
     crate::barrier::wait(opts.barrier.as_deref(), "hashed");
     let mut fingerprints = vec![Vec::new(); manifest.entries.len()];
+    let mut held: Vec<Option<Box<[u8]>>> = vec![None; manifest.entries.len()];
     for h in hashes {
         if let EntryKind::File(f) = &mut manifest.entries[h.entry].kind {
             f.sha256 = h.sha256;
             f.chunks = h.chunks.into();
         }
         fingerprints[h.entry] = h.fingerprints;
+        held[h.entry] = h.held;
     }
     let manifest_bytes = manifest.encode();
     let layout = Layout::compute(&manifest, manifest_bytes.len() as u64);
@@ -188,6 +203,7 @@ pub fn pack(
         manifest: &manifest,
         sources: &sources,
         fingerprints: Some(&fingerprints),
+        held: &held,
     };
     // Around the page cache, as the seal does: the packet is shipped.
     progress(PackProgress::Pass("writing", layout.total_len()));
@@ -232,18 +248,65 @@ pub fn pack(
     })
 }
 
+/// The default memory for the content of small files held from the
+/// hashing pass to the writing pass: 256 MiB, or a sixteenth of the memory
+/// this process may use where that is less.
+pub fn default_hold_memory() -> u64 {
+    (256 << 20).min(sys::memory_limit() / 16)
+}
+
+/// Files held between the passes are at most this large: holding saves a
+/// second open, read and stat of each file, a cost per file, not per byte.
+const HOLD_FILE_MAX: u64 = 1 << 20;
+
+/// The size up to which files are held so that they fit in `budget`
+/// together, the smallest first (each file held saves the same work,
+/// whatever its size); `None` when not even the smallest fit.
+fn hold_max(manifest: &Manifest, budget: u64) -> Option<u64> {
+    let mut sizes: Vec<u64> = manifest
+        .entries
+        .iter()
+        .filter_map(|e| e.file().map(|f| f.size))
+        .filter(|&n| n <= HOLD_FILE_MAX)
+        .collect();
+    sizes.sort_unstable();
+    let mut total = 0u64;
+    let mut max = None;
+    for (k, &n) in sizes.iter().enumerate() {
+        total = total.saturating_add(n);
+        if total > budget {
+            break;
+        }
+        // Files of one size are held all or none.
+        if sizes.get(k + 1) != Some(&n) {
+            max = Some(n);
+        }
+    }
+    max
+}
+
 /// The files of the walked tree, as a content source for the writer.
 struct PackContents<'a> {
     roots: &'a [Root],
     manifest: &'a Manifest,
     sources: &'a [Option<FoundFile>],
     /// In the writing pass, the first pass's fingerprints of each entry,
-    /// against which it checks every file.
+    /// against which it checks every file it reads again.
     fingerprints: Option<&'a [Vec<u128>]>,
+    /// In the writing pass, the content the first pass held, by entry:
+    /// copied as it is, since it is exactly the bytes that were hashed.
+    held: &'a [Option<Box<[u8]>>],
 }
 
-/// One source file being read.
-struct PackReader<'a> {
+/// One source file being read: from the tree, or held in memory (what is
+/// left of it to read, and its path).
+enum PackReader<'a> {
+    Disk(DiskReader<'a>),
+    Held(&'a [u8], &'a str),
+}
+
+/// A file of the tree being read.
+struct DiskReader<'a> {
     file: File,
     path: &'a str,
     src: &'a FoundFile,
@@ -259,8 +322,10 @@ impl Contents for PackContents<'_> {
 
     /// Every file is hashed in the first pass, and fingerprinted again and
     /// compared in the second.
-    fn check(&self, _i: usize) -> Check {
-        if self.fingerprints.is_some() {
+    fn check(&self, i: usize) -> Check {
+        if self.held.get(i).is_some_and(Option::is_some) {
+            Check::Trust
+        } else if self.fingerprints.is_some() {
             Check::Unchanged
         } else {
             Check::Compute
@@ -273,6 +338,9 @@ impl Contents for PackContents<'_> {
     }
 
     fn open(&self, i: usize) -> Result<PackReader<'_>, Error> {
+        if let Some(Some(bytes)) = self.held.get(i) {
+            return Ok(PackReader::Held(bytes, &self.manifest.entries[i].path));
+        }
         let path: &str = &self.manifest.entries[i].path;
         let src = self.sources[i].as_ref().ok_or_else(|| Error::Changed {
             path: path.into(),
@@ -295,12 +363,12 @@ impl Contents for PackContents<'_> {
         })?;
         // Its stamp is checked after the read: any change since the walk
         // shows there, whenever it happened.
-        Ok(PackReader {
+        Ok(PackReader::Disk(DiskReader {
             file: File::from(fd),
             path,
             src,
             roots: self.roots,
-        })
+        }))
     }
 }
 
@@ -308,10 +376,45 @@ impl ContentReader for PackReader<'_> {
     type Error = Error;
 
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {
-        read_exact(&mut self.file, buf, self.path)
+        match self {
+            PackReader::Disk(d) => read_exact(&mut d.file, buf, d.path),
+            PackReader::Held(rest, path) => {
+                // The writer asks for no more than the size the walk saw,
+                // which is the size held.
+                let (head, tail) =
+                    rest.split_at_checked(buf.len())
+                        .ok_or_else(|| Error::Changed {
+                            path: (*path).into(),
+                            what: "shrank",
+                        })?;
+                buf.copy_from_slice(head);
+                *rest = tail;
+                Ok(())
+            }
+        }
     }
 
     /// A large file's later chunk: seek, read nothing.
+    fn skip(&mut self, n: u64) -> Result<(), Error> {
+        match self {
+            PackReader::Disk(d) => d.skip(n),
+            PackReader::Held(rest, _) => {
+                *rest = rest.get(n as usize..).unwrap_or_default();
+                Ok(())
+            }
+        }
+    }
+
+    /// After reading: still the file the walk saw.
+    fn finish(self) -> Result<(), Error> {
+        match self {
+            PackReader::Disk(d) => d.check_stamp(),
+            PackReader::Held(..) => Ok(()),
+        }
+    }
+}
+
+impl DiskReader<'_> {
     fn skip(&mut self, n: u64) -> Result<(), Error> {
         use std::io::{Seek, SeekFrom};
         let to = i64::try_from(n).map_err(|_| Error::Changed {
@@ -328,13 +431,6 @@ impl ContentReader for PackReader<'_> {
         Ok(())
     }
 
-    /// After reading: still the file the walk saw.
-    fn finish(self) -> Result<(), Error> {
-        self.check_stamp()
-    }
-}
-
-impl PackReader<'_> {
     /// The open file is the regular file the walk saw, with the same size
     /// and mtime: not replaced, not visibly written since. (Not the ctime:
     /// `chmod` or a new hard link move it without touching the content,
@@ -374,4 +470,55 @@ fn read_exact(file: &mut File, buf: &mut [u8], path: &str) -> Result<(), Error> 
             source: e,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(sizes: &[u64]) -> Manifest {
+        let entries = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &size)| Entry {
+                path: format!("workspace/f{k}").into(),
+                kind: EntryKind::File(FileMeta {
+                    size,
+                    mtime_ns: 0,
+                    executable: false,
+                    sha256: Sha256::default(),
+                    chunks: vec![Sha256::default(); chunk_count(size) as usize].into(),
+                }),
+            })
+            .collect();
+        Manifest {
+            harness: None,
+            entries,
+        }
+    }
+
+    #[test]
+    fn the_smallest_files_are_held_within_the_budget() {
+        let m = files(&[10, 30, 20, 20, 5 << 20, 0]);
+        // 0 + 10 + 20 + 20 = 50 fit; 30 more would not.
+        assert_eq!(hold_max(&m, 50), Some(20));
+        assert_eq!(hold_max(&m, 79), Some(20));
+        assert_eq!(hold_max(&m, 80), Some(30));
+        // Files of one size go together: with room for one of the two
+        // 20-byte files, neither is held.
+        assert_eq!(hold_max(&m, 30), Some(10));
+        // An empty file costs nothing and is always held.
+        assert_eq!(hold_max(&m, 0), Some(0));
+        assert_eq!(hold_max(&files(&[7]), 6), None);
+        // Never a file over the size limit, whatever the budget.
+        assert_eq!(hold_max(&m, u64::MAX), Some(30));
+    }
+
+    #[test]
+    fn the_default_hold_is_bounded_by_memory() {
+        let limit = sys::memory_limit();
+        assert!(limit > 0);
+        let hold = default_hold_memory();
+        assert!(hold <= 256 << 20 && hold <= limit / 16, "{hold} of {limit}");
+    }
 }
