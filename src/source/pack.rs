@@ -320,8 +320,9 @@ impl Contents for PackContents<'_> {
     where
         Self: 'a;
 
-    /// Every file is hashed in the first pass, and fingerprinted again and
-    /// compared in the second.
+    /// Every file is hashed in the first pass; in the second, a held file
+    /// is copied as it was hashed, any other fingerprinted again and
+    /// compared.
     fn check(&self, i: usize) -> Check {
         if self.held.get(i).is_some_and(Option::is_some) {
             Check::Trust
