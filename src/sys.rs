@@ -257,31 +257,69 @@ pub fn memory_limit() -> u64 {
     #[cfg(not(target_os = "linux"))]
     let phys = u64::MAX;
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let limits = cgroups.lines().filter_map(|line| {
-        let mut f = line.splitn(3, ':');
-        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-        let file = if controllers.is_empty() {
-            format!("/sys/fs/cgroup{}/memory.max", path.trim_end_matches('/'))
-        } else if controllers.split(',').any(|c| c == "memory") {
-            let path = path.trim_end_matches('/');
-            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
-        } else {
-            return None;
-        };
+    cgroups
+        .lines()
+        .flat_map(cgroup_memory_limits)
+        .fold(phys, u64::min)
+}
+
+/// The memory limits that bind the cgroup of one `/proc/self/cgroup` line
+/// (v2 `0::PATH`, or a v1 line whose controllers include `memory`): of the
+/// cgroup and of each parent, up to the root of the mounted hierarchy. The
+/// walk up also finds the limit where `PATH` is not below the mount (a
+/// container without a cgroup namespace sees its host's path, but has its
+/// own cgroup mounted at the root).
+fn cgroup_memory_limits(line: &str) -> Vec<u64> {
+    let mut f = line.splitn(3, ':');
+    let (Some(_), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
+        return Vec::new();
+    };
+    let (base, file) = if controllers.is_empty() {
+        ("/sys/fs/cgroup", "memory.max")
+    } else if controllers.split(',').any(|c| c == "memory") {
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+    } else {
+        return Vec::new();
+    };
+    let mut dir = Path::new(base).join(path.trim_start_matches('/'));
+    let mut out = Vec::new();
+    loop {
         // "max" (v2) or a huge number (v1) where there is no limit.
-        std::fs::read_to_string(file)
-            .ok()?
-            .trim()
-            .parse::<u64>()
+        if let Some(n) = std::fs::read_to_string(dir.join(file))
             .ok()
-    });
-    limits.fold(phys, u64::min)
+            .and_then(|t| t.trim().parse::<u64>().ok())
+        {
+            out.push(n);
+        }
+        if dir == Path::new(base) || !dir.pop() {
+            return out;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    #[test]
+    fn cgroup_lines_without_a_memory_limit_give_none() {
+        for line in [
+            "",
+            "garbage",
+            "4:cpu,cpuacct:/x",
+            "1:name=systemd:/",
+            "0::/../../..",
+            "0::/no/such/group",
+            "7:memory:/../no/such",
+        ] {
+            let limits = cgroup_memory_limits(line);
+            // Only a real limit file on the way up counts; there is none
+            // under these names, but the roots may hold one.
+            assert!(limits.len() <= 1, "{line}: {limits:?}");
+        }
+        assert!(memory_limit() > 0);
+    }
 
     #[test]
     fn refuses_symlinks_and_escapes() {

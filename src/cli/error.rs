@@ -168,10 +168,10 @@ impl CliError {
     /// (not a packet, truncated, unreadable) is about that file.
     pub fn in_file(mut self, file: &std::path::Path) -> CliError {
         if self.path.is_none() && self.relayed.is_none() {
+            // No path yet means the message names no file either (an I/O
+            // error on a known file carries it as its path).
             let f = file.display().to_string();
-            if !self.message.starts_with(&f) {
-                self.message = format!("{f}: {}", self.message);
-            }
+            self.message = format!("{f}: {}", self.message);
             self.path = Some(f);
         }
         self
@@ -236,4 +236,39 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::Error;
+
+    #[test]
+    fn an_error_about_a_whole_packet_names_the_file() {
+        // A packet named like the start of its message still gets its name.
+        let e = CliError::from(Error::Truncated {
+            expected: 2048,
+            actual: 1500,
+        })
+        .in_file(std::path::Path::new("truncated"));
+        assert_eq!(e.path.as_deref(), Some("truncated"));
+        assert!(
+            e.message.starts_with("truncated: truncated"),
+            "{}",
+            e.message
+        );
+        // Named once only, and an entry's own path is kept.
+        let io = Error::io_at(
+            std::path::Path::new("p.packet"),
+            "cannot open the packet",
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+        );
+        let e = CliError::from(io).in_file(std::path::Path::new("p.packet"));
+        assert_eq!(e.message.matches("p.packet").count(), 1, "{}", e.message);
+        let entry = Error::DuplicatePath {
+            path: "workspace/a".into(),
+        };
+        let e = CliError::from(entry).in_file(std::path::Path::new("p.packet"));
+        assert_eq!(e.path.as_deref(), Some("workspace/a"));
+    }
 }

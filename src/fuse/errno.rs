@@ -28,7 +28,7 @@ pub fn errno(e: &Error) -> Errno {
         Error::Corrupt { .. } | Error::PacketChanged { .. } => Errno::EIO,
         // The OS error of the upper filesystem, passed through (ENOSPC,
         // EDQUOT, ...); EIO only when the error carries no errno.
-        Error::Upper { source, .. } | Error::PacketIo(source) => {
+        Error::Upper { source, .. } | Error::PacketIo { source, .. } => {
             source.raw_os_error().map_or(Errno::EIO, Errno::from_i32)
         }
         // Mount-time and seal errors; they never reach a FUSE reply, EIO if

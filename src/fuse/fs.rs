@@ -140,7 +140,7 @@ fn failed(op: &'static str, ino: u64, e: &Error) -> Errno {
             tracing::debug!(op, ino, errno = code.code(), "{e}")
         }
         Error::Upper { .. }
-        | Error::PacketIo(_)
+        | Error::PacketIo { .. }
         | Error::Corrupt { .. }
         | Error::PacketChanged { .. } => {
             tracing::warn!(op, ino, errno = code.code(), "{e}")

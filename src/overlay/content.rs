@@ -137,7 +137,7 @@ impl Verifier {
     /// one the chunks were verified in (its size, mtime or ctime moved):
     /// nothing verified before can be trusted then.
     pub fn check_unchanged(&self, packet: &Packet) -> Result<()> {
-        if identity(packet).map_err(Error::PacketIo)? != self.at_open {
+        if identity(packet).map_err(|e| Error::packet_io(packet, e))? != self.at_open {
             tracing::error!(packet = %packet.path().display(), "the packet file changed while mounted");
             return Err(Error::PacketChanged {
                 packet: packet.path().display().to_string(),
@@ -221,7 +221,7 @@ impl Verifier {
                 out.resize(at + (take_end - pos) as usize, 0);
                 packet
                     .read_content_at(i as usize, pos, &mut out[at..])
-                    .map_err(Error::PacketIo)?;
+                    .map_err(|e| Error::packet_io(packet, e))?;
             } else {
                 // A reader moving forward will want the next chunk: the disk
                 // fetches it while this one is hashed. (Not for a reader
@@ -341,7 +341,7 @@ impl Verifier {
                 let piece = &mut piece_buf[..n as usize];
                 packet
                     .read_content_at(i as usize, at, piece)
-                    .map_err(Error::PacketIo)?;
+                    .map_err(|e| Error::packet_io(packet, e))?;
                 hasher.update(&*piece);
                 let (lo, hi) = (pos.max(at), take_end.min(at + n));
                 if lo < hi {

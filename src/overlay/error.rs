@@ -70,8 +70,8 @@ pub enum Error {
     /// An operation on the upper directory failed.
     #[error("{context}: {source}")]
     Upper {
-        /// The file or directory, when known (also at the start of
-        /// `context`).
+        /// The file or directory on disk, or the entry of the merged view
+        /// a seal was reading, when known (also at the start of `context`).
         path: Option<String>,
         /// What and where.
         context: String,
@@ -80,8 +80,14 @@ pub enum Error {
         source: io::Error,
     },
     /// Reading the packet failed.
-    #[error("reading the packet: {0}")]
-    PacketIo(#[source] io::Error),
+    #[error("{packet}: cannot read the packet: {source}")]
+    PacketIo {
+        /// The packet file.
+        packet: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// The upper directory cannot be used.
     #[error("{path}: {reason}")]
     UpperRefused {
@@ -130,6 +136,15 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// An error reading `packet` (the path is formatted only here, off
+    /// the read path's success case).
+    pub fn packet_io(packet: &packet::reader::Packet, source: io::Error) -> Error {
+        Error::PacketIo {
+            packet: packet.path().display().to_string(),
+            source,
+        }
+    }
+
     /// Stable kind, for errors reported by commands.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -137,7 +152,7 @@ impl Error {
             Error::UpperRefused { .. } => "upper_refused",
             Error::UpperMismatch { .. } => "upper_mismatch",
             Error::Replay { .. } => "upper_damaged",
-            Error::Upper { .. } | Error::PacketIo(_) => "io",
+            Error::Upper { .. } | Error::PacketIo { .. } => "io",
             Error::Corrupt { .. } => "content_mismatch",
             Error::PacketChanged { .. } => "packet_changed",
             Error::Refused { kind, .. } => kind,
@@ -152,6 +167,7 @@ impl Error {
             Error::Packet(p) => p.path(),
             Error::Corrupt { path, .. }
             | Error::PacketChanged { packet: path }
+            | Error::PacketIo { packet: path, .. }
             | Error::Refused { path, .. }
             | Error::UpperRefused { path, .. }
             | Error::UpperMismatch { path, .. } => Some(path),

@@ -1153,7 +1153,7 @@ fn new_lower(
         .filter_map(|e| e.file().map(|f| f.mtime_ns as Nanos))
         .max()
         .unwrap_or(0);
-    let verifier = content::Verifier::new(&packet).map_err(Error::PacketIo)?;
+    let verifier = content::Verifier::new(&packet).map_err(|e| Error::packet_io(&packet, e))?;
     Ok((
         Lower {
             packet,

@@ -974,7 +974,7 @@ impl ContentReader for SealReader<'_> {
                             packet: packet.path().display().to_string(),
                         }
                     } else {
-                        Error::PacketIo(e)
+                        Error::packet_io(packet, e)
                     }
                 })?;
                 *pos += buf.len() as u64;
@@ -987,12 +987,14 @@ impl ContentReader for SealReader<'_> {
                         Error::Refused {
                             path: path.to_string(),
                             kind: "changed_while_sealing",
-                            reason: "its upper data file is shorter than when the seal began (only the daemon may write the upper directory)".into(),
+                            reason: "its upper data file is shorter than when the seal began \
+                                     (only the daemon may write the upper directory)"
+                                .into(),
                         }
                     } else {
                         Error::Upper {
                             path: Some(path.to_string()),
-        context: format!("{path}: read"),
+                            context: format!("{path}: read"),
                             source: e,
                         }
                     }

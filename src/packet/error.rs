@@ -373,6 +373,19 @@ impl Error {
         }
     }
 
+    /// Names `file` as where an I/O error happened, if it names no file
+    /// yet; any other error is returned as it is.
+    pub fn at_file(self, file: &std::path::Path) -> Error {
+        match self {
+            Error::Io {
+                file: None,
+                context,
+                source,
+            } => Error::io_at(file, &context, source),
+            e => e,
+        }
+    }
+
     /// The stable machine-readable kind.
     pub fn kind(&self) -> &'static str {
         match self {

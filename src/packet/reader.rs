@@ -154,7 +154,7 @@ impl Packet {
     /// Like [`Packet::open`], for a file already open.
     pub fn from_file(file: File, path: &Path, limits: &Limits) -> Result<Packet> {
         let t = std::time::Instant::now();
-        let raw = read_manifest_bytes(&file, limits)?;
+        let raw = read_manifest_bytes(&file, limits).map_err(|e| e.at_file(path))?;
         tracing::debug!(elapsed = ?t.elapsed(), bytes = raw.bytes.len(), "manifest read");
         // The digest and the parse are independent: one core each.
         let (digest, manifest) = rayon::join(

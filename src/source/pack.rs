@@ -166,8 +166,9 @@ pub fn pack(
 
     // Two passes, like the seal: hash every file on all cores, then write
     // the packet once, in file order, hashing it on the way for
-    // `file_sha256` (see crate::output::in_order), every file fingerprinted
-    // again as it is copied and compared with the first pass.
+    // `file_sha256` (see crate::output::in_order); the smallest files are
+    // copied from the bytes the first pass held, every other one
+    // fingerprinted again as it is copied and compared with the first pass.
     let stats = WriteStats::default();
     let first = PackContents {
         roots: &scan.roots,
@@ -261,8 +262,12 @@ const HOLD_FILE_MAX: u64 = 1 << 20;
 
 /// The size up to which files are held so that they fit in `budget`
 /// together, the smallest first (each file held saves the same work,
-/// whatever its size); `None` when not even the smallest fit.
+/// whatever its size); `None` when not even the smallest fit, and with no
+/// budget at all (every file is then read twice, empty ones included).
 fn hold_max(manifest: &Manifest, budget: u64) -> Option<u64> {
+    if budget == 0 {
+        return None;
+    }
     let mut sizes: Vec<u64> = manifest
         .entries
         .iter()
@@ -508,8 +513,10 @@ mod tests {
         // Files of one size go together: with room for one of the two
         // 20-byte files, neither is held.
         assert_eq!(hold_max(&m, 30), Some(10));
-        // An empty file costs nothing and is always held.
-        assert_eq!(hold_max(&m, 0), Some(0));
+        // An empty file costs nothing and is held with any budget.
+        assert_eq!(hold_max(&m, 1), Some(0));
+        // No budget: nothing held, so every file is read twice.
+        assert_eq!(hold_max(&m, 0), None);
         assert_eq!(hold_max(&files(&[7]), 6), None);
         // Never a file over the size limit, whatever the budget.
         assert_eq!(hold_max(&m, u64::MAX), Some(30));
