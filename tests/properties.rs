@@ -92,7 +92,7 @@ fn opts_holding(ws: &Path, out: &Path, hold_memory: u64) -> PackOptions {
         keep: vec![],
         limits: Limits::DEFAULT,
         mode: 0o644,
-        hold_memory,
+        hold_memory: Some(hold_memory),
         barrier: None,
     }
 }

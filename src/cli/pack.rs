@@ -9,7 +9,7 @@ use super::args::{LimitArgs, file_mode_from_umask, parse_size};
 use super::error::CliError;
 use super::progress::Progress;
 use crate::packet::format::HarnessKind;
-use crate::source::pack::{PackOptions, PackOutcome, PackProgress, default_hold_memory, pack};
+use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
 
 /// Pack a workspace, and optionally an agent harness's home, into one
 /// deterministic packet.
@@ -111,7 +111,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         keep: a.keep,
         limits,
         mode: file_mode_from_umask(),
-        hold_memory: a.hold_memory.unwrap_or_else(default_hold_memory),
+        hold_memory: a.hold_memory,
         barrier: crate::barrier::from_env(),
     };
     let progress = Progress::bytes("packing", 0);

@@ -59,8 +59,8 @@ pub struct PackOptions {
     /// Mode of the packet file.
     pub mode: u32,
     /// Bytes of small files' content held between the two passes, at most
-    /// ([`default_hold_memory`]).
-    pub hold_memory: u64,
+    /// (`None`: [`hold_budget`]'s default).
+    pub hold_memory: Option<u64>,
     /// Test barrier directory (see [`crate::barrier`]); its point is
     /// `hashed`, between the two passes.
     pub barrier: Option<PathBuf>,
@@ -179,8 +179,7 @@ pub fn pack(
     };
     let keep = Keep {
         fingerprints: true,
-        // Never more than half the memory this process may use.
-        hold_max: hold_max(&manifest, opts.hold_memory.min(sys::memory_limit() / 2)),
+        hold_max: hold_max(&manifest, hold_budget(opts.hold_memory)),
     };
     progress(PackProgress::Pass("hashing", manifest.content_bytes()));
     let hashes = hash_new(&manifest, &first, &stats, keep, &bytes)?;
@@ -249,11 +248,13 @@ pub fn pack(
     })
 }
 
-/// The default memory for the content of small files held from the
-/// hashing pass to the writing pass: 256 MiB, or a sixteenth of the memory
-/// this process may use where that is less.
-pub fn default_hold_memory() -> u64 {
-    (256 << 20).min(sys::memory_limit() / 16)
+/// The memory for the content of small files held from the hashing pass
+/// to the writing pass: `asked`, by default 256 MiB or a sixteenth of the
+/// memory this process may use where that is less; never more than half
+/// of that memory.
+fn hold_budget(asked: Option<u64>) -> u64 {
+    let limit = sys::memory_limit();
+    asked.unwrap_or((256 << 20).min(limit / 16)).min(limit / 2)
 }
 
 /// Files held between the passes are at most this large: holding saves a
@@ -523,10 +524,12 @@ mod tests {
     }
 
     #[test]
-    fn the_default_hold_is_bounded_by_memory() {
+    fn the_hold_is_bounded_by_memory() {
         let limit = sys::memory_limit();
         assert!(limit > 0);
-        let hold = default_hold_memory();
+        let hold = hold_budget(None);
         assert!(hold <= 256 << 20 && hold <= limit / 16, "{hold} of {limit}");
+        assert_eq!(hold_budget(Some(0)), 0);
+        assert_eq!(hold_budget(Some(u64::MAX)), limit / 2);
     }
 }
