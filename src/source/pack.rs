@@ -59,7 +59,8 @@ pub struct PackOptions {
     /// Mode of the packet file.
     pub mode: u32,
     /// Bytes of small files' content held between the two passes, at most
-    /// (`None`: [`hold_budget`]'s default).
+    /// (`None`: 256 MiB, or a sixteenth of the memory the process may use
+    /// where that is less; never more than half of that memory).
     pub hold_memory: Option<u64>,
     /// Test barrier directory (see [`crate::barrier`]); its point is
     /// `hashed`, between the two passes.
