@@ -414,13 +414,7 @@ fn symlinks_are_never_followed_and_absolute_ones_into_the_root_are_rebased() {
     let out = tmp.path().join("p.packet");
     let v = pack(&ws, &out, &[]);
     let restored = tmp.path().join("r");
-    run([
-        "unpack",
-        out.to_str().unwrap(),
-        "--into",
-        restored.to_str().unwrap(),
-    ])
-    .ok();
+    unpack(&out, &restored, &[]);
     for (at, target, want) in links {
         let got = fs::read_link(restored.join("workspace").join(at)).unwrap();
         let want = if *want == "__same__" {
@@ -502,13 +496,7 @@ fn special_files_are_dropped_and_hard_links_become_files() {
         ]
     );
     let r = tmp.path().join("r");
-    run([
-        "unpack",
-        out.to_str().unwrap(),
-        "--into",
-        r.to_str().unwrap(),
-    ])
-    .ok();
+    unpack(&out, &r, &[]);
     assert_eq!(fs::read(r.join("workspace/b")).unwrap(), b"shared");
     use std::os::unix::fs::MetadataExt;
     assert_ne!(
@@ -913,13 +901,7 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
     assert_eq!(code, 0, "{v}");
     run(["verify", out.to_str().unwrap()]).ok();
     let back = tmp.path().join("back");
-    run([
-        "unpack",
-        out.to_str().unwrap(),
-        "--into",
-        back.to_str().unwrap(),
-    ])
-    .ok();
+    unpack(&out, &back, &[]);
     assert_eq!(fs::read(back.join("workspace/small.txt")).unwrap(), before);
     assert_ne!(fs::read(ws.join("small.txt")).unwrap(), before);
     assert_eq!(

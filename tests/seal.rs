@@ -633,15 +633,7 @@ fn a_seal_concurrent_with_a_writer_captures_whole_writes() {
         let out = tmp.path().join(format!("s{n}.packet"));
         seal(&m, &out, &[]);
         let r = tmp.path().join(format!("r{n}"));
-        run([
-            "unpack",
-            out.to_str().unwrap(),
-            "--into",
-            r.to_str().unwrap(),
-            "--part",
-            "workspace",
-        ])
-        .ok();
+        unpack(&out, &r, &["--part", "workspace"]);
         let data = fs::read(r.join("log.bin")).unwrap();
         assert_eq!(
             data.len() % (64 * 1024),
@@ -769,15 +761,7 @@ fn rebase_continues_on_the_new_packet() {
     // them, and trusted the bytes: they must be exactly the merged view.
     run(["verify", p3.to_str().unwrap()]).ok();
     let out = tmp.path().join("turn2.tree");
-    run([
-        "unpack",
-        p3.to_str().unwrap(),
-        "--into",
-        out.to_str().unwrap(),
-        "--part",
-        "workspace",
-    ])
-    .ok();
+    unpack(&p3, &out, &["--part", "workspace"]);
     assert_eq!(snapshot(&out), snapshot(&m.mnt));
     let mnt = m.mnt.clone();
     m.umount();

@@ -239,6 +239,20 @@ pub fn pack(ws: &Path, out: &Path, extra: &[&str]) -> Value {
     run(&args).ok().clone()
 }
 
+/// Unpacks `packet` into `into` (extra args appended) and returns the
+/// result JSON.
+#[track_caller]
+pub fn unpack(packet: &Path, into: &Path, extra: &[&str]) -> Value {
+    let mut args: Vec<String> = vec![
+        "unpack".into(),
+        packet.display().to_string(),
+        "--into".into(),
+        into.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    run(&args).ok().clone()
+}
+
 /// Whether FUSE can be used here. Without /dev/fuse the mount tests print
 /// why they skip, except under `SESSIONFS_REQUIRE_FUSE=1` (set by
 /// `make test`), where a missing FUSE fails them.
