@@ -88,41 +88,34 @@ pub fn hash_new<S: Contents>(
         .map_init(Vec::new, |buf, (i, size)| {
             let mut h = ContentHasher::new(size);
             let mut r = src.open(i)?;
-            if keep.hold_max.is_some_and(|max| size <= max) {
+            let mut prints = Vec::new();
+            let held = if keep.hold_max.is_some_and(|max| size <= max) {
                 // One read into memory the writer copies from: no second
                 // open, read and compare.
                 let mut data = vec![0u8; size as usize];
                 r.read_exact(&mut data)?;
-                r.finish()?;
                 h.update(&data);
                 progress(size);
-                stats.count(Check::Compute, size);
-                let (sha256, chunks) = h.finish();
-                return Ok(Hashed {
-                    entry: i,
-                    sha256,
-                    chunks,
-                    fingerprints: Vec::new(),
-                    held: Some(data.into_boxed_slice()),
-                });
-            }
-            buf.resize(READ_PIECE, 0);
-            let mut prints = Vec::new();
-            let mut left = size;
-            while left > 0 {
-                let n = left.min(READ_PIECE as u64) as usize;
-                r.read_exact(&mut buf[..n])?;
-                h.update(&buf[..n]);
-                if keep.fingerprints {
-                    prints.push(fingerprint(&buf[..n]));
+                Some(data.into_boxed_slice())
+            } else {
+                buf.resize(READ_PIECE, 0);
+                let mut left = size;
+                while left > 0 {
+                    let n = left.min(READ_PIECE as u64) as usize;
+                    r.read_exact(&mut buf[..n])?;
+                    h.update(&buf[..n]);
+                    if keep.fingerprints {
+                        prints.push(fingerprint(&buf[..n]));
+                    }
+                    left -= n as u64;
+                    progress(n as u64);
                 }
-                left -= n as u64;
-                progress(n as u64);
-            }
-            if keep.fingerprints && size == 0 {
-                // An empty file is read in no piece; its one is of nothing.
-                prints.push(fingerprint(&[]));
-            }
+                if keep.fingerprints && size == 0 {
+                    // An empty file is read in no piece; its one is of nothing.
+                    prints.push(fingerprint(&[]));
+                }
+                None
+            };
             r.finish()?;
             stats.count(Check::Compute, size);
             let (sha256, chunks) = h.finish();
@@ -131,7 +124,7 @@ pub fn hash_new<S: Contents>(
                 sha256,
                 chunks,
                 fingerprints: prints,
-                held: None,
+                held,
             })
         })
         .collect()
