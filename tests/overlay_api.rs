@@ -114,11 +114,7 @@ fn final_path(o: &Overlay, path: &str) -> Result<String, Error> {
 /// The kernel resolves symlinks, not the overlay: the harness reports a
 /// loop with the kernel's errno.
 fn eloop() -> Error {
-    Error::Upper {
-        path: None,
-        context: "symlink loop".into(),
-        source: std::io::Error::from_raw_os_error(libc::ELOOP),
-    }
+    Error::upper("symlink loop")(std::io::Error::from_raw_os_error(libc::ELOOP))
 }
 
 fn write_at(

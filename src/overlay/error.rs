@@ -136,6 +136,16 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Maps an OS error of operation `op` on the upper directory, at no
+    /// path a user names (a FUSE request's file), to [`Error::Upper`].
+    pub fn upper(op: &'static str) -> impl FnOnce(io::Error) -> Error {
+        move |source| Error::Upper {
+            path: None,
+            context: op.into(),
+            source,
+        }
+    }
+
     /// An error reading `packet` (the path is formatted only here, off
     /// the read path's success case).
     pub fn packet_io(packet: &packet::reader::Packet, source: io::Error) -> Error {

@@ -766,11 +766,7 @@ impl Overlay {
             self.upper
                 .data(id)?
                 .set_len(size)
-                .map_err(|e| Error::Upper {
-                    path: None,
-                    context: "truncate".into(),
-                    source: e,
-                })?;
+                .map_err(Error::upper("truncate"))?;
         }
         let t = now();
         let resolve = |s: SetTime| match s {
@@ -858,18 +854,10 @@ impl Overlay {
                 buf.clear();
                 let n = (copy - pos).min(crate::packet::format::CHUNK_SIZE);
                 lower.verifier.read(&lower.packet, idx, pos, n, &mut buf)?;
-                upper::write_sparse(&file, &buf, pos).map_err(|e| Error::Upper {
-                    path: None,
-                    context: "copy-up".into(),
-                    source: e,
-                })?;
+                upper::write_sparse(&file, &buf, pos).map_err(Error::upper("copy-up"))?;
                 pos += n;
             }
-            file.set_len(copy).map_err(|e| Error::Upper {
-                path: None,
-                context: "copy-up".into(),
-                source: e,
-            })?;
+            file.set_len(copy).map_err(Error::upper("copy-up"))?;
             set_file_times(&file, Some(atime), Some(mtime))
         })();
         if let Err(e) = result {
@@ -960,11 +948,7 @@ impl Overlay {
             }
             Content::Upper(id) => {
                 let f = self.upper.data(id)?;
-                let len = f.metadata().map_err(|e| Error::Upper {
-                    path: None,
-                    context: "read".into(),
-                    source: e,
-                })?;
+                let len = f.metadata().map_err(Error::upper("read"))?;
                 let size = u64::from(size).min(len.len().saturating_sub(offset)) as u32;
                 let at = out.len();
                 out.resize(at + size as usize, 0);
@@ -975,11 +959,7 @@ impl Overlay {
                         Ok(n) => got += n,
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(e) => {
-                            return Err(Error::Upper {
-                                path: None,
-                                context: "read".into(),
-                                source: e,
-                            });
+                            return Err(Error::upper("read")(e));
                         }
                     }
                 }
@@ -1005,11 +985,7 @@ impl Overlay {
         self.upper
             .data(id)?
             .write_all_at(data, offset)
-            .map_err(|e| Error::Upper {
-                path: None,
-                context: "write".into(),
-                source: e,
-            })?;
+            .map_err(Error::upper("write"))?;
         Ok(data.len() as u32)
     }
 
@@ -1023,11 +999,7 @@ impl Overlay {
             } else {
                 f.sync_all()
             };
-            r.map_err(|e| Error::Upper {
-                path: None,
-                context: "fsync".into(),
-                source: e,
-            })?;
+            r.map_err(Error::upper("fsync"))?;
             self.upper.sync_data_name(id)?;
         }
         self.upper.sync_journal()
@@ -1049,11 +1021,7 @@ impl Overlay {
             if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                 Error::NotSupported
             } else {
-                Error::Upper {
-                    path: None,
-                    context: "fallocate".into(),
-                    source: e,
-                }
+                Error::upper("fallocate")(e)
             }
         })
     }
@@ -1071,11 +1039,7 @@ fn set_file_times(f: &File, atime: Option<Nanos>, mtime: Option<Nanos>) -> Resul
         Some(ns) => TimeSpec::new(ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000)),
         None => TimeSpec::UTIME_OMIT,
     };
-    futimens(f, &ts(atime), &ts(mtime)).map_err(|e| Error::Upper {
-        path: None,
-        context: "set times".into(),
-        source: e.into(),
-    })
+    futimens(f, &ts(atime), &ts(mtime)).map_err(|e| Error::upper("set times")(e.into()))
 }
 
 /// Attributes of a pristine lower entry.
