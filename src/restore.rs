@@ -137,14 +137,14 @@ pub fn unpack(
     if opts.strict_symlinks {
         resolve::check_no_escapes(&packet.manifest, root_name)?;
     }
-    let exists = check_target(&opts.into)?;
-    let shown = opts.into.display().to_string();
-    let parent = match opts.into.parent() {
+    let into = &lexical_target(&opts.into);
+    let exists = check_target(into)?;
+    let shown = into.display().to_string();
+    let parent = match into.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let name = opts
-        .into
+    let name = into
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -155,7 +155,7 @@ pub fn unpack(
     let staging = if exists {
         tempfile::Builder::new()
             .prefix(".sessionfs-unpack.")
-            .tempdir_in(&opts.into)
+            .tempdir_in(into)
             .map_err(io_err(
                 &shown,
                 "cannot create a staging directory in the target",
@@ -188,12 +188,12 @@ pub fn unpack(
     };
     let outcome = writer.restore(progress)?;
     if exists {
-        move_into(staging.path(), &opts.into).map_err(|e| Error::Target {
+        move_into(staging.path(), into).map_err(|e| Error::Target {
             path: shown.clone(),
             reason: format!("cannot move the restored tree into place: {e}"),
         })?;
     } else {
-        std::fs::rename(staging.path(), &opts.into).map_err(|e| Error::Target {
+        std::fs::rename(staging.path(), into).map_err(|e| Error::Target {
             path: shown.clone(),
             reason: format!("cannot move the restored tree into place: {e}"),
         })?;
@@ -266,6 +266,20 @@ fn remove_stale_staging(path: &Path) -> bool {
     };
     tracing::info!(path = %path.display(), "removing the staging directory of an unpack that was killed");
     std::fs::remove_dir_all(path).is_ok()
+}
+
+/// The target as it names itself: without trailing separators or `.`
+/// components (`link/` and `link/.` are `link`, which must not be a
+/// symlink: with them, every call would resolve it). A last `..` names the
+/// directory the path climbs to, resolved (it cannot be a symlink).
+fn lexical_target(into: &Path) -> PathBuf {
+    use std::path::Component;
+    let p: PathBuf = into.components().collect();
+    match p.components().next_back() {
+        Some(Component::ParentDir) => std::fs::canonicalize(&p).unwrap_or(p),
+        _ if p.as_os_str().is_empty() => PathBuf::from("."),
+        _ => p,
+    }
 }
 
 /// The target must be absent, or an empty directory (not a symlink), or

@@ -642,16 +642,31 @@ fn unpack_targets() {
     } else {
         eprintln!("SKIPPED the mountpoint case: cannot mount a tmpfs here (not root?)");
     }
-    // A symlink as target is refused, not followed.
+    // A symlink as target is refused, not followed, however it is
+    // spelled: a trailing `/` or `/.` would make every call resolve it.
+    let real = f.dir.join("real-empty");
+    fs::create_dir(&real).unwrap();
     let link = f.dir.join("link-target");
-    std::os::unix::fs::symlink(&empty, &link).unwrap();
-    run([
-        "unpack",
-        p.to_str().unwrap(),
-        "--into",
-        link.to_str().unwrap(),
-    ])
-    .fails(7, "target_unusable");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    for suffix in ["", "/", "/.", "/./", "//"] {
+        let into = format!("{}{suffix}", link.display());
+        let r = run(["unpack", p.to_str().unwrap(), "--into", &into]);
+        let e = r.fails(7, "target_unusable");
+        assert!(
+            e["message"].as_str().unwrap().contains("symlink"),
+            "{into}: {e}"
+        );
+        let after = fs::read_dir(&real).unwrap().count();
+        assert_eq!(after, 0, "{into}: written through the symlink");
+    }
+    // A last `..` names the directory it climbs to (here not empty).
+    let sub = f.dir.join("climb/sub");
+    fs::create_dir_all(&sub).unwrap();
+    let into = format!("{}/..", sub.display());
+    let r = run(["unpack", p.to_str().unwrap(), "--into", &into]);
+    let e = r.fails(7, "target_unusable");
+    assert!(e["message"].as_str().unwrap().contains("not empty"), "{e}");
+    assert_eq!(fs::read_dir(f.dir.join("climb")).unwrap().count(), 1);
     run([
         "unpack",
         p.to_str().unwrap(),
