@@ -281,6 +281,12 @@ fn manifest_refusals() {
         });
         let p = f.write(&format!("{name}.packet"), &bytes);
         refused_everywhere(&f, &p, code, kind);
+        // `inspect` parses the manifest too: what it refuses, it refuses
+        // alike, naming the packet or the entry.
+        let i = run(["inspect", p.to_str().unwrap()]);
+        if i.code != 0 {
+            names_what_is_at_fault(i.fails(code, kind), &p);
+        }
     }
 }
 
@@ -471,6 +477,20 @@ fn truncation_and_trailing_bytes() {
     ] {
         let p = f.write("cut.packet", &f.bytes[..cut]);
         refused_everywhere(&f, &p, 3, "truncated");
+        // `inspect` and `digest` read the manifest alone: with the whole
+        // manifest member there, they answer, and the length does not match.
+        let member = 512 + manifest_size(&f.bytes).next_multiple_of(512);
+        let (inspect, digest) = (
+            run(["inspect", p.to_str().unwrap()]),
+            run(["digest", p.to_str().unwrap()]),
+        );
+        if cut >= member {
+            assert_eq!(inspect.ok()["length_matches"], false);
+            digest.ok();
+        } else {
+            names_what_is_at_fault(inspect.fails(3, "truncated"), &p);
+            names_what_is_at_fault(digest.fails(3, "truncated"), &p);
+        }
     }
     for extra in [1usize, 512, 1024] {
         let mut bytes = f.bytes.clone();
@@ -498,6 +518,41 @@ fn not_a_packet_at_all() {
     refused_everywhere(&f, &p, 3, "manifest_missing");
     run(["digest", p.to_str().unwrap()]).fails(3, "manifest_missing");
     run(["verify", f.dir.join("nope.packet").to_str().unwrap()]).fails(6, "io");
+    // Only a regular file is a packet. A FIFO with no writer is refused at
+    // once, not waited on (coreutils' `timeout` ends a hang); so are a
+    // directory and a device.
+    let fifo = f.dir.join("fifo.packet");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mp = f.dir.join("mp");
+    fs::create_dir(&mp).unwrap();
+    for p in [fifo.as_path(), &f.dir, Path::new("/dev/null")] {
+        for cmd in ["verify", "inspect", "digest", "unpack", "mount"] {
+            let mut args = vec![cmd, p.to_str().unwrap()];
+            let (into, upper) = (f.dir.join("never"), f.dir.join("never-upper"));
+            match cmd {
+                "unpack" => args.extend(["--into", into.to_str().unwrap()]),
+                "mount" => args.extend([mp.to_str().unwrap(), "--upper", upper.to_str().unwrap()]),
+                _ => {}
+            }
+            let out = std::process::Command::new("timeout")
+                .arg("20")
+                .arg(common::bin())
+                .args(&args)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(3), "{args:?}: {out:?}");
+            let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(e["kind"], "not_a_packet", "{args:?}: {e}");
+            names_what_is_at_fault(&e, p);
+            assert!(
+                e["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not a regular file")
+            );
+            assert!(!into.exists() && !upper.exists(), "{args:?}");
+        }
+    }
 }
 
 #[test]

@@ -1,6 +1,5 @@
 //! `sessionfs digest`: print a packet's digest.
 
-use std::fs::File;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -8,7 +7,6 @@ use serde::Serialize;
 use super::Output;
 use super::args::LimitArgs;
 use super::error::{CliError, at_packet};
-use crate::packet::Error;
 use crate::packet::reader::read_raw_manifest;
 
 /// Print the packet digest: `sha256:` of the exact bytes of its manifest.
@@ -33,8 +31,7 @@ struct Result {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
-    let file =
-        File::open(&a.packet).map_err(|e| Error::io_at(&a.packet, "cannot open the packet", e))?;
+    let file = crate::packet::reader::open_file(&a.packet).map_err(at_packet(&a.packet))?;
     let raw = read_raw_manifest(&file, &limits).map_err(at_packet(&a.packet))?;
     Ok(Output::new(
         "sessionfs.digest-result/1",

@@ -1,6 +1,5 @@
 //! `sessionfs inspect`: a packet's metadata, from its manifest alone.
 
-use std::fs::File;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -59,8 +58,7 @@ struct Result {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
-    let file =
-        File::open(&a.packet).map_err(|e| Error::io_at(&a.packet, "cannot open the packet", e))?;
+    let file = crate::packet::reader::open_file(&a.packet).map_err(at_packet(&a.packet))?;
     let raw = read_raw_manifest(&file, &limits).map_err(at_packet(&a.packet))?;
     let mut out = Result {
         packet: a.packet.display().to_string(),
@@ -85,7 +83,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             out.supported = false;
             return Ok(Output::new("sessionfs.inspect-result/1", out));
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(at_packet(&a.packet)(e)),
     };
     let count =
         |f: fn(&EntryKind) -> bool| manifest.entries.iter().filter(|e| f(&e.kind)).count() as u64;

@@ -73,7 +73,9 @@ pub fn read_manifest_bytes(file: &File, limits: &Limits) -> Result<RawManifest> 
         return Err(LimitKind::ManifestBytes.exceeded(size, limits, None));
     }
     let padded = pad_to_block(size);
-    let needed = MANIFEST_DATA_OFFSET + padded + END_BLOCKS * BLOCK;
+    // The manifest member only: what follows it is the layout's to check
+    // (`inspect` reports a length that does not match, `open` refuses it).
+    let needed = MANIFEST_DATA_OFFSET + padded;
     if needed > file_len {
         return Err(Error::Truncated {
             expected: needed,
@@ -144,11 +146,41 @@ pub enum Event<'a> {
 /// both cores and bound the buffer each thread holds.
 pub const BATCH_BYTES: u64 = 1 << 20;
 
+/// Opens the packet file at `path` for reading. Only a regular file is a
+/// packet: a FIFO is opened without waiting for a writer (a read would
+/// block forever, or see a pipe's bytes and no length) and refused like a
+/// directory, a socket or a device.
+pub fn open_file(path: &Path) -> Result<File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| Error::io_at(path, "cannot open the packet", e))?;
+    let t = file
+        .metadata()
+        .map_err(|e| Error::io_at(path, "cannot stat the packet", e))?
+        .file_type();
+    let what = if t.is_file() {
+        return Ok(file);
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO or pipe"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a device"
+    };
+    Err(Error::NotAPacket {
+        reason: format!("it is {what}, not a regular file; write the packet to a file first"),
+    })
+}
+
 impl Packet {
     /// Opens `path` and checks its manifest member and length.
     pub fn open(path: &Path, limits: &Limits) -> Result<Packet> {
-        let file = File::open(path).map_err(|e| Error::io_at(path, "cannot open the packet", e))?;
-        Packet::from_file(file, path, limits)
+        Packet::from_file(open_file(path)?, path, limits)
     }
 
     /// Like [`Packet::open`], for a file already open.
