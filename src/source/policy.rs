@@ -197,9 +197,14 @@ impl Policy {
         if CREDENTIAL_FILES.contains(&name) {
             return exclude(name.to_string());
         }
+        // As the glob `*.pem` matches: `.pem` too. In any case (`CERT.PEM`):
+        // tools export keys with upper-case extensions.
         if let Some((_, ext)) = name.rsplit_once('.') {
-            if CREDENTIAL_EXTENSIONS.contains(&ext) && name.len() > ext.len() + 1 {
-                return exclude(format!("*.{ext}"));
+            if let Some(rule) = CREDENTIAL_EXTENSIONS
+                .iter()
+                .find(|e| e.eq_ignore_ascii_case(ext))
+            {
+                return exclude(format!("*.{rule}"));
             }
         }
         if name == ".env"
@@ -322,6 +327,10 @@ mod tests {
             ("workspace/server.key", false),
             ("workspace/a.p12", false),
             ("workspace/a.pfx", false),
+            ("workspace/.pem", false),
+            ("workspace/.key", false),
+            ("workspace/CERT.PEM", false),
+            ("workspace/tls.Key", false),
             ("workspace/.env", false),
             ("workspace/.env.local", false),
             ("workspace/.env.production", false),
@@ -342,8 +351,9 @@ mod tests {
             ("workspace/.env.dist", false),
             ("workspace/.env.defaults", false),
             ("workspace/id_rsa.pub", false),
-            ("workspace/.pem", false),
             ("workspace/key", false),
+            ("workspace/pem", false),
+            ("workspace/a.pem.txt", false),
             ("workspace/auth.json", false),
             ("workspace/secrets", true),
             ("workspace/.ssh", false),
