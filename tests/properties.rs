@@ -36,6 +36,8 @@ fn name() -> impl Strategy<Value = String> {
             && !s.starts_with(".env")
             && !s.ends_with(".key")
             && !s.ends_with(".pem")
+            && !s.ends_with(".p12")
+            && !s.ends_with(".pfx")
     })
 }
 
