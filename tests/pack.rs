@@ -398,6 +398,12 @@ fn symlinks_are_never_followed_and_absolute_ones_into_the_root_are_rebased() {
         ("sub/up", format!("{root}//data.txt"), "../data.txt"),
         ("sub/deep/dir", format!("{root}/sub/"), "../../sub/"),
         ("rootlink", root.clone(), "."),
+        // Rebased by the rule, and climbing out of the part all the same.
+        (
+            "climbs",
+            format!("{root}/sub/../../other"),
+            "sub/../../other",
+        ),
         ("sibling", format!("{root}2/x"), "__same__"),
         ("venv-python", "/usr/bin/python3".into(), "/usr/bin/python3"),
         (
@@ -440,13 +446,14 @@ fn symlinks_are_never_followed_and_absolute_ones_into_the_root_are_rebased() {
     assert_eq!(
         ext,
         [
+            "workspace/climbs",
             "workspace/etc-link",
             "workspace/outside",
             "workspace/sibling",
             "workspace/venv-python"
         ]
     );
-    assert_eq!(v["rebased_symlinks"].as_array().unwrap().len(), 4);
+    assert_eq!(v["rebased_symlinks"].as_array().unwrap().len(), 5);
     // --reject-external-symlinks refuses instead, naming the link.
     let r = run([
         "pack",
@@ -457,7 +464,23 @@ fn symlinks_are_never_followed_and_absolute_ones_into_the_root_are_rebased() {
         "--reject-external-symlinks",
     ]);
     let e = r.fails(7, "external_symlink");
-    assert_eq!(e["path"], "workspace/etc-link");
+    assert!(ext.contains(&e["path"].as_str().unwrap()), "{e}");
+    // A rebased target that climbs out is refused on its own too.
+    let only = tmp.path().join("only");
+    write(&only, "f", b"f");
+    let up = format!("{}/../x", only.display());
+    symlink(&up, only.join("up")).unwrap();
+    let r = run([
+        "pack",
+        "--workspace",
+        only.to_str().unwrap(),
+        "-o",
+        tmp.path().join("q").to_str().unwrap(),
+        "--reject-external-symlinks",
+    ]);
+    let e = r.fails(7, "external_symlink");
+    assert_eq!(e["path"], "workspace/up");
+    assert!(!tmp.path().join("q").exists());
 }
 
 #[test]

@@ -35,8 +35,7 @@ use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::{Part, check_path};
 use crate::packet::reader::Packet;
 use crate::source::policy::{ChildType, Policy, Verdict};
-use crate::source::symlink::{LinkClass, rebase};
-use crate::source::walk::{Clamped, Dropped, Excluded, Link, Rebased, ScanReport};
+use crate::source::walk::{Clamped, Dropped, Excluded, ScanReport};
 
 /// What to seal, and how.
 pub struct SealOptions {
@@ -549,29 +548,24 @@ impl Overlay {
                                 _ => String::new(),
                             },
                         };
-                        let spellings = opts.roots.get(&part).cloned().unwrap_or_default();
-                        let (stored, class) = rebase(&target, depth, &spellings);
-                        match class {
-                            LinkClass::Internal => {}
-                            LinkClass::Rebased => report.rebased_symlinks.push(Rebased {
-                                path: path.clone(),
-                                from: target.clone(),
-                                to: stored.clone(),
-                            }),
-                            LinkClass::External if opts.reject_external_symlinks => {
+                        let spellings = opts.roots.get(&part).map_or(&[][..], Vec::as_slice);
+                        let stored = match report.symlink(
+                            &path,
+                            &target,
+                            depth,
+                            spellings,
+                            part,
+                            opts.reject_external_symlinks,
+                        ) {
+                            Ok(stored) => stored,
+                            Err(reason) => {
                                 return Err(Error::Refused {
                                     path,
                                     kind: "external_symlink",
-                                    reason: format!(
-                                        "symlink target `{target}` leaves the {part} part (--reject-external-symlinks)"
-                                    ),
+                                    reason,
                                 });
                             }
-                            LinkClass::External => report.external_symlinks.push(Link {
-                                path: path.clone(),
-                                target: stored.clone(),
-                            }),
-                        }
+                        };
                         items.push(Item {
                             path,
                             ino: *ino,

@@ -11,6 +11,10 @@ pub enum LinkClass {
     Internal,
     /// Absolute and inside the part: rebased to a relative target.
     Rebased,
+    /// Absolute under the part's root, rebased, and then climbing out of
+    /// the part all the same (`/ws/../x` becomes `../x`): both rebased and
+    /// external.
+    RebasedExternal,
     /// Absolute outside the part, or relative climbing out of it: stored
     /// verbatim, counted, refused under `--reject-external-symlinks`.
     External,
@@ -55,7 +59,12 @@ pub fn rebase(target: &str, depth: usize, roots: &[String]) -> (String, LinkClas
         } else {
             out.push_str(rest);
         }
-        return (out, LinkClass::Rebased);
+        let class = if escapes_lexically(&out, depth) {
+            LinkClass::RebasedExternal
+        } else {
+            LinkClass::Rebased
+        };
+        return (out, class);
     }
     (target.to_owned(), LinkClass::External)
 }
@@ -105,6 +114,16 @@ mod tests {
             ("/ws//", 2, "../../", LinkClass::Rebased),
             // The second spelling of the root (its canonical path).
             ("/real/ws/x", 1, "../x", LinkClass::Rebased),
+            // Rebased, then climbing out all the same: external too.
+            ("/ws/../x", 0, "../x", LinkClass::RebasedExternal),
+            (
+                "/ws/a/../../x",
+                1,
+                "../a/../../x",
+                LinkClass::RebasedExternal,
+            ),
+            ("/ws/a/..", 0, "a/..", LinkClass::Rebased),
+            ("/ws/a/../..", 1, "../a/../..", LinkClass::RebasedExternal),
             // Component boundary.
             ("/ws2/a", 0, "/ws2/a", LinkClass::External),
             (

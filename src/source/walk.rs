@@ -588,28 +588,55 @@ impl Walker<'_, '_> {
         target: &str,
         report: &mut ScanReport,
     ) -> Result<String, Error> {
-        let (stored, class) = rebase(target, depth, &root.spellings);
-        match class {
-            LinkClass::Internal => {}
-            LinkClass::Rebased => report.rebased_symlinks.push(Rebased {
+        report
+            .symlink(
+                path,
+                target,
+                depth,
+                &root.spellings,
+                root.part,
+                self.opts.reject_external_symlinks,
+            )
+            .map_err(|reason| Error::Refused {
+                path: path.into(),
+                kind: "external_symlink",
+                reason,
+            })
+    }
+}
+
+impl ScanReport {
+    /// The target to store for the symlink at `path`, `depth` below the
+    /// root of `part` (spelled `roots`), reporting it when rebased or
+    /// external; `Err` with the reason when it is external and
+    /// `reject_external` refuses it. Shared by pack and seal.
+    pub fn symlink(
+        &mut self,
+        path: &str,
+        target: &str,
+        depth: usize,
+        roots: &[String],
+        part: Part,
+        reject_external: bool,
+    ) -> Result<String, String> {
+        let (stored, class) = rebase(target, depth, roots);
+        if matches!(class, LinkClass::External | LinkClass::RebasedExternal) {
+            if reject_external {
+                return Err(format!(
+                    "symlink target `{target}` leaves the {part} part (--reject-external-symlinks)"
+                ));
+            }
+            self.external_symlinks.push(Link {
+                path: path.into(),
+                target: stored.clone(),
+            });
+        }
+        if matches!(class, LinkClass::Rebased | LinkClass::RebasedExternal) {
+            self.rebased_symlinks.push(Rebased {
                 path: path.into(),
                 from: target.into(),
                 to: stored.clone(),
-            }),
-            LinkClass::External if self.opts.reject_external_symlinks => {
-                return Err(Error::Refused {
-                    path: path.into(),
-                    kind: "external_symlink",
-                    reason: format!(
-                        "symlink target `{target}` leaves the {} part (--reject-external-symlinks)",
-                        root.part
-                    ),
-                });
-            }
-            LinkClass::External => report.external_symlinks.push(Link {
-                path: path.into(),
-                target: stored.clone(),
-            }),
+            });
         }
         Ok(stored)
     }
