@@ -615,6 +615,37 @@ fn limits_by_flag_and_environment() {
     run(["verify", o]).ok();
 }
 
+/// Readers bound the manifest at 2 KiB per entry allowed; long targets of
+/// control characters (6 bytes each, escaped) take more. Pack refuses such
+/// a tree before it hashes anything, rather than write a packet readers
+/// refuse; with room, what it writes verifies under the same limits.
+#[test]
+fn pack_never_writes_a_manifest_readers_refuse() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "f", b"f");
+    for i in 0..9 {
+        symlink("\u{1}".repeat(4000), ws.join(format!("l{i}"))).unwrap();
+    }
+    let out = tmp.path().join("p.packet");
+    let (w, o) = (ws.to_str().unwrap(), out.to_str().unwrap());
+    let r = run(["pack", "--workspace", w, "-o", o, "--max-entries", "20"]);
+    let e = r.fails(5, "limit_exceeded");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("manifest bytes") && msg.contains("--max-entries"),
+        "{e}"
+    );
+    assert!(
+        e["path"].as_str().unwrap().starts_with("workspace/l"),
+        "{e}"
+    );
+    assert!(!out.exists());
+    run(["pack", "--workspace", w, "-o", o, "--max-entries", "200"]).ok();
+    run(["verify", o, "--max-entries", "200"]).ok();
+    run(["verify", o, "--max-entries", "20"]).fails(5, "limit_exceeded");
+}
+
 #[test]
 fn output_inside_the_workspace_is_skipped() {
     let tmp = tempfile::tempdir().unwrap();

@@ -250,6 +250,7 @@ impl Overlay {
             });
         }
         manifest.validate(&opts.limits).map_err(refusal)?;
+        manifest.check_encoded_len(&opts.limits)?;
         phase("validated");
         let sources = SealContents {
             overlay: self,

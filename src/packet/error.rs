@@ -544,8 +544,9 @@ impl LimitKind {
             LimitKind::ManifestBytes => (
                 "manifest bytes",
                 limits.max_manifest_bytes(),
-                Limits::CEILING.max_manifest_bytes(),
-                "--max-entries (the manifest bound derives from it)",
+                // The flag's ceiling: the bound is raised through it.
+                Limits::CEILING.max_entries,
+                "--max-entries (a manifest may take 2 KiB per entry allowed)",
                 "SESSIONFS_MAX_ENTRIES",
             ),
         };

@@ -82,6 +82,32 @@ impl Entry {
         self.file().map_or(0, |f| f.size)
     }
 
+    /// Its length in the manifest once hashed (see
+    /// [`Manifest::encoded_len`]).
+    fn encoded_len(&self) -> u64 {
+        let digits = |n: u64| n.checked_ilog10().unwrap_or(0) as u64 + 1;
+        let hex = 2 + 64; // a quoted hash
+        let mut n = b"{\"path\":".len() as u64 + string_len(&self.path);
+        n += b",\"type\":\"\"".len() as u64 + self.type_name().len() as u64 + 1; // and `}`
+        match &self.kind {
+            EntryKind::Dir => {}
+            EntryKind::File(f) => {
+                n += b",\"size\":".len() as u64 + digits(f.size);
+                n += b",\"mtime_ns\":".len() as u64 + digits(f.mtime_ns);
+                if f.executable {
+                    n += b",\"executable\":true".len() as u64;
+                }
+                n += b",\"sha256\":".len() as u64 + hex;
+                let chunks = super::format::chunk_count(f.size);
+                if chunks > 0 {
+                    n += b",\"chunks\":[]".len() as u64 + chunks * (hex + 1) - 1;
+                }
+            }
+            EntryKind::Symlink(t) => n += b",\"target\":".len() as u64 + string_len(t),
+        }
+        n
+    }
+
     /// The manifest spelling of the type.
     pub fn type_name(&self) -> &'static str {
         match self.kind {
@@ -136,6 +162,36 @@ impl Manifest {
         out
     }
 
+    /// The length [`Manifest::encode`] gives once every file is hashed
+    /// (each file larger than a chunk then lists its chunks), computed
+    /// without encoding: a writer checks it against the readers' bound
+    /// before it hashes anything.
+    pub fn encoded_len(&self) -> u64 {
+        let mut n = b"{\"schema\":".len() as u64 + string_len(SCHEMA);
+        if let Some(h) = self.harness {
+            n += b",\"harness\":".len() as u64 + string_len(h.as_str());
+        }
+        n += b",\"entries\":[".len() as u64 + 2; // and `]}`
+        n += self.entries.len().saturating_sub(1) as u64; // commas
+        n + self.entries.iter().map(Entry::encoded_len).sum::<u64>()
+    }
+
+    /// Refuses, as a limit, a manifest whose [encoded
+    /// length](Manifest::encoded_len) readers under `limits` would refuse:
+    /// a writer never writes what a reader refuses. (The readers' bound
+    /// allows 2 KiB an entry on average; long paths and targets, written
+    /// with escapes, can need more.)
+    /// The error names the entry that takes the most bytes.
+    pub fn check_encoded_len(&self, limits: &Limits) -> Result<()> {
+        let len = self.encoded_len();
+        if len > limits.max_manifest_bytes() {
+            let largest = self.entries.iter().max_by_key(|e| e.encoded_len());
+            let path = largest.map(|e| &*e.path);
+            return Err(LimitKind::ManifestBytes.exceeded(len, limits, path));
+        }
+        Ok(())
+    }
+
     /// Total content bytes.
     pub fn content_bytes(&self) -> u64 {
         self.entries.iter().map(Entry::size).sum()
@@ -187,6 +243,19 @@ fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
         }
     }
     out.push(b'}');
+}
+
+/// The length [`write_string`] writes for `s`.
+fn string_len(s: &str) -> u64 {
+    let escapes: u64 = s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 1,
+            0..=0x1f => 5,
+            _ => 0,
+        })
+        .sum();
+    s.len() as u64 + 2 + escapes
 }
 
 /// Writes a JSON string with the canonical escapes: `\"`, `\\`, the five
@@ -1149,6 +1218,67 @@ mod tests {
         let parsed = Manifest::parse(&bytes, &Limits::DEFAULT).unwrap();
         assert_eq!(parsed, m);
         assert_eq!(parsed.encode(), bytes);
+    }
+
+    #[test]
+    fn encoded_len_is_the_length_encode_gives_once_hashed() {
+        let mut odd = sample();
+        odd.harness = None;
+        let controls: String = (0u8..0x20).map(char::from).collect();
+        odd.entries.push(Entry {
+            path: "workspace/zz".into(),
+            kind: EntryKind::Symlink(format!("{controls}\"\\é\u{7f}").into()),
+        });
+        use crate::packet::format::CHUNK_SIZE;
+        for (k, size) in [0, 1, 9, 10, CHUNK_SIZE, CHUNK_SIZE + 1, 3 * CHUNK_SIZE]
+            .into_iter()
+            .enumerate()
+        {
+            let mut f = file(&format!("workspace/zzz{k}"), size);
+            if let EntryKind::File(m) = &mut f.kind {
+                m.mtime_ns = [0, 9, 10, u64::MAX][k % 4];
+            }
+            odd.entries.push(f);
+        }
+        for m in [sample(), many(), odd] {
+            assert_eq!(m.encoded_len(), m.encode().len() as u64);
+            // Before hashing (no chunk hashes yet), the length to come.
+            let mut unhashed = m.clone();
+            for e in &mut unhashed.entries {
+                if let EntryKind::File(f) = &mut e.kind {
+                    f.chunks = Vec::new().into();
+                }
+            }
+            assert_eq!(unhashed.encoded_len(), m.encoded_len());
+        }
+        // Over the readers' bound: a limit error, as a reader gives.
+        let mut long = many();
+        let target = "\u{1}".repeat(4000);
+        for e in long
+            .entries
+            .iter_mut()
+            .filter(|e| e.file().is_some())
+            .take(600)
+        {
+            e.kind = EntryKind::Symlink(target.as_str().into());
+        }
+        let limits = Limits {
+            max_entries: 1100,
+            ..Limits::DEFAULT
+        };
+        long.validate(&limits).unwrap();
+        let err = long.check_encoded_len(&limits).unwrap_err();
+        assert_eq!(err.kind(), "limit_exceeded");
+        assert!(err.path().is_some_and(|p| {
+            long.entries
+                .iter()
+                .any(|e| &*e.path == p && matches!(e.kind, EntryKind::Symlink(_)))
+        }));
+        // Valid in every other way: only the readers' bound refuses it.
+        let bytes = long.encode();
+        assert!(bytes.len() as u64 > limits.max_manifest_bytes());
+        Manifest::parse(&bytes, &limits).unwrap();
+        many().check_encoded_len(&limits).unwrap();
     }
 
     /// A manifest big enough to be parsed in all its pieces, with paths

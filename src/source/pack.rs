@@ -164,6 +164,7 @@ pub fn pack(
     manifest
         .validate(&opts.limits)
         .map_err(Error::from_validation)?;
+    manifest.check_encoded_len(&opts.limits)?;
 
     // Two passes, like the seal: hash every file on all cores, then write
     // the packet once, in file order, hashing it on the way for
