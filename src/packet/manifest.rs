@@ -245,6 +245,79 @@ fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
     out.push(b'}');
 }
 
+/// Whether key `want` comes later in the JSON object whose value starting
+/// at `at` is being read: skips that value and each following member. Only
+/// classifies an error already found (missing, or out of order), so any
+/// surprise answers `false`. Linear in the object; nesting bounded.
+fn key_follows(bytes: &[u8], mut at: usize, want: &str) -> bool {
+    /// End of the JSON string starting at `at` (its closing quote + 1).
+    fn string_end(b: &[u8], at: usize) -> Option<usize> {
+        if b.get(at) != Some(&b'"') {
+            return None;
+        }
+        let mut i = at + 1;
+        while i < b.len() {
+            match b[i] {
+                b'\\' => i += 2,
+                b'"' => return Some(i + 1),
+                _ => i += 1,
+            }
+        }
+        None
+    }
+    /// End of the value starting at `at`.
+    fn value_end(b: &[u8], at: usize, depth: u8) -> Option<usize> {
+        let (open, close) = match *b.get(at)? {
+            b'"' => return string_end(b, at),
+            b'[' => (b'[', b']'),
+            b'{' => (b'{', b'}'),
+            _ => {
+                let n = b[at..]
+                    .iter()
+                    .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'+' | b'.'))
+                    .count();
+                return (n > 0).then_some(at + n);
+            }
+        };
+        if depth == 0 {
+            return None;
+        }
+        let mut i = at + 1;
+        if b.get(i) == Some(&close) {
+            return Some(i + 1);
+        }
+        loop {
+            if open == b'{' {
+                i = string_end(b, i).filter(|&e| b.get(e) == Some(&b':'))? + 1;
+            }
+            i = value_end(b, i, depth - 1)?;
+            match *b.get(i)? {
+                b',' => i += 1,
+                c if c == close => return Some(i + 1),
+                _ => return None,
+            }
+        }
+    }
+    loop {
+        let Some(end) = value_end(bytes, at, 4) else {
+            return false;
+        };
+        if bytes.get(end) != Some(&b',') {
+            return false;
+        }
+        let Some(key_end) = string_end(bytes, end + 1) else {
+            return false;
+        };
+        if &bytes[end + 2..key_end - 1] == want.as_bytes() {
+            return true;
+        }
+        if bytes.get(key_end) != Some(&b':') {
+            return false;
+        }
+        at = key_end + 1;
+    }
+}
+
 /// The length [`write_string`] writes for `s`.
 fn string_len(s: &str) -> u64 {
     let escapes: u64 = s
@@ -778,6 +851,18 @@ impl<'a> Parser<'a> {
                 field: want.into(),
             }),
             Some(k) if k.name == want => Ok(k),
+            // A known key where `want` belongs, and no `want` later in
+            // this object: `want` is missing (not merely out of order).
+            Some(k)
+                if known.contains(&&*k.name)
+                    && !self.bytes()[self.pos..].starts_with(b"null")
+                    && !key_follows(self.bytes(), self.pos, want) =>
+            {
+                Err(Error::ManifestMissingField {
+                    offset: k.offset,
+                    field: want.into(),
+                })
+            }
             Some(k) => Err(self.unexpected_key(&k, known, &format!("`{want}`"))),
         }
     }
@@ -1408,8 +1493,35 @@ mod tests {
                 }),
                 "manifest_null_field",
             ),
+            // A key where another belongs: missing when the other does
+            // not follow, out of order when it does.
             (
                 Box::new(|t| t.replacen(",\"size\":3", "", 1)),
+                "manifest_missing_field",
+            ),
+            (
+                Box::new(|t| t.replacen(",\"mtime_ns\":1700000000123456789", "", 1)),
+                "manifest_missing_field",
+            ),
+            (
+                Box::new(|t| {
+                    t.replacen(
+                        "\"size\":3,\"mtime_ns\":1700000000123456789",
+                        "\"mtime_ns\":1700000000123456789,\"size\":3",
+                        1,
+                    )
+                }),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| {
+                    let hash = format!("\"sha256\":\"{}\"", "07".repeat(32));
+                    t.replacen(
+                        &format!("\"mtime_ns\":1700000000123456789,{hash}"),
+                        &format!("{hash},\"mtime_ns\":1700000000123456789"),
+                        1,
+                    )
+                }),
                 "manifest_not_canonical",
             ),
             (
