@@ -21,16 +21,29 @@ for path in sys.argv[1:]:
     with tarfile.open(path) as t:
         m = json.load(t.extractfile("packet.json"))
     v.validate(m)
+    # Each invalid variant is the real manifest with one thing wrong.
+    plus = lambda e: dict(m, entries=m["entries"] + [e])
+    f = lambda size, **kw: dict({"path": "workspace/zz", "type": "file", "size": size, "mtime_ns": 0, "sha256": "a" * 64}, **kw)
+    without = lambda key: {k: v for k, v in m.items() if k != key}
     bad = [
         dict(m, extra=1),
         dict(m, schema="sessionfs.packet/2"),
         dict(m, harness=None),
-        dict(m, entries=[dict(m["entries"][0], path="/abs")]),
-        dict(m, entries=[dict(m["entries"][0], path="workspace/../x")]),
-        dict(m, entries=[{"path": "workspace/f", "type": "file", "size": 1, "mtime_ns": 0, "sha256": "A" * 64}]),
-        dict(m, entries=[{"path": "workspace/f", "type": "file", "size": 1, "mtime_ns": 0, "sha256": "a" * 64, "executable": False}]),
-        dict(m, entries=[{"path": "workspace", "type": "fifo"}]),
+        plus(dict(m["entries"][0], path="/abs")),
+        plus(dict(m["entries"][0], path="workspace/../x")),
+        plus(f(1, sha256="A" * 64)),
+        plus(f(1, executable=False)),
+        plus({"path": "workspace/zz", "type": "fifo"}),
+        plus(f(10 << 20)),                        # over 4 MiB without chunks
+        plus(f(10, chunks=["a" * 64] * 2)),       # chunks on a small file
+        plus(f(4 << 20, chunks=["a" * 64] * 2)),  # exactly 4 MiB: no chunks
+        dict(m, entries=[e for e in m["entries"] if not e["path"].startswith("workspace")]),
+        dict(m, harness="codex") if "harness" not in m else without("harness"),
     ]
+    if "harness" in m:
+        bad.append(dict(m, entries=[e for e in m["entries"] if not e["path"].startswith("harness")]))
+    assert v.is_valid(plus(f(10 << 20, chunks=["a" * 64] * 3)))
+    assert v.is_valid(plus(f(4 << 20)))
     for b in bad:
         if v.is_valid(b):
             sys.exit(f"schema accepted an invalid manifest: {json.dumps(b)[:200]}")
