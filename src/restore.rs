@@ -341,7 +341,10 @@ impl Restorer<'_> {
         for e in &m.entries {
             if let (EntryKind::Dir, Some(rel)) = (&e.kind, self.rel(&e.path)) {
                 if !rel.is_empty() {
-                    mkdirat(self.stage, rel, private)
+                    let (dir, name) = sys::parent_beneath(self.stage, Path::new(rel))
+                        .map_err(io_err(&e.path, "cannot open the directory of"))?;
+                    let at = dir.as_ref().map_or(self.stage, |d| d.as_fd());
+                    mkdirat(at, name, private)
                         .map_err(|err| io_err(&e.path, "cannot create directory")(err.into()))?;
                 }
             }
@@ -361,7 +364,10 @@ impl Restorer<'_> {
             entries += 1;
             match &e.kind {
                 EntryKind::Symlink(target) => {
-                    symlinkat(&**target, self.stage, rel)
+                    let (dir, name) = sys::parent_beneath(self.stage, Path::new(rel))
+                        .map_err(io_err(&e.path, "cannot open the directory of"))?;
+                    let at = dir.as_ref().map_or(self.stage, |d| d.as_fd());
+                    symlinkat(&**target, at, name)
                         .map_err(|err| io_err(&e.path, "cannot create symlink")(err.into()))?;
                 }
                 EntryKind::File(f) => {

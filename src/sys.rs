@@ -43,7 +43,9 @@ pub fn open_beneath(
             .mode(mode)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
         match openat2(root, rel, how) {
-            Err(nix::errno::Errno::ENOSYS) => {} // kernel before 5.6: walk by hand
+            // Kernel before 5.6, or a path of PATH_MAX or more (legal in a
+            // packet, up to its path limit): walk by hand.
+            Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::ENAMETOOLONG) => {}
             other => return other.map_err(io::Error::from),
         }
     }
@@ -80,6 +82,31 @@ fn open_beneath_by_components(
     }
     let base = current.as_ref().map_or(root, |fd| fd.as_fd());
     openat(base, *last, flags, mode).map_err(io::Error::from)
+}
+
+/// Where to create `rel` beneath `root`: `root` and `rel` itself when the
+/// OS takes the path whole, else the directory holding it (opened beneath
+/// `root` a component at a time) and its last name. The `OwnedFd`, when
+/// there is one, is the directory to use.
+pub fn parent_beneath<'r>(
+    root: BorrowedFd<'_>,
+    rel: &'r Path,
+) -> io::Result<(Option<OwnedFd>, &'r Path)> {
+    let bytes = rel.as_os_str().as_bytes();
+    if bytes.len() < libc::PATH_MAX as usize {
+        return Ok((None, rel));
+    }
+    let (dir, name) = match bytes.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&bytes[..i], &bytes[i + 1..]),
+        None => return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG)),
+    };
+    let fd = open_beneath(
+        root,
+        Path::new(OsStr::from_bytes(dir)),
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        Mode::empty(),
+    )?;
+    Ok((Some(fd), Path::new(OsStr::from_bytes(name))))
 }
 
 /// Reserves the blocks of the first `len` bytes of `file` (fallocate), so a
