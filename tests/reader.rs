@@ -427,12 +427,55 @@ fn member_refusals() {
             }),
             "non_canonical_header",
         ),
+        // The same path or size, encoded otherwise: the field is named.
+        (
+            "name",
+            Box::new(move |b| {
+                b[file_hdr + 99] = b'x';
+                reseal(b, file_hdr)
+            }),
+            "non_canonical_header",
+        ),
+        (
+            "prefix",
+            Box::new(move |b| {
+                let name = b"README.md";
+                b[file_hdr..file_hdr + 100].fill(0);
+                b[file_hdr..file_hdr + name.len()].copy_from_slice(name);
+                b[file_hdr + 345..file_hdr + 354].copy_from_slice(b"workspace");
+                reseal(b, file_hdr)
+            }),
+            "non_canonical_header",
+        ),
+        (
+            "size-base-256",
+            Box::new(move |b| {
+                b[file_hdr + 124..file_hdr + 136].fill(0);
+                b[file_hdr + 124] = 0x80;
+                b[file_hdr + 135] = 9; // "# sample\n"
+                reseal(b, file_hdr)
+            }),
+            "non_canonical_header",
+        ),
     ];
     for (name, edit, kind) in cases {
         let mut bytes = f.bytes.clone();
         edit(&mut bytes);
         let p = f.write(&format!("{name}.packet"), &bytes);
         refused_everywhere(&f, &p, 3, kind);
+        // The message names the field at fault, not the checksum that
+        // changed with it.
+        let field = match name {
+            "gnu-magic" => "magic",
+            "size-base-256" => "size",
+            "prefix" => "name",
+            n => n,
+        };
+        if kind == "non_canonical_header" {
+            let e = run(["verify", p.to_str().unwrap()]);
+            let msg = e.json["message"].as_str().unwrap();
+            assert!(msg.contains(&format!("field `{field}`")), "{name}: {msg}");
+        }
     }
 }
 

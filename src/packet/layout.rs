@@ -336,7 +336,12 @@ pub fn diagnose(actual: &[u8], expected: &[u8], offset: u64, member: &str) -> Er
             typeflag: format!("`{}` ({name})", flag.escape_ascii()),
         };
     }
-    if actual[..100] != expected[..100] || actual[345..500] != expected[345..500] {
+    let want = Header::from_byte_slice(expected);
+    // Another path is another member; the same path spelled otherwise (a
+    // different prefix/name split, bytes after the name's NUL) is an
+    // encoding the format does not allow, named by its field below.
+    let names_differ = actual[..100] != expected[..100] || actual[345..500] != expected[345..500];
+    if names_differ && h.path_bytes() != want.path_bytes() {
         let found = String::from_utf8_lossy(&h.path_bytes()).into_owned();
         return Error::MemberMismatch {
             offset,
@@ -344,18 +349,26 @@ pub fn diagnose(actual: &[u8], expected: &[u8], offset: u64, member: &str) -> Er
             found,
         };
     }
+    // Likewise another size, against the same size written otherwise
+    // (base-256, other padding).
     if actual[124..136] != expected[124..136] {
-        let header_size = h.entry_size().unwrap_or(0);
-        let manifest_size = Header::from_byte_slice(expected).entry_size().unwrap_or(0);
-        return Error::SizeMismatch {
-            member,
-            manifest_size,
-            header_size,
-        };
+        let manifest_size = want.entry_size().unwrap_or(0);
+        if let Some(header_size) = h.entry_size().ok().filter(|&n| n != manifest_size) {
+            return Error::SizeMismatch {
+                member,
+                manifest_size,
+                header_size,
+            };
+        }
     }
+    // The checksum differs whenever another field does (it sums them): it
+    // is named only when nothing else is.
+    let differs = |(_, a, b): &&(&str, usize, usize)| actual[*a..*b] != expected[*a..*b];
     let field = FIELDS
         .iter()
-        .find(|(_, a, b)| actual[*a..*b] != expected[*a..*b])
+        .filter(|f| f.0 != "chksum")
+        .find(differs)
+        .or_else(|| FIELDS.iter().find(differs))
         .map_or("header", |f| f.0);
     Error::NonCanonicalHeader {
         offset,
