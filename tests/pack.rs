@@ -286,6 +286,25 @@ fn user_patterns_and_keep() {
         "a[",
     ]);
     bad.fails(2, "bad_pattern");
+    // A relative path pattern would match nothing: refused, with the
+    // spelling that works.
+    let bad = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--exclude",
+        "keys/prod.json",
+    ]);
+    let e = bad.fails(2, "bad_pattern");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("workspace/keys/prod.json"),
+        "{e}"
+    );
 }
 
 #[test]

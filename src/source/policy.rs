@@ -144,7 +144,32 @@ impl Patterns {
 }
 
 fn compile(pattern: &str) -> Result<Glob, String> {
-    GlobBuilder::new(pattern.trim_end_matches('/'))
+    let trimmed = pattern.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Err(format!(
+            "bad pattern `{pattern}`: it is empty; name files (`*.log`) or packet paths (`workspace/target`)"
+        ));
+    }
+    // A pattern with `/` matches whole packet paths, which start with a
+    // part's name: one whose literal start cannot would match nothing, and
+    // an exclusion that silently matches nothing can leak what it meant to
+    // leave out.
+    if trimmed.contains('/') {
+        let literal = &trimmed[..trimmed
+            .find(['*', '?', '[', '{', '\\'])
+            .unwrap_or(trimmed.len())];
+        let can_match = ["workspace/", "harness/"]
+            .iter()
+            .any(|part| part.starts_with(literal) || literal.starts_with(part));
+        if !can_match {
+            return Err(format!(
+                "bad pattern `{pattern}`: a pattern with `/` matches whole packet paths, which start \
+                 with `workspace/` or `harness/`; write `workspace/{rel}`, or `**/{rel}` for any depth",
+                rel = trimmed.trim_start_matches('/')
+            ));
+        }
+    }
+    GlobBuilder::new(trimmed)
         .literal_separator(true)
         .backslash_escape(true)
         .build()
@@ -450,5 +475,35 @@ mod tests {
     fn bad_patterns_are_reported() {
         let err = Policy::new(None, &["a[".into()], &[]).err().unwrap();
         assert!(err.contains("a["), "{err}");
+        // Patterns that could match nothing are refused, not ignored.
+        for bad in [
+            "",
+            "/",
+            "src/gen",
+            "/workspace/target",
+            "./workspace/x",
+            "harnessx/y",
+        ] {
+            let err = Policy::new(None, &[bad.into()], &[]).err();
+            assert!(err.is_some(), "`{bad}` accepted");
+            let err = Policy::new(None, &[], &[bad.into()]).err();
+            assert!(
+                err.is_some_and(|e| e.contains(&format!("`{bad}`"))),
+                "`{bad}` accepted"
+            );
+        }
+        for good in [
+            "workspace/target",
+            "workspace/",
+            "harness/sessions/*.jsonl",
+            "**/node_modules",
+            "*/target",
+            "w*/x",
+            "{workspace,harness}/.cache",
+            "work*",
+            "target",
+        ] {
+            Policy::new(None, &[good.into()], &[]).unwrap();
+        }
     }
 }
