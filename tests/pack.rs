@@ -484,6 +484,44 @@ fn symlinks_are_never_followed_and_absolute_ones_into_the_root_are_rebased() {
     ]);
     let e = r.fails(7, "external_symlink");
     assert!(ext.contains(&e["path"].as_str().unwrap()), "{e}");
+    // Staying by its text, leaving through another link (`alias -> ..`):
+    // external as strict unpack resolves it, and refused under the flag.
+    let via = tmp.path().join("via");
+    write(&via, "sub/deep/f", b"f");
+    symlink("..", via.join("sub/deep/alias")).unwrap();
+    symlink("alias/../../x", via.join("sub/deep/l")).unwrap();
+    let p = tmp.path().join("via.packet");
+    let v = pack(&via, &p, &[]);
+    assert_eq!(
+        v["external_symlinks"],
+        serde_json::json!([{"path": "workspace/sub/deep/l", "target": "alias/../../x"}])
+    );
+    let strict = tmp.path().join("via-strict");
+    let r = run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        strict.to_str().unwrap(),
+        "--part",
+        "workspace",
+        "--strict-symlinks",
+    ]);
+    assert_eq!(
+        r.fails(3, "symlink_escapes")["path"],
+        "workspace/sub/deep/l"
+    );
+    let r = run([
+        "pack",
+        "--workspace",
+        via.to_str().unwrap(),
+        "-o",
+        tmp.path().join("q").to_str().unwrap(),
+        "--reject-external-symlinks",
+    ]);
+    assert_eq!(
+        r.fails(7, "external_symlink")["path"],
+        "workspace/sub/deep/l"
+    );
     // A rebased target that climbs out is refused on its own too.
     let only = tmp.path().join("only");
     write(&only, "f", b"f");

@@ -136,6 +136,29 @@ proptest! {
         let r2 = pack_lib(&opts_holding(&out.join("workspace"), &p2, hold), &|_| {}).unwrap();
         prop_assert_eq!(r1.digest, r2.digest);
         prop_assert_eq!(fs::read(&p1).unwrap(), fs::read(&p2).unwrap());
+        // What pack calls external is what strict unpack refuses: packed
+        // with --reject-external-symlinks, a tree passes
+        // --strict-symlinks; refused, it had links reported external.
+        let p3 = tmp.path().join("3.packet");
+        let strict = PackOptions { reject_external_symlinks: true, ..opts(&ws, &p3) };
+        match pack_lib(&strict, &|_| {}) {
+            Ok(_) => {
+                prop_assert!(r1.report.external_symlinks.is_empty());
+                let packet = Packet::open(&p3, &Limits::DEFAULT).unwrap();
+                let u = UnpackOptions {
+                    into: tmp.path().join("strict"),
+                    part: Some(sessionfs::packet::path::Part::Workspace),
+                    strict_symlinks: true,
+                    digest: None,
+                };
+                let restored = unpack(&packet, &u, &|_| {});
+                prop_assert!(restored.is_ok(), "strict unpack refused: {:?}", restored.err());
+            }
+            Err(e) => {
+                prop_assert_eq!(e.kind(), "external_symlink");
+                prop_assert!(!r1.report.external_symlinks.is_empty());
+            }
+        }
     }
 }
 

@@ -251,6 +251,13 @@ impl Overlay {
         }
         manifest.validate(&opts.limits).map_err(refusal)?;
         manifest.check_encoded_len(&opts.limits)?;
+        report
+            .resolved_escapes(&manifest, opts.reject_external_symlinks)
+            .map_err(|(path, reason)| Error::Refused {
+                path,
+                kind: "external_symlink",
+                reason,
+            })?;
         phase("validated");
         let sources = SealContents {
             overlay: self,

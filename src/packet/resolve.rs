@@ -31,7 +31,49 @@ const STEPS_PER_TARGET_BYTE: u64 = 16;
 /// without escaping. Fails with [`Error::SymlinkBudget`] when resolving
 /// takes more steps than the budget the module describes.
 pub fn check_no_escapes(manifest: &Manifest, root: &str) -> Result<()> {
-    let tree = Tree::new(manifest);
+    match escaping(manifest, root, true).first() {
+        None => Ok(()),
+        Some(&(i, escape)) => Err(escape.error(&manifest.entries[i])),
+    }
+}
+
+/// Why a symlink is not shown to stay beneath the root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Escape {
+    /// Its target, resolved, leaves the root.
+    Leaves,
+    /// Resolution ran out of the check's budget (a symlink met after that
+    /// is not resolved at all, and reported so too).
+    Budget,
+}
+
+impl Escape {
+    /// The error for the symlink `e`.
+    pub fn error(self, e: &super::manifest::Entry) -> Error {
+        let target = match &e.kind {
+            EntryKind::Symlink(t) => t,
+            _ => "",
+        };
+        match self {
+            Escape::Leaves => Error::SymlinkEscapes {
+                path: e.path.to_string(),
+                target: target.to_string(),
+            },
+            Escape::Budget => Error::SymlinkBudget {
+                path: e.path.to_string(),
+                steps: format!(
+                    "{STEPS_PER_LINK} per symlink and {STEPS_PER_TARGET_BYTE} per byte \
+                     of their targets"
+                ),
+            },
+        }
+    }
+}
+
+/// The symlinks beneath `root` (as [`check_no_escapes`] resolves them)
+/// that are not shown to stay beneath it, by entry number, in entry
+/// order: the first only when `first_only`.
+pub fn escaping(manifest: &Manifest, root: &str, first_only: bool) -> Vec<(usize, Escape)> {
     let root_depth = if root.is_empty() { 0 } else { 1 };
     let mut budget = manifest
         .entries
@@ -43,6 +85,11 @@ pub fn check_no_escapes(manifest: &Manifest, root: &str) -> Result<()> {
             _ => None,
         })
         .fold(0u64, u64::saturating_add);
+    if budget == 0 {
+        return Vec::new(); // no symlinks
+    }
+    let tree = Tree::new(manifest);
+    let mut out = Vec::new();
     for (i, e) in manifest.entries.iter().enumerate() {
         let EntryKind::Symlink(target) = &e.kind else {
             continue;
@@ -50,26 +97,17 @@ pub fn check_no_escapes(manifest: &Manifest, root: &str) -> Result<()> {
         if !root.is_empty() && super::path::Part::of(&e.path).map(|p| p.as_str()) != Some(root) {
             continue;
         }
-        match tree.escapes(node_of(i), target, root_depth, &mut budget) {
-            Some(false) => {}
-            Some(true) => {
-                return Err(Error::SymlinkEscapes {
-                    path: e.path.to_string(),
-                    target: target.to_string(),
-                });
-            }
-            None => {
-                return Err(Error::SymlinkBudget {
-                    path: e.path.to_string(),
-                    steps: format!(
-                        "{STEPS_PER_LINK} per symlink and {STEPS_PER_TARGET_BYTE} per byte \
-                         of their targets"
-                    ),
-                });
-            }
+        let escape = match tree.escapes(node_of(i), target, root_depth, &mut budget) {
+            Some(false) => continue,
+            Some(true) => Escape::Leaves,
+            None => Escape::Budget,
+        };
+        out.push((i, escape));
+        if first_only {
+            break;
         }
     }
-    Ok(())
+    out
 }
 
 /// The node of entry `i`; node 0 is the packet root.

@@ -20,6 +20,7 @@ use super::policy::{ChildType, Policy, Reason, Verdict};
 use super::symlink::{LinkClass, rebase};
 use crate::packet::error::LimitKind;
 use crate::packet::format::{Limits, MAX_FILE_SIZE, MAX_MTIME_NS};
+use crate::packet::manifest::EntryKind;
 use crate::packet::path::{Part, check_path};
 use crate::sys;
 
@@ -606,6 +607,59 @@ impl Walker<'_, '_> {
 }
 
 impl ScanReport {
+    /// Adds to `external_symlinks` the symlinks of `manifest` that stay in
+    /// their part by their text but leave it through the packet's own
+    /// symlinks (`sub/alias/../../x` with `alias -> ..`), resolved as
+    /// `unpack --strict-symlinks` resolves them, so that a packet made with
+    /// `--reject-external-symlinks` passes that check. With
+    /// `reject_external`, the first such link is refused instead: `Err`
+    /// with its path and the reason.
+    pub fn resolved_escapes(
+        &mut self,
+        manifest: &crate::packet::manifest::Manifest,
+        reject_external: bool,
+    ) -> Result<(), (String, String)> {
+        use crate::packet::resolve::{Escape, escaping};
+        let known: std::collections::HashSet<String> = self
+            .external_symlinks
+            .iter()
+            .map(|l| l.path.clone())
+            .collect();
+        let before = self.external_symlinks.len();
+        for part in [Part::Harness, Part::Workspace] {
+            for (i, escape) in escaping(manifest, part.as_str(), false) {
+                let e = &manifest.entries[i];
+                let EntryKind::Symlink(target) = &e.kind else {
+                    continue;
+                };
+                if known.contains(&*e.path) {
+                    continue;
+                }
+                if reject_external {
+                    let how = match escape {
+                        Escape::Leaves => "through the symlinks it passes",
+                        Escape::Budget => "as far as resolving it within its step budget shows",
+                    };
+                    return Err((
+                        e.path.to_string(),
+                        format!(
+                            "symlink target `{target}` leaves the {part} part {how} \
+                             (--reject-external-symlinks)"
+                        ),
+                    ));
+                }
+                self.external_symlinks.push(Link {
+                    path: e.path.to_string(),
+                    target: target.to_string(),
+                });
+            }
+        }
+        if self.external_symlinks.len() > before {
+            self.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+        }
+        Ok(())
+    }
+
     /// The target to store for the symlink at `path`, `depth` below the
     /// root of `part` (spelled `roots`), reporting it when rebased or
     /// external; `Err` with the reason when it is external and
