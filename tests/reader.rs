@@ -583,9 +583,9 @@ fn not_a_packet_at_all() {
                 .args(&args)
                 .output()
                 .unwrap();
-            assert_eq!(out.status.code(), Some(3), "{args:?}: {out:?}");
+            assert_eq!(out.status.code(), Some(6), "{args:?}: {out:?}");
             let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            assert_eq!(e["kind"], "not_a_packet", "{args:?}: {e}");
+            assert_eq!(e["kind"], "io", "{args:?}: {e}");
             names_what_is_at_fault(&e, p);
             assert!(
                 e["message"]

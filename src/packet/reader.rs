@@ -146,10 +146,10 @@ pub enum Event<'a> {
 /// both cores and bound the buffer each thread holds.
 pub const BATCH_BYTES: u64 = 1 << 20;
 
-/// Opens the packet file at `path` for reading. Only a regular file is a
-/// packet: a FIFO is opened without waiting for a writer (a read would
-/// block forever, or see a pipe's bytes and no length) and refused like a
-/// directory, a socket or a device.
+/// Opens the packet file at `path` for reading. Packets are read from
+/// regular files: a FIFO is opened without waiting for a writer (a read
+/// would block forever, or see a pipe's bytes and no length) and refused,
+/// like a directory, a socket or a device, as an I/O error.
 pub fn open_file(path: &Path) -> Result<File> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
@@ -172,9 +172,14 @@ pub fn open_file(path: &Path) -> Result<File> {
     } else {
         "a device"
     };
-    Err(Error::NotAPacket {
-        reason: format!("it is {what}, not a regular file; write the packet to a file first"),
-    })
+    // What was named is not something to read a packet from (as with a
+    // missing file, an I/O error), rather than a file that is not one.
+    let why = format!("it is {what}, not a regular file; write the packet to a file first");
+    Err(Error::io_at(
+        path,
+        "cannot read the packet",
+        io::Error::new(io::ErrorKind::InvalidInput, why),
+    ))
 }
 
 impl Packet {
