@@ -50,7 +50,7 @@ pub struct Args {
     reject_external_symlinks: bool,
     /// Leave out entries matching GLOB (repeatable). A pattern with `/`
     /// matches the packet path (`workspace/target`), one without matches
-    /// names at any depth (`*.log`).
+    /// names at any depth (`*.log`, `secrets/`).
     #[arg(long, value_name = "GLOB")]
     exclude: Vec<String>,
     /// Keep entries matching GLOB that a default rule would leave out

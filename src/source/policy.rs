@@ -107,8 +107,8 @@ impl Patterns {
         let mut by_path = GlobSetBuilder::new();
         let (mut name_index, mut path_index) = (Vec::new(), Vec::new());
         for (i, p) in patterns.iter().enumerate() {
-            let glob = compile(p)?;
-            if p.contains('/') {
+            let (glob, whole_path) = compile(p)?;
+            if whole_path {
                 by_path.add(glob);
                 path_index.push(i);
             } else {
@@ -143,7 +143,11 @@ impl Patterns {
     }
 }
 
-fn compile(pattern: &str) -> Result<Glob, String> {
+/// Compiles `pattern`, and says whether it matches whole packet paths (it
+/// has a `/` before its end) rather than names. A trailing `/` is dropped,
+/// as gitignore reads it: `secrets/` matches names at any depth, like
+/// `secrets`.
+fn compile(pattern: &str) -> Result<(Glob, bool), String> {
     let trimmed = pattern.trim_end_matches('/');
     if trimmed.is_empty() {
         return Err(format!(
@@ -151,29 +155,55 @@ fn compile(pattern: &str) -> Result<Glob, String> {
         ));
     }
     // A pattern with `/` matches whole packet paths, which start with a
-    // part's name: one whose literal start cannot would match nothing, and
-    // an exclusion that silently matches nothing can leak what it meant to
-    // leave out.
-    if trimmed.contains('/') {
-        let literal = &trimmed[..trimmed
-            .find(['*', '?', '[', '{', '\\'])
-            .unwrap_or(trimmed.len())];
-        let can_match = ["workspace/", "harness/"]
-            .iter()
-            .any(|part| part.starts_with(literal) || literal.starts_with(part));
-        if !can_match {
-            return Err(format!(
-                "bad pattern `{pattern}`: a pattern with `/` matches whole packet paths, which start \
-                 with `workspace/` or `harness/`; write `workspace/{rel}`, or `**/{rel}` for any depth",
-                rel = trimmed.trim_start_matches('/')
-            ));
+    // part's name: one that cannot start so would match nothing, and an
+    // exclusion that silently matches nothing leaks what it meant to leave
+    // out.
+    let whole_path = trimmed.contains('/');
+    if whole_path && !may_start_a_part(trimmed) {
+        let mut rel = trimmed.trim_start_matches('/');
+        while let Some(r) = rel.strip_prefix("./") {
+            rel = r.trim_start_matches('/');
         }
+        let spelling = if may_start_a_part(rel) {
+            format!("write `{rel}`")
+        } else {
+            format!("write `workspace/{rel}`, or `**/{rel}` for any depth")
+        };
+        return Err(format!(
+            "bad pattern `{pattern}`: a pattern with `/` matches whole packet paths, which start \
+             with `workspace/` or `harness/`; {spelling}"
+        ));
     }
-    GlobBuilder::new(trimmed)
+    let glob = GlobBuilder::new(trimmed)
         .literal_separator(true)
         .backslash_escape(true)
         .build()
-        .map_err(|e| format!("bad pattern `{pattern}`: {e}"))
+        .map_err(|e| format!("bad pattern `{pattern}`: {e}"))?;
+    Ok((glob, whole_path))
+}
+
+/// Whether a path pattern may match a path starting `workspace/` or
+/// `harness/`, judged by its literal start (each alternative of a leading
+/// `{a,b}`). Anything it cannot read plainly (nested braces) may.
+fn may_start_a_part(pattern: &str) -> bool {
+    if let Some(rest) = pattern.strip_prefix('{') {
+        let Some(close) = rest.find('}') else {
+            return true;
+        };
+        let (alternatives, after) = (&rest[..close], &rest[close + 1..]);
+        if alternatives.contains(['{', '\\']) {
+            return true;
+        }
+        return alternatives
+            .split(',')
+            .any(|a| may_start_a_part(&format!("{a}{after}")));
+    }
+    let literal = &pattern[..pattern
+        .find(['*', '?', '[', '{', '\\'])
+        .unwrap_or(pattern.len())];
+    ["workspace/", "harness/"]
+        .iter()
+        .any(|part| part.starts_with(literal) || literal.starts_with(part))
 }
 
 impl Policy {
@@ -475,35 +505,53 @@ mod tests {
     fn bad_patterns_are_reported() {
         let err = Policy::new(None, &["a[".into()], &[]).err().unwrap();
         assert!(err.contains("a["), "{err}");
-        // Patterns that could match nothing are refused, not ignored.
-        for bad in [
-            "",
-            "/",
-            "src/gen",
-            "/workspace/target",
-            "./workspace/x",
-            "harnessx/y",
+        // Patterns that could match nothing are refused, not ignored, with
+        // the spelling that works, itself accepted.
+        for (bad, works) in [
+            ("", None),
+            ("/", None),
+            ("src/gen", Some("workspace/src/gen")),
+            ("/workspace/target", Some("workspace/target")),
+            ("./workspace/x", Some("workspace/x")),
+            ("harnessx/y", Some("workspace/harnessx/y")),
+            ("{src,lib}/x", Some("workspace/{src,lib}/x")),
         ] {
             let err = Policy::new(None, &[bad.into()], &[]).err();
             assert!(err.is_some(), "`{bad}` accepted");
-            let err = Policy::new(None, &[], &[bad.into()]).err();
-            assert!(
-                err.is_some_and(|e| e.contains(&format!("`{bad}`"))),
-                "`{bad}` accepted"
-            );
+            let err = Policy::new(None, &[], &[bad.into()]).err().unwrap();
+            assert!(err.contains(&format!("`{bad}`")), "{err}");
+            if let Some(works) = works {
+                assert!(err.contains(&format!("`{works}`")), "{err}");
+                Policy::new(None, &[works.into()], &[]).unwrap();
+            }
         }
         for good in [
             "workspace/target",
-            "workspace/",
             "harness/sessions/*.jsonl",
             "**/node_modules",
             "*/target",
             "w*/x",
+            "[wh]*/x",
             "{workspace,harness}/.cache",
+            "{src,workspace}/x",
             "work*",
             "target",
+            "secrets/",
         ] {
             Policy::new(None, &[good.into()], &[]).unwrap();
         }
+        // A trailing `/` matches names at any depth, as gitignore reads it.
+        let p = Policy::new(None, &["secrets/".into(), "cache//".into()], &[]).unwrap();
+        for path in [
+            "workspace/secrets",
+            "workspace/a/secrets",
+            "workspace/cache",
+        ] {
+            assert!(
+                matches!(judge(&p, path, true), Verdict::Exclude(_)),
+                "{path}"
+            );
+        }
+        assert_eq!(judge(&p, "workspace/secretsx", true), Verdict::Include);
     }
 }
