@@ -246,10 +246,12 @@ fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
 }
 
 /// Whether key `want` comes later in the JSON object whose value starting
-/// at `at` is being read: skips that value and each following member. Only
-/// classifies an error already found (missing, or out of order), so any
-/// surprise answers `false`. Linear in the object; nesting bounded.
-fn key_follows(bytes: &[u8], mut at: usize, want: &str) -> bool {
+/// at `at` is being read: skips that value and each following member to
+/// the object's end. Only classifies an error already found (missing, or
+/// out of order): any surprise on the way (whitespace, escaped keys,
+/// nesting past its bound, the end of the input) is `None`, and the error
+/// stays what it was. Linear in the object.
+fn key_follows(bytes: &[u8], mut at: usize, want: &str) -> Option<bool> {
     /// End of the JSON string starting at `at` (its closing quote + 1).
     fn string_end(b: &[u8], at: usize) -> Option<usize> {
         if b.get(at) != Some(&b'"') {
@@ -299,20 +301,22 @@ fn key_follows(bytes: &[u8], mut at: usize, want: &str) -> bool {
         }
     }
     loop {
-        let Some(end) = value_end(bytes, at, 4) else {
-            return false;
-        };
-        if bytes.get(end) != Some(&b',') {
-            return false;
+        let end = value_end(bytes, at, 4)?;
+        match *bytes.get(end)? {
+            b'}' => return Some(false),
+            b',' => {}
+            _ => return None,
         }
-        let Some(key_end) = string_end(bytes, end + 1) else {
-            return false;
-        };
-        if &bytes[end + 2..key_end - 1] == want.as_bytes() {
-            return true;
+        let key_end = string_end(bytes, end + 1)?;
+        let key = &bytes[end + 2..key_end - 1];
+        if key.contains(&b'\\') {
+            return None;
+        }
+        if key == want.as_bytes() {
+            return Some(true);
         }
         if bytes.get(key_end) != Some(&b':') {
-            return false;
+            return None;
         }
         at = key_end + 1;
     }
@@ -856,7 +860,7 @@ impl<'a> Parser<'a> {
             Some(k)
                 if known.contains(&&*k.name)
                     && !self.bytes()[self.pos..].starts_with(b"null")
-                    && !key_follows(self.bytes(), self.pos, want) =>
+                    && key_follows(self.bytes(), self.pos, want) == Some(false) =>
             {
                 Err(Error::ManifestMissingField {
                     offset: k.offset,
@@ -1508,6 +1512,27 @@ mod tests {
                     t.replacen(
                         "\"size\":3,\"mtime_ns\":1700000000123456789",
                         "\"mtime_ns\":1700000000123456789,\"size\":3",
+                        1,
+                    )
+                }),
+                "manifest_not_canonical",
+            ),
+            // The lookahead gives up on surprises: the error stays.
+            (
+                Box::new(|t| {
+                    t.replacen(
+                        "\"size\":3,\"mtime_ns\":1700000000123456789",
+                        "\"mtime_ns\": 1700000000123456789,\"size\":3",
+                        1,
+                    )
+                }),
+                "manifest_not_canonical",
+            ),
+            (
+                Box::new(|t| {
+                    t.replacen(
+                        "\"size\":3,\"mtime_ns\":1700000000123456789",
+                        "\"mtime_ns\":1700000000123456789,\"\\u0073ize\":3",
                         1,
                     )
                 }),
