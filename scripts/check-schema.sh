@@ -42,6 +42,9 @@ for path in sys.argv[1:]:
     ]
     if "harness" in m:
         bad.append(dict(m, entries=[e for e in m["entries"] if not e["path"].startswith("harness")]))
+        # The harness root as a file: no harness part, as every reader says.
+        bad.append(dict(m, entries=[{"path": "harness", "type": "file", "size": 0, "mtime_ns": 0, "sha256": "a" * 64}]
+                        + [e for e in m["entries"] if not e["path"].startswith("harness")]))
     assert v.is_valid(plus(f(10 << 20, chunks=["a" * 64] * 3)))
     assert v.is_valid(plus(f(4 << 20)))
     for b in bad:

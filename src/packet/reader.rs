@@ -162,6 +162,12 @@ pub fn open_file(path: &Path) -> Result<File> {
         .map_err(|e| Error::io_at(path, "cannot stat the packet", e))?
         .file_type();
     let what = if t.is_file() {
+        // Reads block as usual from here (a FUSE-backed file may care).
+        nix::fcntl::fcntl(
+            &file,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
+        )
+        .map_err(|e| Error::io_at(path, "cannot open the packet", e.into()))?;
         return Ok(file);
     } else if t.is_dir() {
         "a directory"

@@ -31,7 +31,7 @@ const STEPS_PER_TARGET_BYTE: u64 = 16;
 /// without escaping. Fails with [`Error::SymlinkBudget`] when resolving
 /// takes more steps than the budget the module describes.
 pub fn check_no_escapes(manifest: &Manifest, root: &str) -> Result<()> {
-    match escaping(manifest, root, true).first() {
+    match escaping(manifest, Some(root), true).first() {
         None => Ok(()),
         Some(&(i, escape)) => Err(escape.error(&manifest.entries[i])),
     }
@@ -72,9 +72,10 @@ impl Escape {
 
 /// The symlinks beneath `root` (as [`check_no_escapes`] resolves them)
 /// that are not shown to stay beneath it, by entry number, in entry
-/// order: the first only when `first_only`.
-pub fn escaping(manifest: &Manifest, root: &str, first_only: bool) -> Vec<(usize, Escape)> {
-    let root_depth = if root.is_empty() { 0 } else { 1 };
+/// order: the first only when `first_only`. `root` is `""` for the packet
+/// root, a part name, or `None` for each link's own part.
+pub fn escaping(manifest: &Manifest, root: Option<&str>, first_only: bool) -> Vec<(usize, Escape)> {
+    let root_depth = if root == Some("") { 0 } else { 1 };
     let mut budget = manifest
         .entries
         .iter()
@@ -94,7 +95,9 @@ pub fn escaping(manifest: &Manifest, root: &str, first_only: bool) -> Vec<(usize
         let EntryKind::Symlink(target) = &e.kind else {
             continue;
         };
-        if !root.is_empty() && super::path::Part::of(&e.path).map(|p| p.as_str()) != Some(root) {
+        if let Some(root) = root.filter(|r| !r.is_empty())
+            && super::path::Part::of(&e.path).map(|p| p.as_str()) != Some(root)
+        {
             continue;
         }
         let escape = match tree.escapes(node_of(i), target, root_depth, &mut budget) {

@@ -626,33 +626,31 @@ impl ScanReport {
             .map(|l| l.path.clone())
             .collect();
         let before = self.external_symlinks.len();
-        for part in [Part::Harness, Part::Workspace] {
-            for (i, escape) in escaping(manifest, part.as_str(), false) {
-                let e = &manifest.entries[i];
-                let EntryKind::Symlink(target) = &e.kind else {
-                    continue;
-                };
-                if known.contains(&*e.path) {
-                    continue;
-                }
-                if reject_external {
-                    let how = match escape {
-                        Escape::Leaves => "through the symlinks it passes",
-                        Escape::Budget => "as far as resolving it within its step budget shows",
-                    };
-                    return Err((
-                        e.path.to_string(),
-                        format!(
-                            "symlink target `{target}` leaves the {part} part {how} \
-                             (--reject-external-symlinks)"
-                        ),
-                    ));
-                }
-                self.external_symlinks.push(Link {
-                    path: e.path.to_string(),
-                    target: target.to_string(),
-                });
+        for (i, escape) in escaping(manifest, None, false) {
+            let e = &manifest.entries[i];
+            let (EntryKind::Symlink(target), Some(part)) = (&e.kind, Part::of(&e.path)) else {
+                continue;
+            };
+            if known.contains(&*e.path) {
+                continue;
             }
+            if reject_external {
+                let how = match escape {
+                    Escape::Leaves => "through the symlinks it passes",
+                    Escape::Budget => "as far as resolving it within its step budget shows",
+                };
+                return Err((
+                    e.path.to_string(),
+                    format!(
+                        "symlink target `{target}` leaves the {part} part {how} \
+                         (--reject-external-symlinks)"
+                    ),
+                ));
+            }
+            self.external_symlinks.push(Link {
+                path: e.path.to_string(),
+                target: target.to_string(),
+            });
         }
         if self.external_symlinks.len() > before {
             self.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
