@@ -672,6 +672,37 @@ fn limits_by_flag_and_environment() {
     run(["verify", o]).ok();
 }
 
+/// A workspace whose own path is not UTF-8: absolute links into it are
+/// rebased (what is stored is UTF-8), and a UTF-8 path that only looks like
+/// its lossy spelling (U+FFFD for the bad byte) is not taken for it.
+#[test]
+fn links_into_a_root_whose_path_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join(std::ffi::OsStr::from_bytes(b"n\xffu"));
+    let ws = root.join("ws");
+    write(&ws, "data", b"d");
+    let mut inside = ws.as_os_str().as_bytes().to_vec();
+    inside.extend_from_slice(b"/data");
+    symlink(std::ffi::OsStr::from_bytes(&inside), ws.join("abs")).unwrap();
+    let lookalike = format!("{}/n\u{fffd}u/ws/data", tmp.path().display());
+    symlink(&lookalike, ws.join("other")).unwrap();
+    let out = tmp.path().join("p.packet");
+    let v = pack(&ws, &out, &[]);
+    assert_eq!(v["rebased_symlinks"][0]["to"], "data", "{v}");
+    assert_eq!(
+        v["external_symlinks"],
+        serde_json::json!([{"path": "workspace/other", "target": lookalike}])
+    );
+    let restored = tmp.path().join("r");
+    unpack(&out, &restored, &[]);
+    assert_eq!(
+        fs::read_link(restored.join("workspace/abs")).unwrap(),
+        Path::new("data")
+    );
+    assert_eq!(fs::read(restored.join("workspace/abs")).unwrap(), b"d");
+}
+
 /// Paths longer than the OS takes in one call (PATH_MAX, 4096 on Linux)
 /// are legal under a raised --max-path-bytes: pack and unpack open them a
 /// component at a time, and the round trip gives the same bytes.

@@ -37,36 +37,44 @@ pub fn rebase(target: &str, depth: usize, roots: &[String]) -> (String, LinkClas
         return (target.to_owned(), class);
     }
     for root in roots {
-        let Some(after) = target.strip_prefix(root.as_str()) else {
-            continue;
-        };
-        // Component boundary: `/ws2` is not under `/ws`.
-        if !(after.is_empty() || after.starts_with('/')) {
-            continue;
+        if let Some(rebased) = target
+            .strip_prefix(root.as_str())
+            .and_then(|after| rebase_after(after, depth))
+        {
+            return rebased;
         }
-        let rest = after.trim_start_matches('/');
-        let mut out = "../".repeat(depth);
-        if rest.is_empty() {
-            // The root itself: the climb, or `.` at depth 0.
-            if depth == 0 {
-                out.push('.');
-            } else {
-                out.pop();
-            }
-            if !after.is_empty() {
-                out.push('/');
-            }
-        } else {
-            out.push_str(rest);
-        }
-        let class = if escapes_lexically(&out, depth) {
-            LinkClass::RebasedExternal
-        } else {
-            LinkClass::Rebased
-        };
-        return (out, class);
     }
     (target.to_owned(), LinkClass::External)
+}
+
+/// Rebases a target whose root prefix was `after` cut off (see [`rebase`]);
+/// `None` when `after` does not start at a component boundary (`/ws2` is
+/// not under `/ws`).
+pub fn rebase_after(after: &str, depth: usize) -> Option<(String, LinkClass)> {
+    if !(after.is_empty() || after.starts_with('/')) {
+        return None;
+    }
+    let rest = after.trim_start_matches('/');
+    let mut out = "../".repeat(depth);
+    if rest.is_empty() {
+        // The root itself: the climb, or `.` at depth 0.
+        if depth == 0 {
+            out.push('.');
+        } else {
+            out.pop();
+        }
+        if !after.is_empty() {
+            out.push('/');
+        }
+    } else {
+        out.push_str(rest);
+    }
+    let class = if escapes_lexically(&out, depth) {
+        LinkClass::RebasedExternal
+    } else {
+        LinkClass::Rebased
+    };
+    Some((out, class))
 }
 
 /// Whether a relative target, read lexically from a directory `depth`

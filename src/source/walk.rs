@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::error::Error;
 use super::policy::{ChildType, Policy, Reason, Verdict};
-use super::symlink::{LinkClass, rebase};
+use super::symlink::{LinkClass, rebase, rebase_after};
 use crate::packet::error::LimitKind;
 use crate::packet::format::{Limits, MAX_FILE_SIZE, MAX_MTIME_NS};
 use crate::packet::manifest::EntryKind;
@@ -32,8 +32,10 @@ pub struct Root {
     pub dir: PathBuf,
     /// Open directory handle; every open beneath it refuses symlinks.
     pub fd: OwnedFd,
-    /// Absolute spellings of the root (lexical and canonical), for rebasing.
-    spellings: Vec<String>,
+    /// Absolute spellings of the root (lexical and canonical), for rebasing,
+    /// as bytes: a root whose path is not UTF-8 still rebases the links
+    /// into it whose rest is.
+    spellings: Vec<Vec<u8>>,
 }
 
 impl Root {
@@ -53,7 +55,7 @@ impl Root {
             Mode::empty(),
         )
         .map_err(|e| io("cannot open", e.into()))?;
-        let spellings = root_spellings(dir);
+        let spellings = root_spellings_raw(dir);
         Ok(Root {
             part,
             dir: dir.to_owned(),
@@ -64,8 +66,17 @@ impl Root {
 }
 
 /// The absolute spellings of a directory for symlink rebasing: as given
-/// (made absolute) and canonical.
+/// (made absolute) and canonical; those that are UTF-8 (a spelling made
+/// lossy would rebase links into another directory).
 pub fn root_spellings(dir: &Path) -> Vec<String> {
+    root_spellings_raw(dir)
+        .into_iter()
+        .filter_map(|s| String::from_utf8(s).ok())
+        .collect()
+}
+
+/// [`root_spellings`], as bytes, UTF-8 or not.
+fn root_spellings_raw(dir: &Path) -> Vec<Vec<u8>> {
     let mut spellings = Vec::new();
     if let Ok(abs) = std::path::absolute(dir) {
         spellings.push(lexical_root(&abs));
@@ -77,14 +88,18 @@ pub fn root_spellings(dir: &Path) -> Vec<String> {
     spellings
 }
 
-/// An absolute path as a rebasing root: lossy UTF-8, `.` and repeated or
-/// trailing separators removed; `/` becomes the empty string.
-fn lexical_root(p: &Path) -> String {
-    let s = p.to_string_lossy();
-    let mut out = String::new();
-    for c in s.split('/').filter(|c| !c.is_empty() && *c != ".") {
-        out.push('/');
-        out.push_str(c);
+/// An absolute path as a rebasing root: `.` and repeated or trailing
+/// separators removed; `/` becomes the empty string.
+fn lexical_root(p: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for c in p
+        .as_os_str()
+        .as_bytes()
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+    {
+        out.push(b'/');
+        out.extend_from_slice(c);
     }
     out
 }
@@ -435,16 +450,7 @@ impl Walker<'_, '_> {
                     let target = readlinkat(dirfd.as_fd(), child.name.as_str()).map_err(|e| {
                         Error::io(&shown.join(&child.name), "cannot read symlink", e.into())
                     })?;
-                    let Some(target) = target.to_str() else {
-                        return Err(Error::Refused {
-                            path: cpath,
-                            kind: "non_utf8_target",
-                            reason: format!(
-                                "symlink target `{}` is not UTF-8; packets hold UTF-8 only",
-                                target.to_string_lossy()
-                            ),
-                        });
-                    };
+                    let target = target.as_bytes();
                     let stored = self.link(root, depth, &cpath, target, &mut out.report)?;
                     self.count(&cpath, 0)?;
                     out.found.push(Found {
@@ -581,20 +587,42 @@ impl Walker<'_, '_> {
         })
     }
 
+    /// The target to store for the symlink at `path` whose target on disk
+    /// is `target`. Rebasing compares bytes, so that a link into a root
+    /// whose own path is not UTF-8 is rebased; what is stored must be UTF-8.
     fn link(
         &self,
         root: &Root,
         depth: usize,
         path: &str,
-        target: &str,
+        target: &[u8],
         report: &mut ScanReport,
     ) -> Result<String, Error> {
+        let rebased = root.spellings.iter().find_map(|r| {
+            let after = std::str::from_utf8(target.strip_prefix(r.as_slice())?).ok()?;
+            rebase_after(after, depth)
+        });
+        let shown = String::from_utf8_lossy(target);
+        let decided = match rebased {
+            Some(decided) => decided,
+            None => match std::str::from_utf8(target) {
+                Ok(t) => rebase(t, depth, &[]),
+                Err(_) => {
+                    return Err(Error::Refused {
+                        path: path.into(),
+                        kind: "non_utf8_target",
+                        reason: format!(
+                            "symlink target `{shown}` is not UTF-8; packets hold UTF-8 only"
+                        ),
+                    });
+                }
+            },
+        };
         report
-            .symlink(
+            .note_symlink(
                 path,
-                target,
-                depth,
-                &root.spellings,
+                &shown,
+                decided,
                 root.part,
                 self.opts.reject_external_symlinks,
             )
@@ -671,7 +699,25 @@ impl ScanReport {
         part: Part,
         reject_external: bool,
     ) -> Result<String, String> {
-        let (stored, class) = rebase(target, depth, roots);
+        self.note_symlink(
+            path,
+            target,
+            rebase(target, depth, roots),
+            part,
+            reject_external,
+        )
+    }
+
+    /// Reports the symlink at `path` whose target `target` was decided to be
+    /// stored as `stored`, of class `class` (see [`ScanReport::symlink`]).
+    fn note_symlink(
+        &mut self,
+        path: &str,
+        target: &str,
+        (stored, class): (String, LinkClass),
+        part: Part,
+        reject_external: bool,
+    ) -> Result<String, String> {
         if matches!(class, LinkClass::External | LinkClass::RebasedExternal) {
             if reject_external {
                 return Err(format!(

@@ -228,14 +228,14 @@ pub fn snapshot(root: &Path) -> Vec<(String, String)> {
 /// Packs `ws` into `out` (extra args appended) and returns the result JSON.
 #[track_caller]
 pub fn pack(ws: &Path, out: &Path, extra: &[&str]) -> Value {
-    let mut args: Vec<String> = vec![
-        "pack".into(),
-        "--workspace".into(),
-        ws.display().to_string(),
-        "-o".into(),
-        out.display().to_string(),
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "pack".as_ref(),
+        "--workspace".as_ref(),
+        ws.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
     ];
-    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
     run(&args).ok().clone()
 }
 
