@@ -245,13 +245,20 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
 
 /// Removes `path` if it is the staging directory of an unpack into this
 /// target that was killed (named `.sessionfs-unpack.*`, a real directory,
-/// and no live unpack holds its lock); returns whether it did.
+/// mode 0700 and ours, and no live unpack holds its lock); returns whether
+/// it did.
 fn remove_stale_staging(path: &Path) -> bool {
     let named = path
         .file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.starts_with(".sessionfs-unpack."));
-    if !named || !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+    // Ours as made: a real directory, private (0700) and owned by us; a
+    // directory someone made with that name is not removed.
+    let ours = std::fs::symlink_metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.is_dir() && m.mode() & 0o7777 == 0o700 && m.uid() == nix::unistd::geteuid().as_raw()
+    });
+    if !named || !ours {
         return false;
     }
     let Ok(fd) = nix::fcntl::open(

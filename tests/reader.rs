@@ -698,11 +698,29 @@ fn unpack_targets() {
             .contains("sessionfs-unpack")),
         "staging left beside the target"
     );
-    // The staging directory a killed unpack left in the target is removed
-    // by the next one; one that a live unpack holds (locked) is not.
+    // The staging directory a killed unpack left in the target (private,
+    // ours) is removed by the next one; one that a live unpack holds
+    // (locked) is not, nor a directory of that name someone made.
     let retry = f.dir.join("retry");
-    write(&retry.join(".sessionfs-unpack.dead"), "half", b"x");
-    write(&retry.join(".sessionfs-unpack.live"), "half", b"x");
+    for name in [".sessionfs-unpack.dead", ".sessionfs-unpack.live"] {
+        write(&retry.join(name), "half", b"x");
+        fs::set_permissions(retry.join(name), fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let mine = f.dir.join("mine");
+    write(&mine.join(".sessionfs-unpack.notes"), "keep", b"mine");
+    let notes = mine.join(".sessionfs-unpack.notes");
+    fs::set_permissions(&notes, fs::Permissions::from_mode(0o755)).unwrap();
+    let r = run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        mine.to_str().unwrap(),
+    ]);
+    r.fails(7, "target_unusable");
+    assert_eq!(
+        fs::read(mine.join(".sessionfs-unpack.notes/keep")).unwrap(),
+        b"mine"
+    );
     let held = fs::File::open(retry.join(".sessionfs-unpack.live")).unwrap();
     let lock = nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
     let into = [
