@@ -249,15 +249,9 @@ impl Overlay {
                 kind,
             });
         }
-        manifest.validate(&opts.limits).map_err(refusal)?;
-        manifest.check_encoded_len(&opts.limits)?;
         report
-            .resolved_escapes(&manifest, opts.reject_external_symlinks)
-            .map_err(|(path, reason)| Error::Refused {
-                path,
-                kind: "external_symlink",
-                reason,
-            })?;
+            .check_manifest(&manifest, &opts.limits, opts.reject_external_symlinks)
+            .map_err(refusal)?;
         phase("validated");
         let sources = SealContents {
             overlay: self,
@@ -532,7 +526,9 @@ impl Overlay {
                         });
                     }
                 }
-                check_path(&path, &opts.limits).map_err(refusal)?;
+                check_path(&path, &opts.limits)
+                    .map_err(crate::source::Error::from_validation)
+                    .map_err(refusal)?;
                 let r = st.get(lower, *ino).ok_or(Error::NotFound)?;
                 let origin = match r {
                     Ref::Node(n) => n.lower,
@@ -676,9 +672,10 @@ fn sort_report(r: &mut ScanReport) {
     r.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
 }
 
-/// A packet-rule violation found in the merged view: refused input.
-fn refusal(e: crate::packet::Error) -> Error {
-    match crate::source::Error::from_validation(e) {
+/// What the merged view breaks (packet rules, limits, symlinks leaving
+/// their part): refused input.
+fn refusal(e: crate::source::Error) -> Error {
+    match e {
         crate::source::Error::Refused { path, kind, reason } => {
             Error::Refused { path, kind, reason }
         }

@@ -161,17 +161,8 @@ pub fn pack(
         });
         sources.push(source);
     }
-    manifest
-        .validate(&opts.limits)
-        .map_err(Error::from_validation)?;
-    manifest.check_encoded_len(&opts.limits)?;
     scan.report
-        .resolved_escapes(&manifest, opts.reject_external_symlinks)
-        .map_err(|(path, reason)| Error::Refused {
-            path,
-            kind: "external_symlink",
-            reason,
-        })?;
+        .check_manifest(&manifest, &opts.limits, opts.reject_external_symlinks)?;
 
     // Two passes, like the seal: hash every file on all cores, then write
     // the packet once, in file order, hashing it on the way for

@@ -635,6 +635,28 @@ impl Walker<'_, '_> {
 }
 
 impl ScanReport {
+    /// Checks the manifest a tree gives before anything is hashed, for pack
+    /// and seal alike: the packet rules ([`Manifest::validate`]), the length
+    /// readers allow it, and symlinks that leave their part through others
+    /// ([`ScanReport::resolved_escapes`]).
+    ///
+    /// [`Manifest::validate`]: crate::packet::manifest::Manifest::validate
+    pub fn check_manifest(
+        &mut self,
+        manifest: &crate::packet::manifest::Manifest,
+        limits: &Limits,
+        reject_external: bool,
+    ) -> Result<(), Error> {
+        manifest.validate(limits).map_err(Error::from_validation)?;
+        manifest.check_encoded_len(limits)?;
+        self.resolved_escapes(manifest, reject_external)
+            .map_err(|(path, reason)| Error::Refused {
+                path,
+                kind: "external_symlink",
+                reason,
+            })
+    }
+
     /// Adds to `external_symlinks` the symlinks of `manifest` that stay in
     /// their part by their text but leave it through the packet's own
     /// symlinks (`sub/alias/../../x` with `alias -> ..`), resolved as
