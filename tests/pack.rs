@@ -936,6 +936,96 @@ fn help_explains_every_command_with_examples() {
 
 /// Packs a harness-only tree to check that the harness part is optional
 /// and that its kind is recorded.
+/// A harness inside the workspace (`--workspace ~ --harness ~/.codex`) is
+/// packed once, as the harness part under its kind's rules: the workspace
+/// walk leaves it out and says so, so its credentials cannot come in
+/// through the workspace. The reverse likewise; the same directory for
+/// both is refused.
+#[test]
+fn a_part_inside_the_other_is_packed_once_as_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    write(&home, "src/a", b"a");
+    write(&home, ".codex/history.jsonl", b"h");
+    write(
+        &home,
+        ".codex/auth.json",
+        b"{\"OPENAI_API_KEY\":\"sk-secret\"}",
+    );
+    let out = tmp.path().join("p.packet");
+    let v = pack(
+        &home,
+        &out,
+        &[
+            "--harness",
+            home.join(".codex").to_str().unwrap(),
+            "--harness-kind",
+            "codex",
+        ],
+    );
+    let excluded: Vec<(&str, &str)> = v["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap(),
+                e["reason"]["rule"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        excluded,
+        [
+            ("harness/auth.json", "credential"),
+            ("workspace/.codex", "other_part")
+        ]
+    );
+    let bytes = fs::read(&out).unwrap();
+    assert!(
+        !bytes.windows(9).any(|w| w == b"sk-secret"),
+        "the credential was packed"
+    );
+    let r = tmp.path().join("r");
+    unpack(&out, &r, &[]);
+    assert_eq!(fs::read(r.join("harness/history.jsonl")).unwrap(), b"h");
+    assert!(!r.join("workspace/.codex").exists());
+    // The workspace inside the harness.
+    let v = pack(
+        &home.join("src"),
+        &tmp.path().join("q.packet"),
+        &[
+            "--harness",
+            home.to_str().unwrap(),
+            "--harness-kind",
+            "generic",
+        ],
+    );
+    assert!(
+        v["excluded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"] == "harness/src" && e["reason"]["part"] == "workspace"),
+        "{v}"
+    );
+    // The same directory, however spelled.
+    let same = format!("{}/./", home.display());
+    let r = run([
+        "pack",
+        "--workspace",
+        home.to_str().unwrap(),
+        "--harness",
+        &same,
+        "--harness-kind",
+        "codex",
+        "-o",
+        tmp.path().join("s.packet").to_str().unwrap(),
+    ]);
+    r.fails(7, "parts_overlap");
+    assert!(!tmp.path().join("s.packet").exists());
+}
+
 #[test]
 fn harness_part_and_kind_are_recorded() {
     let tmp = tempfile::tempdir().unwrap();

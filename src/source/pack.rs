@@ -19,7 +19,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
@@ -101,6 +101,44 @@ pub enum PackProgress {
     Bytes(u64),
 }
 
+/// Where one part's root lies inside the other's (`--workspace ~
+/// --harness ~/.codex`): the packet path at which the outer walk meets it,
+/// left out there because it is packed as its own part, under that part's
+/// rules (the harness kind's credential exclusions). The same directory
+/// for both is refused.
+fn nested_part_roots(
+    workspace: &Path,
+    harness: Option<&Path>,
+) -> Result<Vec<(String, Part)>, Error> {
+    let Some(harness) = harness else {
+        return Ok(Vec::new());
+    };
+    // A root that cannot be resolved is reported by the walk.
+    let (Ok(w), Ok(h)) = (
+        std::fs::canonicalize(workspace),
+        std::fs::canonicalize(harness),
+    ) else {
+        return Ok(Vec::new());
+    };
+    if w == h {
+        return Err(Error::Refused {
+            path: harness.display().to_string(),
+            kind: "parts_overlap",
+            reason: "--workspace and --harness name the same directory; the harness part is \
+                     the agent's home (such as ~/.codex), give it apart from the workspace"
+                .into(),
+        });
+    }
+    let inside = |outer: &Path, outer_part: Part, inner: &Path, inner_part: Part| {
+        let rel = inner.strip_prefix(outer).ok()?.to_str()?;
+        Some((format!("{}/{rel}", outer_part.as_str()), inner_part))
+    };
+    Ok(inside(&w, Part::Workspace, &h, Part::Harness)
+        .into_iter()
+        .chain(inside(&h, Part::Harness, &w, Part::Workspace))
+        .collect())
+}
+
 /// Packs the tree described by `opts`. On error, nothing is left at the
 /// output path (the temporary file is removed). `progress` is told of each
 /// pass as it begins and of its bytes as they are done.
@@ -111,6 +149,7 @@ pub fn pack(
     let bytes = |n| progress(PackProgress::Bytes(n));
     let kind = opts.harness.as_ref().map(|(_, k)| *k);
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
+    let other_parts = nested_part_roots(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
     let output = Output::create(&opts.output)?;
     let mut skip = Vec::new();
     if let Ok(m) = std::fs::symlink_metadata(&opts.output) {
@@ -127,6 +166,7 @@ pub fn pack(
         limits: opts.limits,
         skip,
         own: Some(output.identity()?),
+        other_parts,
     };
     let t = std::time::Instant::now();
     let mut scan = scan(&parts, &scan_opts)?;

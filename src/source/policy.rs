@@ -72,6 +72,13 @@ pub enum Reason {
     },
     /// The packet being written, found inside the tree.
     OutputFile,
+    /// The root of the other part, found inside this one (`--harness`
+    /// inside `--workspace`, or the reverse): packed once, as that part,
+    /// under that part's rules.
+    OtherPart {
+        /// The part it is packed as.
+        part: &'static str,
+    },
 }
 
 /// The decision for one name.

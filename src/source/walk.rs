@@ -226,6 +226,9 @@ pub struct ScanOptions<'a> {
     /// `(dev, ino)` of a file to leave out unreported: pack's own temporary
     /// file, whose random name would make the result differ run to run.
     pub own: Option<(u64, u64)>,
+    /// Directories to leave out and report because they are the root of
+    /// the other part: their packet path, and that part.
+    pub other_parts: Vec<(String, Part)>,
 }
 
 /// The result of walking every root.
@@ -395,6 +398,17 @@ impl Walker<'_, '_> {
             let cpath = format!("{ppath}/{}", child.name);
             let crel = rel.join(&child.name);
             let kind_name = type_name(child.ty);
+            let other_part = self
+                .opts
+                .other_parts
+                .iter()
+                .find(|(p, _)| child.ty == SFlag::S_IFDIR && *p == cpath);
+            let verdict = match other_part {
+                Some((_, part)) => Verdict::Exclude(Reason::OtherPart {
+                    part: part.as_str(),
+                }),
+                None => verdict,
+            };
             match verdict {
                 Verdict::Include => {}
                 Verdict::Exclude(reason) => {
