@@ -1026,6 +1026,30 @@ fn a_part_inside_the_other_is_packed_once_as_itself() {
     assert!(!tmp.path().join("s.packet").exists());
 }
 
+/// A packet replaced keeps its mode: one made private is not widened.
+#[test]
+fn a_replaced_packet_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let out = tmp.path().join("p.packet");
+    pack(&ws, &out, &[]);
+    fs::set_permissions(&out, fs::Permissions::from_mode(0o600)).unwrap();
+    write(&ws, "b", b"b");
+    pack(&ws, &out, &[]);
+    assert_eq!(
+        fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(
+        fs::read(&out)
+            .unwrap()
+            .windows(13)
+            .any(|w| w == b"workspace/b\0\0")
+    );
+}
+
 #[test]
 fn harness_part_and_kind_are_recorded() {
     let tmp = tempfile::tempdir().unwrap();

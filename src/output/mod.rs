@@ -123,9 +123,15 @@ impl Output {
             .map_err(|e| Error::io_at(&self.dest, "cannot fsync the output", e))
     }
 
-    /// Makes the packet durable and visible: mode, fsync, rename over the
-    /// destination, fsync of the directory.
+    /// Makes the packet durable and visible: mode (`mode`, or that of the
+    /// file it replaces), fsync, rename over the destination, fsync of the
+    /// directory.
     pub fn commit(self, mode: u32) -> Result<()> {
+        // A packet replaced keeps its permissions: one made private stays so.
+        let mode = match std::fs::symlink_metadata(&self.dest) {
+            Ok(m) if m.is_file() => m.permissions().mode() & 0o777,
+            _ => mode,
+        };
         let file = self.file();
         file.set_permissions(std::fs::Permissions::from_mode(mode))
             .map_err(|e| Error::io_at(&self.dest, "cannot set the output's mode", e))?;
