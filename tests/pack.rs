@@ -1084,9 +1084,9 @@ fn harness_part_and_kind_are_recorded() {
 
 /// Waits until a `pack` armed with barrier directory `bar` has hashed
 /// every file and paused.
-fn wait_until_hashed(bar: &Path) {
+fn wait_until(bar: &Path, point: &str) {
     let start = std::time::Instant::now();
-    while !bar.join("hashed.reached").exists() {
+    while !bar.join(format!("{point}.reached")).exists() {
         assert!(
             start.elapsed() < std::time::Duration::from_secs(30),
             "pack never reached its barrier"
@@ -1105,6 +1105,18 @@ fn pack_changed_between_passes(
     hold: &str,
     change: impl FnOnce(),
 ) -> (i32, Value) {
+    pack_changed_at("hashed", ws, out, hold, change)
+}
+
+/// Runs `pack` paused at its barrier `point`, lets `change` alter the tree
+/// there, and returns the exit code and the result.
+fn pack_changed_at(
+    point: &str,
+    ws: &Path,
+    out: &Path,
+    hold: &str,
+    change: impl FnOnce(),
+) -> (i32, Value) {
     let bar = out.with_extension("barrier");
     let _ = fs::remove_dir_all(&bar);
     fs::create_dir_all(&bar).unwrap();
@@ -1117,12 +1129,43 @@ fn pack_changed_between_passes(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until_hashed(&bar);
+    wait_until(&bar, point);
     change();
-    fs::write(bar.join("hashed.go"), b"").unwrap();
+    fs::write(bar.join(format!("{point}.go")), b"").unwrap();
     let o = child.wait_with_output().unwrap();
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     (o.status.code().unwrap(), v)
+}
+
+/// A directory removed or replaced between the reading of its parent and
+/// its own is a change to the tree, not an I/O error.
+#[test]
+fn a_directory_gone_during_the_walk_is_a_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "sub/deep/f", b"f");
+    write(&ws, "other/g", b"g");
+    let out = tmp.path().join("p.packet");
+    let (code, v) = pack_changed_at("walked-roots", &ws, &out, "0", || {
+        fs::remove_dir_all(ws.join("sub")).unwrap();
+    });
+    assert_eq!(
+        (code, v["kind"].as_str()),
+        (6, Some("changed_while_packing")),
+        "{v}"
+    );
+    assert_eq!(v["path"], "workspace/sub");
+    assert!(!out.exists());
+    let (code, v) = pack_changed_at("walked-roots", &ws, &out, "0", || {
+        fs::remove_dir_all(ws.join("other")).unwrap();
+        symlink("/etc", ws.join("other")).unwrap();
+    });
+    assert_eq!(
+        (code, v["kind"].as_str()),
+        (6, Some("changed_while_packing")),
+        "{v}"
+    );
+    assert_eq!(v["path"], "workspace/other");
 }
 
 #[test]
@@ -1249,7 +1292,7 @@ fn pack_shows_progress_on_a_terminal_while_it_hashes() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("script (util-linux) runs");
-    wait_until_hashed(&bar);
+    wait_until(&bar, "hashed");
     // The bar redraws every 200 ms.
     std::thread::sleep(std::time::Duration::from_millis(800));
     let drawn = String::from_utf8_lossy(&fs::read(&transcript).unwrap()).into_owned();

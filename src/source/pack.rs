@@ -167,6 +167,7 @@ pub fn pack(
         skip,
         own: Some(output.identity()?),
         other_parts,
+        barrier: opts.barrier.as_deref(),
     };
     let t = std::time::Instant::now();
     let mut scan = scan(&parts, &scan_opts)?;

@@ -229,6 +229,9 @@ pub struct ScanOptions<'a> {
     /// Directories to leave out and report because they are the root of
     /// the other part: their packet path, and that part.
     pub other_parts: Vec<(String, Part)>,
+    /// Test barrier directory (see [`crate::barrier`]): the walk pauses
+    /// at `walked-roots` once the part roots are read.
+    pub barrier: Option<&'a Path>,
 }
 
 /// The result of walking every root.
@@ -285,6 +288,7 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
             depth: 0,
         });
     }
+    let mut roots_read = true;
     while !level.is_empty() {
         let outs: Vec<DirOut> = level
             .into_par_iter()
@@ -295,6 +299,9 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
             found.extend(o.found);
             report.merge(o.report);
             level.extend(o.subdirs);
+        }
+        if std::mem::take(&mut roots_read) {
+            crate::barrier::wait(opts.barrier, "walked-roots");
         }
     }
     // Reports in path order, so results are deterministic too.
@@ -387,7 +394,16 @@ impl Walker<'_, '_> {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY,
             Mode::empty(),
         )
-        .map_err(|e| Error::io(&shown, "cannot open directory", e))?;
+        .map_err(|e| match e.raw_os_error() {
+            // Gone, or swapped for something else, since its parent was read.
+            Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EXDEV) if depth > 0 => {
+                Error::Changed {
+                    path: ppath.clone(),
+                    what: "was removed or replaced",
+                }
+            }
+            _ => Error::io(&shown, "cannot open directory", e),
+        })?;
         let (dirfd, children) = self.read_dir(fd, &shown, &ppath)?;
         let verdicts = self.judge_all(part, &ppath, &children);
         for (child, verdict) in children.iter().zip(verdicts) {
@@ -527,7 +543,13 @@ impl Walker<'_, '_> {
                         OsStr::from_bytes(raw),
                         AtFlags::AT_SYMLINK_NOFOLLOW,
                     )
-                    .map_err(|e| Error::io(&shown.join(name), "cannot stat", e.into()))?;
+                    .map_err(|e| match e {
+                        nix::errno::Errno::ENOENT => Error::Changed {
+                            path: format!("{ppath}/{name}"),
+                            what: "was removed",
+                        },
+                        e => Error::io(&shown.join(name), "cannot stat", e.into()),
+                    })?;
                     (sys::file_type(&st), Some(st))
                 }
             };
