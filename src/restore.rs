@@ -101,6 +101,9 @@ pub struct UnpackOptions {
     pub strict_symlinks: bool,
     /// Expected digest.
     pub digest: Option<Digest>,
+    /// Owner (uid, gid) given to every restored entry; `None` leaves them
+    /// to the user running the unpack.
+    pub owner: Option<(u32, u32)>,
 }
 
 /// What was restored.
@@ -185,6 +188,7 @@ pub fn unpack(
         packet,
         stage: stage_fd.as_fd(),
         root_name,
+        owner: opts.owner,
     };
     let outcome = writer.restore(progress)?;
     if exists {
@@ -325,6 +329,8 @@ struct Restorer<'a> {
     stage: std::os::fd::BorrowedFd<'a>,
     /// `""`, or the part restored as the root.
     root_name: &'a str,
+    /// Owner for every entry, if asked.
+    owner: Option<(u32, u32)>,
 }
 
 impl Restorer<'_> {
@@ -376,6 +382,16 @@ impl Restorer<'_> {
                     let at = dir.as_ref().map_or(self.stage, |d| d.as_fd());
                     symlinkat(&**target, at, name)
                         .map_err(|err| io_err(&e.path, "cannot create symlink")(err.into()))?;
+                    if let Some((uid, gid)) = self.owner {
+                        nix::unistd::fchownat(
+                            at,
+                            name,
+                            Some(uid.into()),
+                            Some(gid.into()),
+                            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                        )
+                        .map_err(|err| io_err(&e.path, "cannot set owner")(err.into()))?;
+                    }
                 }
                 EntryKind::File(f) => {
                     files += 1;
@@ -389,11 +405,13 @@ impl Restorer<'_> {
         for e in m.entries.iter().filter(|e| e.is_dir()) {
             if let Some(rel) = self.rel(&e.path) {
                 let fd = self.open(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY, &e.path)?;
+                self.chown(&fd, &e.path)?;
                 fchmod(&fd, Mode::from_bits_truncate(MODE_DIR))
                     .map_err(|err| io_err(&e.path, "cannot set directory mode")(err.into()))?;
             }
         }
         if self.root_name.is_empty() {
+            self.chown(self.stage, "")?;
             fchmod(self.stage, Mode::from_bits_truncate(MODE_DIR))
                 .map_err(|err| io_err("", "cannot set directory mode")(err.into()))?;
         }
@@ -404,6 +422,15 @@ impl Restorer<'_> {
             content_bytes: bytes,
             into: String::new(),
         })
+    }
+
+    /// Gives `fd` (entry `shown`) the owner asked for, if any.
+    fn chown(&self, fd: impl AsFd, shown: &str) -> Result<(), Error> {
+        let Some((uid, gid)) = self.owner else {
+            return Ok(());
+        };
+        nix::unistd::fchown(fd, Some(uid.into()), Some(gid.into()))
+            .map_err(|err| io_err(shown, "cannot set owner")(err.into()))
     }
 
     fn open(&self, rel: &str, flags: OFlag, shown: &str) -> Result<OwnedFd, Error> {
@@ -466,6 +493,7 @@ impl Restorer<'_> {
                         );
                         futimens(&file, &t, &t)
                             .map_err(|err| io_err(&e.path, "cannot set mtime")(err.into()))?;
+                        self.chown(&file, &e.path)?;
                         let mode = if meta.executable {
                             MODE_EXEC
                         } else {

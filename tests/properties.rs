@@ -126,7 +126,7 @@ proptest! {
         let packet = Packet::open(&p1, &Limits::DEFAULT).unwrap();
         verify(&packet, &|_| {}).unwrap();
         let out = tmp.path().join("out");
-        let u = UnpackOptions { into: out.clone(), part: None, strict_symlinks: false, digest: Some(r1.digest) };
+        let u = UnpackOptions { into: out.clone(), part: None, strict_symlinks: false, digest: Some(r1.digest), owner: None };
         unpack(&packet, &u, &|_| {}).unwrap();
         prop_assert_eq!(snapshot(&ws), snapshot(&out.join("workspace")));
         prop_assert_eq!(mtimes(&ws), mtimes(&out.join("workspace")));
@@ -150,6 +150,7 @@ proptest! {
                     part: Some(sessionfs::packet::path::Part::Workspace),
                     strict_symlinks: true,
                     digest: None,
+                    owner: None,
                 };
                 let restored = unpack(&packet, &u, &|_| {});
                 prop_assert!(restored.is_ok(), "strict unpack refused: {:?}", restored.err());

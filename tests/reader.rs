@@ -736,6 +736,31 @@ fn unpack_targets() {
     assert!(retry.join("workspace/README.md").exists());
     assert!(!retry.join(".sessionfs-unpack.dead").exists());
     assert!(!retry.join(".sessionfs-unpack.live").exists());
+    // --uid/--gid: every entry belongs to the agent's user, so that it can
+    // work in a directory prepared for it.
+    let agent = f.dir.join("agent");
+    fs::create_dir(&agent).unwrap();
+    std::os::unix::fs::chown(&agent, Some(65534), Some(65534)).unwrap();
+    let r = run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        agent.to_str().unwrap(),
+        "--uid",
+        "65534",
+        "--gid",
+        "65533",
+    ]);
+    r.ok();
+    let mut seen = 0;
+    for e in walkdir(&agent) {
+        let m = fs::symlink_metadata(&e).unwrap();
+        assert_eq!((m.uid(), m.gid()), (65534, 65533), "{}", e.display());
+        seen += 1;
+    }
+    assert!(seen > 5, "{seen}");
+    let r = run(["unpack", p.to_str().unwrap(), "--into", "x", "--uid", "1"]);
+    r.fails(2, "usage");
     // A mountpoint (a pod's volume) is restored into, not replaced.
     let vol = f.dir.join("vol");
     fs::create_dir(&vol).unwrap();
@@ -855,4 +880,17 @@ fn fuzz_regressions_for_the_manifest_parser() {
             );
         }
     }
+}
+
+/// Every path beneath `dir` (not `dir` itself), symlinks not followed.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if fs::symlink_metadata(&p).unwrap().is_dir() {
+            out.extend(walkdir(&p));
+        }
+        out.push(p);
+    }
+    out
 }

@@ -40,6 +40,14 @@ pub struct Args {
     /// Refuse symlinks whose targets resolve outside the restored tree.
     #[arg(long)]
     strict_symlinks: bool,
+    /// Owner of every restored entry, a user id (default: the user running
+    /// the unpack; another needs root). For a directory prepared for the
+    /// agent's user: `--uid 1000 --gid 1000`
+    #[arg(long, value_name = "N", requires = "gid")]
+    uid: Option<u32>,
+    /// Group of every restored entry, a group id (with `--uid`)
+    #[arg(long, value_name = "N", requires = "uid")]
+    gid: Option<u32>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -69,6 +77,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             PartArg::Harness => Part::Harness,
         }),
         strict_symlinks: a.strict_symlinks,
+        owner: a.uid.zip(a.gid),
         digest: a.digest,
     };
     let progress = Progress::bytes("unpacking", packet.manifest.content_bytes());
