@@ -925,17 +925,45 @@ fn help_explains_every_command_with_examples() {
             String::from_utf8(out.stdout).unwrap()
         };
         let text = help("--help");
-        assert!(
-            text.contains("Example"),
-            "{cmd} --help has no example:\n{text}"
-        );
+        // The examples, before the usage line: whole command lines (none
+        // wrapped), which between them use every option of the command.
+        let examples = text
+            .split_once("\nExamples:\n")
+            .and_then(|(_, rest)| rest.split_once("\nUsage:"))
+            .unwrap_or_else(|| panic!("{cmd} --help has no examples:\n{text}"))
+            .0;
+        for line in examples.lines().filter(|l| !l.trim().is_empty()) {
+            assert!(line.starts_with("  sessionfs "), "{cmd}: `{line}`");
+        }
+        // Option lines: `  -o, --output <FILE>` or `      --zero-mtimes`
+        // (descriptions are indented further).
+        let options = text.lines().filter_map(|l| {
+            let l = l
+                .strip_prefix("      --")
+                .map(|r| &l[l.len() - r.len() - 2..])
+                .or_else(|| l.strip_prefix("  -").map(|r| &l[l.len() - r.len() - 1..]))?;
+            let (short, long) = match l.strip_prefix('-').and_then(|r| r.split_once(", ")) {
+                Some((s, rest)) if s.len() == 1 => (Some(format!("-{s} ")), rest),
+                _ => (None, l),
+            };
+            let long = long.strip_prefix("--")?;
+            let name = long.split([' ', '.']).next()?;
+            Some((short, format!("--{name}")))
+        });
+        for (short, long) in options {
+            if ["--help", "--verbose", "--version"].contains(&long.as_str()) {
+                continue;
+            }
+            let used = examples.contains(&format!("{long} "))
+                || examples.contains(&format!("{long}\n"))
+                || short.is_some_and(|s| examples.contains(&s));
+            assert!(used, "{cmd}: no example uses {long}:\n{examples}");
+        }
         // The short flag gives the same help, examples included.
         assert_eq!(help("-h"), text, "{cmd} -h");
     }
 }
 
-/// Packs a harness-only tree to check that the harness part is optional
-/// and that its kind is recorded.
 /// A harness inside the workspace (`--workspace ~ --harness ~/.codex`) is
 /// packed once, as the harness part under its kind's rules: the workspace
 /// walk leaves it out and says so, so its credentials cannot come in
@@ -1050,6 +1078,8 @@ fn a_replaced_packet_keeps_its_mode() {
     );
 }
 
+/// Packs a harness-only tree to check that the harness part is optional
+/// and that its kind is recorded.
 #[test]
 fn harness_part_and_kind_are_recorded() {
     let tmp = tempfile::tempdir().unwrap();

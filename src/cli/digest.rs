@@ -14,8 +14,11 @@ use crate::packet::reader::read_raw_manifest;
 /// Reads only the first member. The digest names the whole packet, since
 /// every other byte is implied by the manifest; `verify` checks that it does.
 ///
-/// Example: sessionfs digest session.packet
+/// Examples:
+///   sessionfs digest session.packet
+///   sessionfs digest big.packet --max-bytes 8GiB --max-entries 1000000 --max-path-bytes 8192
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The packet file.
     packet: PathBuf,

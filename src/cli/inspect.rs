@@ -20,8 +20,11 @@ use crate::packet::{Error, format::HarnessKind};
 /// versions too, reporting them as unsupported (exit 0): use it to find out
 /// what a packet is before deciding what to do with it.
 ///
-/// Example: sessionfs inspect session.packet
+/// Examples:
+///   sessionfs inspect session.packet
+///   sessionfs inspect big.packet --max-bytes 8GiB --max-entries 1000000 --max-path-bytes 8192
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The packet file.
     packet: PathBuf,

@@ -30,6 +30,10 @@ use crate::packet::reader::Packet;
 /// Examples:
 ///   sessionfs mount session.packet /workspace --upper /var/lib/s/upper --part workspace
 ///   sessionfs mount session.packet ./mnt --upper ./upper --digest sha256:… --foreground
+///   sessionfs mount s.packet /workspace --upper /var/lib/s/upper --uid 1000 --gid 1000 --allow-other
+///   sessionfs mount big.packet ./mnt --upper ./upper --threads 4
+///   sessionfs mount big.packet ./mnt --upper ./upper --max-bytes 8GiB --max-entries 1000000
+///   sessionfs mount deep.packet ./mnt --upper ./upper --max-path-bytes 8192
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {

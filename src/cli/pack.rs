@@ -21,8 +21,14 @@ use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
 ///
 /// Examples:
 ///   sessionfs pack --workspace ./repo -o session.packet
-///   sessionfs pack --workspace ./repo --harness ~/.codex --harness-kind codex -o s.packet
+///   sessionfs pack --workspace ./repo --harness ~/.codex --harness-kind codex --output s.packet
 ///   sessionfs pack --workspace ./repo --exclude 'target' --exclude '*.log' -o s.packet
+///   sessionfs pack --workspace ./repo --keep '.env.test' -o s.packet   # pack it on purpose
+///   sessionfs pack --workspace ./repo --zero-mtimes -o s.packet   # digest of content alone
+///   sessionfs pack --workspace ./repo --reject-external-symlinks -o s.packet
+///   sessionfs pack --workspace ./repo --hold-memory 64MiB -o s.packet   # a tight pod
+///   sessionfs pack --workspace ./big -o s.packet --max-bytes 8GiB --max-entries 1000000
+///   sessionfs pack --workspace ./deep -o s.packet --max-path-bytes 8192
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {

@@ -12,8 +12,10 @@ use crate::packet::error::ErrorClass;
 /// daemon pid) and its counters (lookups, reads, writes, copy-ups, bytes
 /// verified).
 ///
-/// Example: sessionfs status /workspace
+/// Examples:
+///   sessionfs status /workspace
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The mountpoint.
     mountpoint: PathBuf,

@@ -15,8 +15,11 @@ use crate::packet::error::ErrorClass;
 /// mount is gone. Without a daemon to ask, falls back to `fusermount3 -u`.
 /// A mount with open files is busy (exit 8) unless `--lazy`.
 ///
-/// Example: sessionfs umount /workspace
+/// Examples:
+///   sessionfs umount /workspace
+///   sessionfs umount /workspace --lazy   # detach now, even with files open
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The mountpoint.
     mountpoint: PathBuf,

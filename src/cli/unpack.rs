@@ -23,6 +23,10 @@ use crate::restore::{UnpackOptions, UnpackOutcome, unpack};
 /// Examples:
 ///   sessionfs unpack session.packet --into ./restored
 ///   sessionfs unpack session.packet --into /workspace --part workspace --digest sha256:…
+///   sessionfs unpack session.packet --into /workspace --part workspace --uid 1000 --gid 1000
+///   sessionfs unpack untrusted.packet --into ./look --strict-symlinks
+///   sessionfs unpack big.packet --into ./big --max-bytes 8GiB --max-entries 1000000
+///   sessionfs unpack deep.packet --into ./deep --max-path-bytes 8192
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {

@@ -16,8 +16,11 @@ use crate::packet::verify::verify;
 /// every file and chunk hash, order, padding, end marker, no trailing bytes,
 /// limits. Exits 0 only for a valid packet (and the given digest).
 ///
-/// Example: sessionfs verify session.packet --digest sha256:3f2a…
+/// Examples:
+///   sessionfs verify session.packet --digest sha256:3f2a…
+///   sessionfs verify big.packet --max-bytes 8GiB --max-entries 1000000 --max-path-bytes 8192
 #[derive(clap::Args, Debug)]
+#[command(verbatim_doc_comment)]
 pub struct Args {
     /// The packet file.
     packet: PathBuf,
