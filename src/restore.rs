@@ -172,6 +172,7 @@ pub fn unpack(
                 "cannot create a staging directory beside the target",
             ))?
     };
+    let _pending = crate::interrupt::remove_on_interrupt(staging.path());
     let stage_fd: OwnedFd = nix::fcntl::open(
         staging.path(),
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
@@ -191,6 +192,7 @@ pub fn unpack(
         owner: opts.owner,
     };
     let outcome = writer.restore(progress)?;
+    crate::barrier::wait(crate::barrier::from_env().as_deref(), "restored");
     if exists {
         move_into(staging.path(), into).map_err(|e| Error::Target {
             path: shown.clone(),

@@ -5,7 +5,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
@@ -1138,6 +1138,20 @@ fn pack_changed_between_passes(
     pack_changed_at("hashed", ws, out, hold, change)
 }
 
+/// The points where pack pauses under a test barrier, in order.
+const PACK_POINTS: [&str; 2] = ["walked-roots", "hashed"];
+
+/// A fresh barrier directory `bar` where pack stops at `point` only: every
+/// other point finds its `.go` file already there.
+fn barrier_at(bar: &Path, point: &str) -> PathBuf {
+    let _ = fs::remove_dir_all(bar);
+    fs::create_dir_all(bar).unwrap();
+    for p in PACK_POINTS.iter().filter(|p| **p != point) {
+        fs::write(bar.join(format!("{p}.go")), b"").unwrap();
+    }
+    bar.to_owned()
+}
+
 /// Runs `pack` paused at its barrier `point`, lets `change` alter the tree
 /// there, and returns the exit code and the result.
 fn pack_changed_at(
@@ -1147,9 +1161,7 @@ fn pack_changed_at(
     hold: &str,
     change: impl FnOnce(),
 ) -> (i32, Value) {
-    let bar = out.with_extension("barrier");
-    let _ = fs::remove_dir_all(&bar);
-    fs::create_dir_all(&bar).unwrap();
+    let bar = barrier_at(&out.with_extension("barrier"), point);
     let child = Command::new(bin())
         .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
         .arg(out)
@@ -1196,6 +1208,62 @@ fn a_directory_gone_during_the_walk_is_a_change() {
         "{v}"
     );
     assert_eq!(v["path"], "workspace/other");
+}
+
+/// A pack stopped by a signal removes its temporary file and says so
+/// (exit 128 + the signal); one killed outright leaves it, and the next
+/// pack to that output leaves it out of the tree, as an older output.
+#[test]
+fn an_interrupted_pack_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let out = ws.join("p.packet");
+    let bar = barrier_at(&tmp.path().join("bar"), "hashed");
+    let temporaries = || {
+        fs::read_dir(&ws)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".tmp")
+            })
+            .count()
+    };
+    for (signal, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        barrier_at(&bar, "hashed");
+        let child = Command::new(bin())
+            .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+            .arg(&out)
+            .env("SESSIONFS_TEST_BARRIER", &bar)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(&bar, "hashed");
+        assert_eq!(temporaries(), 1);
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let o = child.wait_with_output().unwrap();
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            (o.status.code(), v["kind"].as_str()),
+            (Some(code), Some("interrupted")),
+            "{v}"
+        );
+        assert_eq!(temporaries(), 0, "the temporary file is left");
+        assert!(!out.exists());
+    }
+    // Killed outright: its temporary file stays, and is not packed.
+    fs::write(ws.join(".p.packet.x1y2z3.tmp"), b"half a packet").unwrap();
+    let v = pack(&ws, &out, &[]);
+    assert_eq!(
+        v["excluded"][0]["path"], "workspace/.p.packet.x1y2z3.tmp",
+        "{v}"
+    );
+    assert_eq!(v["excluded"][0]["reason"]["rule"], "output_file");
+    assert_eq!(v["entries"], 2);
 }
 
 #[test]
@@ -1305,8 +1373,7 @@ fn pack_shows_progress_on_a_terminal_while_it_hashes() {
     let ws = tmp.path().join("ws");
     write(&ws, "data.bin", &vec![7u8; 3 << 20]);
     let out = tmp.path().join("p.packet");
-    let bar = tmp.path().join("barrier");
-    fs::create_dir_all(&bar).unwrap();
+    let bar = barrier_at(&tmp.path().join("barrier"), "hashed");
     let transcript = tmp.path().join("transcript");
     let cmd = format!(
         "{} pack --workspace {} -o {}",

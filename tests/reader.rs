@@ -821,6 +821,60 @@ fn unpack_targets() {
     .fails(7, "target_unusable");
 }
 
+/// An unpack stopped by a signal removes its staging directory: nothing is
+/// left beside the target, and the target does not appear.
+#[test]
+fn an_interrupted_unpack_leaves_nothing_behind() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let bar = f.dir.join("bar");
+    fs::create_dir(&bar).unwrap();
+    let into = f.dir.join("new");
+    let child = std::process::Command::new(common::bin())
+        .args([
+            "unpack",
+            p.to_str().unwrap(),
+            "--into",
+            into.to_str().unwrap(),
+        ])
+        .env("SESSIONFS_TEST_BARRIER", &bar)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !bar.join("restored.reached").exists() {
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "unpack never reached its barrier"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let staging = || {
+        fs::read_dir(&f.dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .contains("sessionfs-unpack")
+            })
+            .count()
+    };
+    assert_eq!(staging(), 1);
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (o.status.code(), v["kind"].as_str()),
+        (Some(143), Some("interrupted")),
+        "{v}"
+    );
+    assert_eq!(staging(), 0, "staging left behind");
+    assert!(!into.exists());
+}
+
 /// Every single-byte change outside the manifest makes verification fail:
 /// the manifest implies every other byte. (Inside the manifest, any change
 /// changes the digest.)

@@ -120,6 +120,14 @@ pub fn main() -> ExitCode {
         Err(e) => return clap_error(e),
     };
     init_logging(cli.verbose);
+    // Commands that write files remove what they half-wrote if stopped.
+    if matches!(
+        cli.command,
+        Command::Pack(_) | Command::Unpack(_) | Command::Seal(_)
+    ) && let Err(e) = crate::interrupt::arm(report_interrupt)
+    {
+        tracing::warn!(error = %e, "cannot take SIGINT/SIGTERM: an interrupted run may leave a temporary file");
+    }
     let result = match cli.command {
         Command::Pack(a) => pack::run(a),
         Command::Verify(a) => verify::run(a),
@@ -138,6 +146,17 @@ pub fn main() -> ExitCode {
         }
         Err(e) => report(e),
     }
+}
+
+/// The error of a run ended by `sig` (its exit code is 128 + the signal).
+fn report_interrupt(sig: nix::sys::signal::Signal) {
+    let mut e = CliError::usage(format!(
+        "interrupted by {sig}; what was half-written (a temporary output, a staging directory) was removed"
+    ));
+    e.kind = "interrupted".into();
+    e.hint = "run the command again; an existing output was left as it was";
+    e.exit_code = 128 + sig as u8;
+    report(e);
 }
 
 /// Prints an error: the JSON object on stdout, one line on stderr.

@@ -27,6 +27,8 @@ pub use in_order::{Keep, hash_new, write_in_order};
 pub struct Output {
     tmp: tempfile::NamedTempFile,
     dest: PathBuf,
+    /// The temporary file is removed if the process is interrupted.
+    _pending: crate::interrupt::Pending,
 }
 
 impl Output {
@@ -64,6 +66,7 @@ impl Output {
                 Error::io_at(dir, "cannot create a temporary file here", e)
             })?;
         Ok(Output {
+            _pending: crate::interrupt::remove_on_interrupt(tmp.path()),
             tmp,
             dest: dest.to_owned(),
         })

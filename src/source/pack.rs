@@ -101,6 +101,35 @@ pub enum PackProgress {
     Bytes(u64),
 }
 
+/// `(dev, ino)` of the temporary files an earlier pack to the same output
+/// left when it was killed (`.<name>.<random>.tmp` beside it): should the
+/// output lie inside the tree, they are left out like an older output.
+fn stale_temporaries(output: &Path) -> Vec<(u64, u64)> {
+    let (Some(dir), Some(name)) = (output.parent(), output.file_name()) else {
+        return Vec::new();
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with(&prefix) && n.ends_with(".tmp")
+        })
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| (m.dev(), m.ino()))
+        .collect()
+}
+
 /// Where one part's root lies inside the other's (`--workspace ~
 /// --harness ~/.codex`): the packet path at which the outer walk meets it,
 /// left out there because it is packed as its own part, under that part's
@@ -151,7 +180,7 @@ pub fn pack(
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
     let other_parts = nested_part_roots(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
     let output = Output::create(&opts.output)?;
-    let mut skip = Vec::new();
+    let mut skip = stale_temporaries(&opts.output);
     if let Ok(m) = std::fs::symlink_metadata(&opts.output) {
         skip.push((m.dev(), m.ino()));
     }
