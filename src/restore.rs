@@ -155,9 +155,11 @@ pub fn unpack(
     // Beside a new target, renamed onto it; inside an existing (empty)
     // one, emptied into it, so that the directory keeps its owner, mode
     // and inode, and a mountpoint (a pod's volume) stays one.
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o700);
     let staging = if exists {
         tempfile::Builder::new()
             .prefix(".sessionfs-unpack.")
+            .permissions(private)
             .tempdir_in(into)
             .map_err(io_err(
                 &shown,
@@ -166,6 +168,7 @@ pub fn unpack(
     } else {
         tempfile::Builder::new()
             .prefix(&format!(".{name}.sessionfs-unpack."))
+            .permissions(private)
             .tempdir_in(parent)
             .map_err(io_err(
                 &shown,
@@ -205,6 +208,11 @@ pub fn unpack(
         })?;
         // The directory now lives at the target: keep TempDir from removing it.
         let _ = staging.keep();
+        // Private until now, so that a staging directory a killed unpack
+        // left is known by its mode; it becomes the target root.
+        writer.chown(stage_fd.as_fd(), &shown)?;
+        fchmod(stage_fd.as_fd(), Mode::from_bits_truncate(MODE_DIR))
+            .map_err(|err| io_err(&shown, "cannot set directory mode")(err.into()))?;
     }
     Ok(UnpackOutcome {
         into: shown,
@@ -403,19 +411,15 @@ impl Restorer<'_> {
             }
         }
         // Directories get their final mode last, deepest first order does
-        // not matter for chmod; the staging root becomes the target root.
+        // not matter for chmod. The staging root stays private (0700) until
+        // it is in place (see `finish_root`).
         for e in m.entries.iter().filter(|e| e.is_dir()) {
-            if let Some(rel) = self.rel(&e.path) {
+            if let Some(rel) = self.rel(&e.path).filter(|r| !r.is_empty()) {
                 let fd = self.open(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY, &e.path)?;
                 self.chown(&fd, &e.path)?;
                 fchmod(&fd, Mode::from_bits_truncate(MODE_DIR))
                     .map_err(|err| io_err(&e.path, "cannot set directory mode")(err.into()))?;
             }
-        }
-        if self.root_name.is_empty() {
-            self.chown(self.stage, "")?;
-            fchmod(self.stage, Mode::from_bits_truncate(MODE_DIR))
-                .map_err(|err| io_err("", "cannot set directory mode")(err.into()))?;
         }
         Ok(UnpackOutcome {
             digest: self.packet.digest,

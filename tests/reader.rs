@@ -863,6 +863,13 @@ fn an_interrupted_unpack_leaves_nothing_behind() {
             .count()
     };
     assert_eq!(staging(), 1);
+    // Private until in place: what a killed unpack leaves is known by it.
+    let stage = fs::read_dir(&f.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("sessionfs-unpack"))
+        .unwrap();
+    assert_eq!(fs::metadata(&stage).unwrap().mode() & 0o7777, 0o700);
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let o = child.wait_with_output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
