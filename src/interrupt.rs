@@ -1,23 +1,30 @@
 //! A clean end on SIGINT, SIGTERM or SIGHUP for the commands that write
-//! files (`pack`, `unpack`, a seal): what they have half-written (the
-//! temporary output, the staging directory) is removed before the process
-//! exits, instead of being left behind (and, for a temporary output inside
-//! the tree, packed by the next run).
+//! files (`pack`, `unpack`, an offline seal): what they have half-written
+//! (the temporary output, the staging directory) is removed before the
+//! process exits, instead of being left behind (and, for a temporary output
+//! inside the tree, packed by the next run).
 //!
 //! [`arm`] blocks those signals in the calling thread, and so in every
 //! thread it starts from then on, and waits for them in a thread of its
 //! own; call it before any other thread starts. Writers register what to
-//! remove with [`remove_on_interrupt`] for as long as it is half-written.
+//! remove with [`remove_on_interrupt`] for as long as it is half-written,
+//! hold [`creating`] while they add to it (so that, once the signal thread
+//! holds the gate, nothing new appears in what it removes), and hold it
+//! across the commit that moves it into place and ends its registration
+//! (so that a signal sees the work either not done or done).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::sys::signal::{SigSet, Signal};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 /// What to remove if interrupted, by registration number.
 static PENDING: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
+/// Held shared by writers while they create entries or commit; taken
+/// exclusively, for good, by the signal thread.
+static GATE: RwLock<()> = RwLock::new(());
 
 /// A registration: dropping it (the file is committed or already removed)
 /// takes the path off the list.
@@ -39,33 +46,78 @@ pub fn remove_on_interrupt(path: &Path) -> Pending {
     Pending(k)
 }
 
-/// Takes SIGINT, SIGTERM and SIGHUP for this process: on one, removes what
-/// is registered, calls `report` with the signal (to print the error) and
-/// exits with 128 + its number.
-pub fn arm(report: fn(Signal)) -> std::io::Result<()> {
+/// Held while creating entries in a registered directory, or across a
+/// commit: an interrupt waits for it, and then no new one begins.
+pub fn creating() -> RwLockReadGuard<'static, ()> {
+    GATE.read()
+}
+
+/// What the signal thread did, for the error it reports.
+#[derive(Clone, Copy, Debug)]
+pub struct Interrupted {
+    /// The signal.
+    pub signal: Signal,
+    /// Half-written paths removed.
+    pub removed: usize,
+    /// Half-written paths that could not be removed (named on stderr).
+    pub left: usize,
+}
+
+/// Takes SIGINT, SIGTERM and SIGHUP for this process, except those it was
+/// started ignoring (`nohup`, a background job of a script): on one, waits
+/// for the writers' creations and commits in flight, removes what is
+/// registered, calls `report` and exits with 128 + the signal's number.
+pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
     let mut signals = SigSet::empty();
     for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        signals.add(s);
+        if !ignored(s) {
+            signals.add(s);
+        }
     }
     signals.thread_block().map_err(std::io::Error::from)?;
     std::thread::Builder::new()
         .name("interrupt".into())
         .spawn(move || {
-            let Ok(sig) = signals.wait() else { return };
-            // Held to the exit: nothing registers or commits meanwhile.
+            let Ok(signal) = signals.wait() else { return };
+            // Held to the exit: nothing is created or committed meanwhile.
+            let _gate = GATE.write();
             let pending = PENDING.lock();
+            let (mut removed, mut left) = (0, 0);
             for (_, path) in pending.iter() {
-                let removed = match std::fs::symlink_metadata(path) {
+                let gone = match std::fs::symlink_metadata(path) {
                     Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
                     Ok(_) => std::fs::remove_file(path),
                     Err(e) => Err(e),
                 };
-                if let Err(e) = removed {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot remove after the interrupt");
+                match gone {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        left += 1;
+                        tracing::error!(path = %path.display(), error = %e, "cannot remove it after the interrupt");
+                    }
                 }
             }
-            report(sig);
-            std::process::exit(128 + sig as i32);
+            report(Interrupted {
+                signal,
+                removed,
+                left,
+            });
+            std::process::exit(128 + signal as i32);
         })?;
     Ok(())
+}
+
+/// Whether `s` is ignored (`SIG_IGN`), as a parent may have set it: read
+/// from `/proc/self/status` (querying `sigaction` needs `unsafe`, which
+/// this crate forbids); elsewhere, taken as not ignored.
+fn ignored(s: Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (s as u32 - 1)) != 0)
 }

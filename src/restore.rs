@@ -156,6 +156,9 @@ pub fn unpack(
     // one, emptied into it, so that the directory keeps its owner, mode
     // and inode, and a mountpoint (a pod's volume) stays one.
     let private = std::os::unix::fs::PermissionsExt::from_mode(0o700);
+    // Made and registered as one step: an interrupt between the two would
+    // leave it.
+    let creating = crate::interrupt::creating();
     let staging = if exists {
         tempfile::Builder::new()
             .prefix(".sessionfs-unpack.")
@@ -175,7 +178,8 @@ pub fn unpack(
                 "cannot create a staging directory beside the target",
             ))?
     };
-    let _pending = crate::interrupt::remove_on_interrupt(staging.path());
+    let pending = crate::interrupt::remove_on_interrupt(staging.path());
+    drop(creating);
     let stage_fd: OwnedFd = nix::fcntl::open(
         staging.path(),
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
@@ -196,6 +200,14 @@ pub fn unpack(
     };
     let outcome = writer.restore(progress)?;
     crate::barrier::wait(crate::barrier::from_env().as_deref(), "restored");
+    if !exists {
+        // The new root's owner, before it is in place: it widens nothing
+        // (the directory is private) and a refusal leaves nothing behind.
+        writer.chown(stage_fd.as_fd(), &shown)?;
+    }
+    // An interrupt sees the tree either not moved (and removes the staging
+    // directory) or in place (and leaves it be).
+    let _commit = crate::interrupt::creating();
     if exists {
         move_into(staging.path(), into).map_err(|e| Error::Target {
             path: shown.clone(),
@@ -210,10 +222,10 @@ pub fn unpack(
         let _ = staging.keep();
         // Private until now, so that a staging directory a killed unpack
         // left is known by its mode; it becomes the target root.
-        writer.chown(stage_fd.as_fd(), &shown)?;
         fchmod(stage_fd.as_fd(), Mode::from_bits_truncate(MODE_DIR))
             .map_err(|err| io_err(&shown, "cannot set directory mode")(err.into()))?;
     }
+    drop(pending);
     Ok(UnpackOutcome {
         into: shown,
         ..outcome
@@ -270,7 +282,8 @@ fn remove_stale_staging(path: &Path) -> bool {
     // directory someone made with that name is not removed.
     let ours = std::fs::symlink_metadata(path).is_ok_and(|m| {
         use std::os::unix::fs::MetadataExt;
-        m.is_dir() && m.mode() & 0o7777 == 0o700 && m.uid() == nix::unistd::geteuid().as_raw()
+        // (A setgid parent makes it 02700: a pod's fsGroup volume.)
+        m.is_dir() && m.mode() & 0o777 == 0o700 && m.uid() == nix::unistd::geteuid().as_raw()
     });
     if !named || !ours {
         return false;
@@ -367,6 +380,7 @@ impl Restorer<'_> {
                     let (dir, name) = sys::parent_beneath(self.stage, Path::new(rel))
                         .map_err(io_err(&e.path, "cannot open the directory of"))?;
                     let at = dir.as_ref().map_or(self.stage, |d| d.as_fd());
+                    let _creating = crate::interrupt::creating();
                     mkdirat(at, name, private)
                         .map_err(|err| io_err(&e.path, "cannot create directory")(err.into()))?;
                 }
@@ -390,6 +404,7 @@ impl Restorer<'_> {
                     let (dir, name) = sys::parent_beneath(self.stage, Path::new(rel))
                         .map_err(io_err(&e.path, "cannot open the directory of"))?;
                     let at = dir.as_ref().map_or(self.stage, |d| d.as_fd());
+                    let _creating = crate::interrupt::creating();
                     symlinkat(&**target, at, name)
                         .map_err(|err| io_err(&e.path, "cannot create symlink")(err.into()))?;
                     if let Some((uid, gid)) = self.owner {
@@ -461,6 +476,7 @@ impl Restorer<'_> {
         let create = |i: usize| -> Result<File, Error> {
             let e = &entries[i];
             let rel = self.rel(&e.path).unwrap_or_default();
+            let _creating = crate::interrupt::creating();
             let fd = self.open(
                 rel,
                 OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,

@@ -1255,15 +1255,37 @@ fn an_interrupted_pack_leaves_nothing_behind() {
         assert_eq!(temporaries(), 0, "the temporary file is left");
         assert!(!out.exists());
     }
-    // Killed outright: its temporary file stays, and is not packed.
+    // A signal it was started ignoring (SIGHUP under nohup) stays ignored.
+    barrier_at(&bar, "hashed");
+    let child = Command::new("nohup")
+        .arg(bin())
+        .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+        .arg(&out)
+        .env("SESSIONFS_TEST_BARRIER", &bar)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(&bar, "hashed");
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    fs::write(bar.join("hashed.go"), b"").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(out.exists());
+    fs::remove_file(&out).unwrap();
+    // Killed outright: its temporary file stays, and is not packed; a
+    // file of a name pack would not make is.
     fs::write(ws.join(".p.packet.x1y2z3.tmp"), b"half a packet").unwrap();
+    fs::write(ws.join(".p.packet.notes.tmp"), b"mine").unwrap();
     let v = pack(&ws, &out, &[]);
     assert_eq!(
         v["excluded"][0]["path"], "workspace/.p.packet.x1y2z3.tmp",
         "{v}"
     );
     assert_eq!(v["excluded"][0]["reason"]["rule"], "output_file");
-    assert_eq!(v["entries"], 2);
+    assert_eq!(v["excluded"].as_array().unwrap().len(), 1);
+    assert_eq!(v["entries"], 3);
 }
 
 #[test]

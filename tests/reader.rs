@@ -737,7 +737,11 @@ fn unpack_targets() {
     assert!(!retry.join(".sessionfs-unpack.dead").exists());
     assert!(!retry.join(".sessionfs-unpack.live").exists());
     // --uid/--gid: every entry belongs to the agent's user, so that it can
-    // work in a directory prepared for it.
+    // work in a directory prepared for it (giving files away needs root).
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test gives files to another user: run it as root (CI does)"
+    );
     let agent = f.dir.join("agent");
     fs::create_dir(&agent).unwrap();
     std::os::unix::fs::chown(&agent, Some(65534), Some(65534)).unwrap();
@@ -880,6 +884,101 @@ fn an_interrupted_unpack_leaves_nothing_behind() {
     );
     assert_eq!(staging(), 0, "staging left behind");
     assert!(!into.exists());
+}
+
+/// Signals at any moment of an unpack of many files, while its writers
+/// are busy: nothing is left beside the target, which is either complete
+/// or absent.
+#[test]
+fn an_unpack_interrupted_at_any_moment_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    for d in 0..30 {
+        for f in 0..100 {
+            write(&ws.join(format!("d{d}")), &format!("f{f}"), &[b'x'; 2000]);
+        }
+    }
+    let p = tmp.path().join("many.packet");
+    pack(&ws, &p, &[]);
+    let (mut stopped, mut finished) = (0, 0);
+    for delay_ms in [5u64, 15, 30, 60, 120, 250, 400] {
+        let into = tmp.path().join(format!("r{delay_ms}"));
+        let child = std::process::Command::new(common::bin())
+            .args([
+                "unpack",
+                p.to_str().unwrap(),
+                "--into",
+                into.to_str().unwrap(),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let o = child.wait_with_output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let left: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("sessionfs-unpack"))
+            .collect();
+        assert!(left.is_empty(), "after {delay_ms} ms: {left:?} {v}");
+        match o.status.code() {
+            Some(130) => {
+                assert_eq!(v["kind"], "interrupted", "{v}");
+                assert!(!into.exists(), "after {delay_ms} ms: {v}");
+                stopped += 1;
+            }
+            Some(0) => {
+                assert_eq!(fs::read_dir(into.join("workspace")).unwrap().count(), 30);
+                finished += 1;
+            }
+            other => panic!("after {delay_ms} ms: exit {other:?}: {v}"),
+        }
+    }
+    eprintln!("{stopped} interrupted, {finished} finished");
+    assert!(stopped > 0, "no run was interrupted");
+}
+
+/// A staging directory a killed unpack left in a setgid target (a pod's
+/// fsGroup volume makes it 02700) is still known, and removed by the next.
+#[test]
+fn a_killed_unpack_into_a_setgid_directory_can_be_retried() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let vol = f.dir.join("vol");
+    fs::create_dir(&vol).unwrap();
+    fs::set_permissions(&vol, fs::Permissions::from_mode(0o2775)).unwrap();
+    let bar = f.dir.join("bar");
+    fs::create_dir(&bar).unwrap();
+    let mut child = std::process::Command::new(common::bin())
+        .args([
+            "unpack",
+            p.to_str().unwrap(),
+            "--into",
+            vol.to_str().unwrap(),
+        ])
+        .env("SESSIONFS_TEST_BARRIER", &bar)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !bar.join("restored.reached").exists() {
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "unpack never reached its barrier"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let stage = fs::read_dir(&vol).unwrap().next().unwrap().unwrap().path();
+    assert_eq!(fs::metadata(&stage).unwrap().mode() & 0o7777, 0o2700);
+    unpack(&p, &vol, &[]);
+    assert!(vol.join("workspace/README.md").exists());
+    assert!(!stage.exists());
 }
 
 /// Every single-byte change outside the manifest makes verification fail:

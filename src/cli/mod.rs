@@ -121,11 +121,14 @@ pub fn main() -> ExitCode {
     };
     init_logging(cli.verbose);
     // Commands that write files remove what they half-wrote if stopped.
-    if matches!(
-        cli.command,
-        Command::Pack(_) | Command::Unpack(_) | Command::Seal(_)
-    ) && let Err(e) = crate::interrupt::arm(report_interrupt)
-    {
+    // (A seal asked of a mount's daemon goes on there, whatever happens to
+    // the client: only an offline seal writes here.)
+    let writes = match &cli.command {
+        Command::Pack(_) | Command::Unpack(_) => true,
+        Command::Seal(a) => a.offline(),
+        _ => false,
+    };
+    if writes && let Err(e) = crate::interrupt::arm(report_interrupt) {
         tracing::warn!(error = %e, "cannot take SIGINT/SIGTERM: an interrupted run may leave a temporary file");
     }
     let result = match cli.command {
@@ -148,14 +151,18 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The error of a run ended by `sig` (its exit code is 128 + the signal).
-fn report_interrupt(sig: nix::sys::signal::Signal) {
-    let mut e = CliError::usage(format!(
-        "interrupted by {sig}; what was half-written (a temporary output, a staging directory) was removed"
-    ));
+/// The error of a run ended by a signal (its exit code is 128 + the
+/// signal).
+fn report_interrupt(i: crate::interrupt::Interrupted) {
+    let done = match (i.removed, i.left) {
+        (0, 0) => "nothing was half-written (what it wrote is complete)".to_owned(),
+        (n, 0) => format!("what it had half-written was removed ({n})"),
+        (_, n) => format!("{n} half-written path(s) could not be removed (named above)"),
+    };
+    let mut e = CliError::usage(format!("interrupted by {}; {done}", i.signal));
     e.kind = "interrupted".into();
-    e.hint = "run the command again; an existing output was left as it was";
-    e.exit_code = 128 + sig as u8;
+    e.hint = "run the command again once it may run to the end";
+    e.exit_code = 128 + i.signal as u8;
     report(e);
 }
 

@@ -107,6 +107,14 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_owned())
 }
 
+impl Args {
+    /// Whether this seal runs here (on a packet and an upper directory),
+    /// rather than in a mount's daemon.
+    pub fn offline(&self) -> bool {
+        self.packet.is_some()
+    }
+}
+
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
     // Bad patterns are usage errors, as for pack, before any daemon is asked.

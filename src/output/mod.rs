@@ -53,6 +53,8 @@ impl Output {
                 io::Error::from_raw_os_error(libc::EISDIR),
             ));
         }
+        // Made and registered as one step (see crate::interrupt).
+        let _creating = crate::interrupt::creating();
         let tmp = tempfile::Builder::new()
             .prefix(&format!(".{name}."))
             .suffix(".tmp")
@@ -140,10 +142,19 @@ impl Output {
             .map_err(|e| Error::io_at(&self.dest, "cannot set the output's mode", e))?;
         file.sync_all()
             .map_err(|e| Error::io_at(&self.dest, "cannot fsync the output", e))?;
-        let dest = self.dest.clone();
-        self.tmp
-            .persist(&dest)
-            .map_err(|e| Error::io_at(&dest, "cannot rename the output into place", e.error))?;
+        let Output {
+            tmp,
+            dest,
+            _pending: pending,
+        } = self;
+        {
+            // An interrupt sees the output either not replaced (and removes
+            // the temporary file) or replaced (and leaves it be).
+            let _commit = crate::interrupt::creating();
+            tmp.persist(&dest)
+                .map_err(|e| Error::io_at(&dest, "cannot rename the output into place", e.error))?;
+            drop(pending);
+        }
         let dir = parent_dir(&dest);
         File::open(dir)
             .and_then(|d| d.sync_all())

@@ -117,13 +117,15 @@ fn stale_temporaries(output: &Path) -> Vec<(u64, u64)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
+    // Exactly what Output::create names: six random alphanumerics between.
+    let ours = |n: &str| {
+        n.strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(".tmp"))
+            .is_some_and(|r| r.len() == 6 && r.bytes().all(|b| b.is_ascii_alphanumeric()))
+    };
     entries
         .filter_map(Result::ok)
-        .filter(|e| {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            n.starts_with(&prefix) && n.ends_with(".tmp")
-        })
+        .filter(|e| ours(&e.file_name().to_string_lossy()))
         .filter_map(|e| e.metadata().ok())
         .filter(|m| m.is_file())
         .map(|m| (m.dev(), m.ino()))
