@@ -961,7 +961,14 @@ fn help_explains_every_command_with_examples() {
         }
         // The short flag gives the same help, examples included.
         assert_eq!(help("-h"), text, "{cmd} -h");
+        // A usage error points at this command's help.
+        let r = run([cmd, "--no-such-flag"]);
+        let hint = r.fails(2, "usage")["hint"].as_str().unwrap().to_owned();
+        assert!(hint.contains(&format!("sessionfs {cmd} --help")), "{hint}");
     }
+    let r = run(["no-such-command"]);
+    let hint = r.fails(2, "usage")["hint"].as_str().unwrap().to_owned();
+    assert!(hint.contains("sessionfs --help"), "{hint}");
 }
 
 /// A harness inside the workspace (`--workspace ~ --harness ~/.codex`) is

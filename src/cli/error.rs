@@ -39,7 +39,7 @@ pub struct CliError {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// What to do about it.
-    pub hint: &'static str,
+    pub hint: std::borrow::Cow<'static, str>,
     /// The process exit code.
     pub exit_code: u8,
     /// An error object received whole (from a daemon), printed as is.
@@ -83,7 +83,7 @@ impl CliError {
         let (exit_code, hint) = match class {
             None => (
                 exit::USAGE,
-                "run `sessionfs <command> --help` for usage and examples",
+                "run `sessionfs --help` for the commands, and `sessionfs COMMAND --help` for one",
             ),
             Some(ErrorClass::Invalid) => (
                 exit::INVALID,
@@ -114,7 +114,17 @@ impl CliError {
             kind: kind.to_owned(),
             message,
             path,
-            hint: kind_hint(kind).unwrap_or(hint),
+            hint: match (kind_hint(kind), class) {
+                (Some(h), _) => h.into(),
+                // Usage: the help of the command run, when there is one.
+                (None, None) => match super::command_run() {
+                    Some(cmd) => {
+                        format!("run `sessionfs {cmd} --help` for usage and examples").into()
+                    }
+                    None => hint.into(),
+                },
+                (None, _) => hint.into(),
+            },
             exit_code,
             relayed: None,
         }

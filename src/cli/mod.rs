@@ -161,9 +161,17 @@ fn report_interrupt(i: crate::interrupt::Interrupted) {
     };
     let mut e = CliError::usage(format!("interrupted by {}; {done}", i.signal));
     e.kind = "interrupted".into();
-    e.hint = "run the command again once it may run to the end";
+    e.hint = "run the command again once it may run to the end".into();
     e.exit_code = 128 + i.signal as u8;
     report(e);
+}
+
+/// The subcommand this process runs, when its first argument names one.
+fn command_run() -> Option<String> {
+    let first = std::env::args().nth(1)?;
+    Cli::command()
+        .find_subcommand(&first)
+        .map(|c| c.get_name().to_owned())
 }
 
 /// Prints an error: the JSON object on stdout, one line on stderr.
