@@ -670,6 +670,10 @@ fn limits_by_flag_and_environment() {
     run(["verify", o, "--max-bytes", "3000"]).fails(5, "limit_exceeded");
     run_env(["verify", o], &[("SESSIONFS_MAX_ENTRIES", "3")]).fails(5, "limit_exceeded");
     run(["verify", o]).ok();
+    // A bad value from the environment is named as such.
+    let r = run_env(["verify", o], &[("SESSIONFS_MAX_BYTES", "lots")]);
+    let m = r.fails(2, "usage")["message"].as_str().unwrap().to_owned();
+    assert!(m.contains("SESSIONFS_MAX_BYTES"), "{m}");
 }
 
 /// A workspace whose own path is not UTF-8: absolute links into it are

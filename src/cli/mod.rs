@@ -219,9 +219,28 @@ fn usage_message(rendered: &str) -> String {
     let message = parts.join(" ");
     let message = message.trim_start_matches("error: ");
     if message.is_empty() {
-        "bad usage".into()
-    } else {
-        message.to_owned()
+        return "bad usage".into();
+    }
+    // A bad value clap read from the environment is named by its flag:
+    // say where it came from when the flag was not given.
+    let given: Vec<String> = std::env::args().collect();
+    let from_env = [
+        ("--max-bytes", "SESSIONFS_MAX_BYTES"),
+        ("--max-entries", "SESSIONFS_MAX_ENTRIES"),
+        ("--max-path-bytes", "SESSIONFS_MAX_PATH_BYTES"),
+        ("--hold-memory", "SESSIONFS_PACK_HOLD"),
+    ]
+    .into_iter()
+    .find(|(flag, env)| {
+        message.contains(&format!("'{flag} "))
+            && !given
+                .iter()
+                .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+            && std::env::var_os(env).is_some()
+    });
+    match from_env {
+        Some((_, env)) => format!("{message} (the value is {env}'s, from the environment)"),
+        None => message.to_owned(),
     }
 }
 
