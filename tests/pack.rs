@@ -973,6 +973,16 @@ fn help_explains_every_command_with_examples() {
     let r = run(["no-such-command"]);
     let hint = r.fails(2, "usage")["hint"].as_str().unwrap().to_owned();
     assert!(hint.contains("sessionfs --help"), "{hint}");
+    // An argument that is not UTF-8 does not stop the error being told.
+    use std::os::unix::ffi::OsStrExt;
+    let odd = std::ffi::OsStr::from_bytes(b"\xff");
+    let r = run([
+        std::ffi::OsStr::new("pack"),
+        "--workspace".as_ref(),
+        odd,
+        "--no-such-flag".as_ref(),
+    ]);
+    r.fails(2, "usage");
 }
 
 /// A harness inside the workspace (`--workspace ~ --harness ~/.codex`) is

@@ -168,9 +168,10 @@ fn report_interrupt(i: crate::interrupt::Interrupted) {
 
 /// The subcommand this process runs, when its first argument names one.
 fn command_run() -> Option<String> {
-    let first = std::env::args().nth(1)?;
+    // args_os: `args` panics on an argument that is not UTF-8.
+    let first = std::env::args_os().nth(1)?;
     Cli::command()
-        .find_subcommand(&first)
+        .find_subcommand(first.to_str()?)
         .map(|c| c.get_name().to_owned())
 }
 
@@ -223,7 +224,9 @@ fn usage_message(rendered: &str) -> String {
     }
     // A bad value clap read from the environment is named by its flag:
     // say where it came from when the flag was not given.
-    let given: Vec<String> = std::env::args().collect();
+    let given: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let from_env = [
         ("--max-bytes", "SESSIONFS_MAX_BYTES"),
         ("--max-entries", "SESSIONFS_MAX_ENTRIES"),
