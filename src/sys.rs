@@ -252,9 +252,12 @@ pub fn file_type(st: &FileStat) -> SFlag {
     SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
 }
 
+/// A file's identity on this machine: its device and inode numbers.
+pub type FileId = (u64, u64);
+
 /// `(st_dev, st_ino)` as u64 (their C types differ between platforms).
 #[allow(clippy::unnecessary_cast)]
-pub fn dev_ino(st: &FileStat) -> (u64, u64) {
+pub fn dev_ino(st: &FileStat) -> FileId {
     (st.st_dev as u64, st.st_ino as u64)
 }
 

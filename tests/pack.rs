@@ -1075,6 +1075,95 @@ fn a_part_inside_the_other_is_packed_once_as_itself() {
     assert!(!tmp.path().join("s.packet").exists());
 }
 
+/// A harness home reached inside the workspace through a bind mount (a pod
+/// that mounts the agent's home volume at `~/.codex` and also gives it as
+/// `--harness`) is known by its identity, not its path: left out of the
+/// workspace, so its credentials cannot come in there; the same directory
+/// bound under another name for both parts is refused.
+#[test]
+fn a_harness_bind_mounted_inside_the_workspace_is_packed_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let home = tmp.path().join("codex-home");
+    write(&ws, "src/a", b"a");
+    fs::create_dir(ws.join(".codex")).unwrap();
+    write(&home, "history.jsonl", b"h");
+    write(&home, "auth.json", b"{\"OPENAI_API_KEY\":\"sk-secret\"}");
+    let bound = BindMount::new(&home, &ws.join(".codex"));
+    let out = tmp.path().join("p.packet");
+    let v = pack(
+        &ws,
+        &out,
+        &[
+            "--harness",
+            home.to_str().unwrap(),
+            "--harness-kind",
+            "codex",
+        ],
+    );
+    let excluded: Vec<(&str, &str)> = v["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap(),
+                e["reason"]["rule"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        excluded,
+        [
+            ("harness/auth.json", "credential"),
+            ("workspace/.codex", "other_part")
+        ]
+    );
+    let bytes = fs::read(&out).unwrap();
+    assert!(
+        !bytes.windows(9).any(|w| w == b"sk-secret"),
+        "the credential was packed"
+    );
+    // Both parts the same directory under two names.
+    let r = run([
+        "pack",
+        "--workspace",
+        ws.join(".codex").to_str().unwrap(),
+        "--harness",
+        home.to_str().unwrap(),
+        "--harness-kind",
+        "codex",
+        "-o",
+        tmp.path().join("s.packet").to_str().unwrap(),
+    ]);
+    r.fails(7, "parts_overlap");
+    assert!(!tmp.path().join("s.packet").exists());
+    drop(bound);
+}
+
+/// A bind mount for one test, unmounted when dropped. Needs root (CI runs
+/// as root); without it the test fails, saying why.
+struct BindMount(PathBuf);
+
+impl BindMount {
+    fn new(from: &Path, at: &Path) -> BindMount {
+        let st = Command::new("mount")
+            .arg("--bind")
+            .arg(from)
+            .arg(at)
+            .status()
+            .expect("cannot run mount(8)");
+        assert!(st.success(), "mount --bind failed: this test needs root");
+        BindMount(at.to_owned())
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// A packet replaced keeps its mode: one made private is not widened.
 #[test]
 fn a_replaced_packet_keeps_its_mode() {

@@ -132,25 +132,25 @@ fn stale_temporaries(output: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Where one part's root lies inside the other's (`--workspace ~
-/// --harness ~/.codex`): the packet path at which the outer walk meets it,
-/// left out there because it is packed as its own part, under that part's
-/// rules (the harness kind's credential exclusions). The same directory
-/// for both is refused.
-fn nested_part_roots(
+/// The identity (`(dev, ino)`) of each part's root, for the walk to know
+/// the other part's root when it meets it inside a part (`--workspace ~
+/// --harness ~/.codex`): left out there because it is packed as its own
+/// part, under that part's rules (the harness kind's credential
+/// exclusions). Known by identity, not by path, so that a bind mount of
+/// the harness inside the workspace is known too. The same directory for
+/// both is refused.
+fn part_root_identities(
     workspace: &Path,
     harness: Option<&Path>,
-) -> Result<Vec<(String, Part)>, Error> {
+) -> Result<Vec<(sys::FileId, Part)>, Error> {
     let Some(harness) = harness else {
         return Ok(Vec::new());
     };
-    // A root that cannot be resolved is reported by the walk.
-    let (Ok(w), Ok(h)) = (
-        std::fs::canonicalize(workspace),
-        std::fs::canonicalize(harness),
-    ) else {
+    // A root that cannot be read is reported by the walk.
+    let (Ok(w), Ok(h)) = (std::fs::metadata(workspace), std::fs::metadata(harness)) else {
         return Ok(Vec::new());
     };
+    let (w, h) = ((w.dev(), w.ino()), (h.dev(), h.ino()));
     if w == h {
         return Err(Error::Refused {
             path: harness.display().to_string(),
@@ -160,14 +160,7 @@ fn nested_part_roots(
                 .into(),
         });
     }
-    let inside = |outer: &Path, outer_part: Part, inner: &Path, inner_part: Part| {
-        let rel = inner.strip_prefix(outer).ok()?.to_str()?;
-        Some((format!("{}/{rel}", outer_part.as_str()), inner_part))
-    };
-    Ok(inside(&w, Part::Workspace, &h, Part::Harness)
-        .into_iter()
-        .chain(inside(&h, Part::Harness, &w, Part::Workspace))
-        .collect())
+    Ok(vec![(w, Part::Workspace), (h, Part::Harness)])
 }
 
 /// Packs the tree described by `opts`. On error, nothing is left at the
@@ -180,7 +173,7 @@ pub fn pack(
     let bytes = |n| progress(PackProgress::Bytes(n));
     let kind = opts.harness.as_ref().map(|(_, k)| *k);
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
-    let other_parts = nested_part_roots(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
+    let other_parts = part_root_identities(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
     let output = Output::create(&opts.output)?;
     let mut skip = stale_temporaries(&opts.output);
     if let Ok(m) = std::fs::symlink_metadata(&opts.output) {

@@ -227,8 +227,8 @@ pub struct ScanOptions<'a> {
     /// file, whose random name would make the result differ run to run.
     pub own: Option<(u64, u64)>,
     /// Directories to leave out and report because they are the root of
-    /// the other part: their packet path, and that part.
-    pub other_parts: Vec<(String, Part)>,
+    /// the other part: the `(dev, ino)` of each part's root, and that part.
+    pub other_parts: Vec<(sys::FileId, Part)>,
     /// Test barrier directory (see [`crate::barrier`]): the walk pauses
     /// at `walked-roots` once the part roots are read.
     pub barrier: Option<&'a Path>,
@@ -379,6 +379,29 @@ impl Walker<'_, '_> {
         Ok(())
     }
 
+    /// The other part, when `child` (of the directory `dirfd`, in `part`)
+    /// is its root: a directory, met by its identity, so that a bind mount
+    /// is known as well as a nested path. Costs a stat per directory, and
+    /// only when there are two parts.
+    fn other_part(&self, dirfd: &OwnedFd, part: Part, child: &Child) -> Option<Part> {
+        if child.ty != SFlag::S_IFDIR || self.opts.other_parts.is_empty() {
+            return None;
+        }
+        // A child that cannot be read now is reported when it is opened.
+        let st = fstatat(
+            dirfd.as_fd(),
+            child.name.as_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .ok()?;
+        let id = sys::dev_ino(&st);
+        self.opts
+            .other_parts
+            .iter()
+            .find(|(root, p)| *root == id && *p != part)
+            .map(|(_, p)| *p)
+    }
+
     /// Reads one directory: its entries, and the subdirectories to visit.
     fn visit(&self, task: DirTask) -> Result<DirOut, Error> {
         let root = &self.roots[task.root];
@@ -414,14 +437,10 @@ impl Walker<'_, '_> {
             let cpath = format!("{ppath}/{}", child.name);
             let crel = rel.join(&child.name);
             let kind_name = type_name(child.ty);
-            let other_part = self
-                .opts
-                .other_parts
-                .iter()
-                .find(|(p, _)| child.ty == SFlag::S_IFDIR && *p == cpath);
+            let other_part = self.other_part(&dirfd, part, child);
             let verdict = match other_part {
-                Some((_, part)) => Verdict::Exclude(Reason::OtherPart {
-                    part: part.as_str(),
+                Some(other) => Verdict::Exclude(Reason::OtherPart {
+                    part: other.as_str(),
                 }),
                 None => verdict,
             };
