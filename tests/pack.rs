@@ -814,6 +814,46 @@ fn output_inside_the_workspace_is_skipped() {
     assert_eq!(v3["excluded"], v4["excluded"]);
 }
 
+/// `-o` naming a file of the tree that is not a packet is refused, and the
+/// file kept: replacing it would lose what was to be packed. An empty file
+/// there (made ready by `touch`) is replaced as asked.
+#[test]
+fn output_naming_a_file_of_the_tree_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let notes = b"my notes, not a packet\n".repeat(40);
+    write(&ws, "notes.txt", &notes);
+    let out = ws.join("notes.txt");
+    let r = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let e = r.fails(7, "target_unusable");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("workspace/notes.txt"),
+        "{e}"
+    );
+    assert_eq!(e["path"], out.to_str().unwrap());
+    assert_eq!(fs::read(&out).unwrap(), notes);
+    let names: Vec<_> = fs::read_dir(&ws)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "something was left behind: {names:?}");
+    // An empty file is replaced, and the packet verifies.
+    let empty = ws.join("new.packet");
+    fs::write(&empty, b"").unwrap();
+    pack(&ws, &empty, &[]);
+    run(["verify", empty.to_str().unwrap()]).ok();
+}
+
 #[test]
 fn missing_or_bad_inputs_are_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
