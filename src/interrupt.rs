@@ -11,10 +11,13 @@
 //! hold [`creating`] while they add to it (so that, once the signal thread
 //! holds the gate, nothing new appears in what it removes), and hold it
 //! across the commit that moves it into place and ends its registration
-//! (so that a signal sees the work either not done or done).
+//! (so that a signal sees the work either not done or done). Once the work
+//! is done ([`committed`]), a signal no longer stops the run: what is left
+//! is to report it, and the run exits as it would have; a second signal
+//! ends it at once.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use nix::sys::signal::{SigSet, Signal};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
@@ -22,6 +25,8 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 /// What to remove if interrupted, by registration number.
 static PENDING: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
+/// Set once the work is in place: a first signal then lets the run finish.
+static COMMITTED: AtomicBool = AtomicBool::new(false);
 /// Held shared by writers while they create entries or commit; taken
 /// exclusively, for good, by the signal thread.
 static GATE: RwLock<()> = RwLock::new(());
@@ -52,6 +57,14 @@ pub fn creating() -> RwLockReadGuard<'static, ()> {
     GATE.read()
 }
 
+/// Says, under the gate of the commit, that the work is in place: from
+/// here on a signal lets the run finish and report it (a packet written, a
+/// tree restored), rather than ending it with an error saying the work was
+/// done anyway.
+pub fn committed() {
+    COMMITTED.store(true, Ordering::Release);
+}
+
 /// What the signal thread did, for the error it reports.
 #[derive(Clone, Copy, Debug)]
 pub struct Interrupted {
@@ -61,12 +74,16 @@ pub struct Interrupted {
     pub removed: usize,
     /// Half-written paths that could not be removed (named on stderr).
     pub left: usize,
+    /// The work was in place before the signal (a second one ended the
+    /// run as it reported it).
+    pub committed: bool,
 }
 
 /// Takes SIGINT, SIGTERM and SIGHUP for this process, except those it was
 /// started ignoring (`nohup`, a background job of a script): on one, waits
 /// for the writers' creations and commits in flight, removes what is
-/// registered, calls `report` and exits with 128 + the signal's number.
+/// registered, calls `report` and exits with 128 + the signal's number;
+/// after [`committed`], only on a second signal.
 pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
     let mut signals = SigSet::empty();
     for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
@@ -78,9 +95,17 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("interrupt".into())
         .spawn(move || {
-            let Ok(signal) = signals.wait() else { return };
+            let Ok(mut signal) = signals.wait() else { return };
             // Held to the exit: nothing is created or committed meanwhile.
-            let _gate = GATE.write();
+            let mut gate = GATE.write();
+            if COMMITTED.load(Ordering::Acquire) {
+                drop(gate);
+                tracing::warn!(%signal, "the work is done; finishing its report (a second signal ends the run now)");
+                crate::barrier::wait(crate::barrier::from_env().as_deref(), "interrupt-deferred");
+                let Ok(again) = signals.wait() else { return };
+                (signal, gate) = (again, GATE.write());
+            }
+            let _gate = gate;
             let pending = PENDING.lock();
             let (mut removed, mut left) = (0, 0);
             for (_, path) in pending.iter() {
@@ -102,6 +127,7 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
                 signal,
                 removed,
                 left,
+                committed: COMMITTED.load(Ordering::Acquire),
             });
             std::process::exit(128 + signal as i32);
         })?;

@@ -207,7 +207,7 @@ pub fn unpack(
     }
     // An interrupt sees the tree either not moved (and removes the staging
     // directory) or in place (and leaves it be).
-    let _commit = crate::interrupt::creating();
+    let commit = crate::interrupt::creating();
     if exists {
         move_into(staging.path(), into).map_err(|e| Error::Target {
             path: shown.clone(),
@@ -226,6 +226,9 @@ pub fn unpack(
             .map_err(|err| io_err(&shown, "cannot set directory mode")(err.into()))?;
     }
     drop(pending);
+    crate::interrupt::committed();
+    drop(commit);
+    crate::barrier::wait(crate::barrier::from_env().as_deref(), "committed");
     Ok(UnpackOutcome {
         into: shown,
         ..outcome

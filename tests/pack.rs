@@ -1289,7 +1289,7 @@ fn pack_changed_between_passes(
 }
 
 /// The points where pack pauses under a test barrier, in order.
-const PACK_POINTS: [&str; 2] = ["walked-roots", "hashed"];
+const PACK_POINTS: [&str; 4] = ["walked-roots", "hashed", "committed", "interrupt-deferred"];
 
 /// A fresh barrier directory `bar` where pack stops at `point` only: every
 /// other point finds its `.go` file already there.
@@ -1358,6 +1358,57 @@ fn a_directory_gone_during_the_walk_is_a_change() {
         "{v}"
     );
     assert_eq!(v["path"], "workspace/other");
+}
+
+/// A signal once the packet is in place does not turn a finished pack
+/// into an error: the run reports the packet (exit 0), which verifies. A
+/// second signal then ends it at once, and the packet stays.
+#[test]
+fn a_signal_after_the_commit_lets_the_pack_finish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    write(&ws, "sub/b", b"b");
+    let out = tmp.path().join("p.packet");
+    for second in [false, true] {
+        let _ = fs::remove_file(&out);
+        let bar = barrier_at(&tmp.path().join("bar"), "committed");
+        if second {
+            // The signal thread pauses once it has put off the first.
+            fs::remove_file(bar.join("interrupt-deferred.go")).unwrap();
+        }
+        let child = Command::new(bin())
+            .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+            .arg(&out)
+            .env("SESSIONFS_TEST_BARRIER", &bar)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(&bar, "committed");
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        wait_until(&bar, "interrupt-deferred");
+        if second {
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            fs::write(bar.join("interrupt-deferred.go"), b"").unwrap();
+        } else {
+            fs::write(bar.join("committed.go"), b"").unwrap();
+        }
+        let o = child.wait_with_output().unwrap();
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        if second {
+            assert_eq!(
+                (o.status.code(), v["kind"].as_str()),
+                (Some(143), Some("interrupted")),
+                "{v}"
+            );
+        } else {
+            assert_eq!(o.status.code(), Some(0), "{v}");
+            assert_eq!(v["schema"], "sessionfs.pack-result/1");
+            assert_eq!(v["entries"], 4);
+        }
+        run(["verify", out.to_str().unwrap()]).ok();
+    }
 }
 
 /// A pack stopped by a signal removes its temporary file and says so

@@ -892,6 +892,58 @@ fn an_interrupted_unpack_leaves_nothing_behind() {
     assert!(!into.exists());
 }
 
+/// A signal once the tree is in place lets the unpack finish and report
+/// it (exit 0), instead of an error saying the work was done anyway.
+#[test]
+fn a_signal_after_the_commit_lets_the_unpack_finish() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let into = f.dir.join("new");
+    let bar = f.dir.join("bar");
+    fs::create_dir(&bar).unwrap();
+    for point in ["restored", "interrupt-deferred"] {
+        fs::write(bar.join(format!("{point}.go")), b"").unwrap();
+    }
+    let child = std::process::Command::new(common::bin())
+        .args([
+            "unpack",
+            p.to_str().unwrap(),
+            "--into",
+            into.to_str().unwrap(),
+        ])
+        .env("SESSIONFS_TEST_BARRIER", &bar)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    fn until(
+        child: &mut std::process::Child,
+        what: &str,
+        done: impl Fn(&mut std::process::Child) -> bool,
+    ) {
+        let start = std::time::Instant::now();
+        while !done(child) {
+            assert!(start.elapsed().as_secs() < 30, "never {what}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+    let mut child = child;
+    until(&mut child, "reached the commit", |_| {
+        bar.join("committed.reached").exists()
+    });
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    // Until the signal is taken: put off, or (wrongly) ending the run.
+    until(&mut child, "took the signal", |c| {
+        bar.join("interrupt-deferred.reached").exists() || c.try_wait().unwrap().is_some()
+    });
+    fs::write(bar.join("committed.go"), b"").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(v["schema"], "sessionfs.unpack-result/1");
+    assert!(into.join("workspace").is_dir());
+}
+
 /// Signals at any moment of an unpack of many files, while its writers
 /// are busy: nothing is left beside the target, which is either complete
 /// or absent.

@@ -155,7 +155,11 @@ pub fn main() -> ExitCode {
 /// signal).
 fn report_interrupt(i: crate::interrupt::Interrupted) {
     let done = match (i.removed, i.left) {
-        (0, 0) => "nothing was half-written (what it wrote is complete)".to_owned(),
+        (0, 0) if i.committed => {
+            "its output was complete and in place before the signal; only its report was cut short"
+                .to_owned()
+        }
+        (0, 0) => "nothing was half-written".to_owned(),
         (n, 0) => format!("what it had half-written was removed ({n})"),
         (_, n) => format!("{n} half-written path(s) could not be removed (named above)"),
     };

@@ -154,6 +154,7 @@ impl Output {
             tmp.persist(&dest)
                 .map_err(|e| Error::io_at(&dest, "cannot rename the output into place", e.error))?;
             drop(pending);
+            crate::interrupt::committed();
         }
         let dir = parent_dir(&dest);
         File::open(dir)

@@ -332,6 +332,7 @@ pub fn pack(
     tracing::debug!(elapsed = ?t.elapsed(), "written");
     output.commit(opts.mode)?;
     tracing::debug!(elapsed = ?t.elapsed(), "committed");
+    crate::barrier::wait(opts.barrier.as_deref(), "committed");
 
     let count =
         |pred: fn(&Entry) -> bool| manifest.entries.iter().filter(|e| pred(e)).count() as u64;
