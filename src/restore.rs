@@ -8,7 +8,6 @@
 //! beneath the staging directory with symlink traversal refused.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -474,9 +473,9 @@ impl Restorer<'_> {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(), Error> {
         let entries = &self.packet.manifest.entries;
-        let mut current: Option<(usize, File)> = None;
+        let mut current: Option<(usize, Sparse)> = None;
         let mut failure: Option<Error> = None;
-        let create = |i: usize| -> Result<File, Error> {
+        let create = |i: usize| -> Result<Sparse, Error> {
             let e = &entries[i];
             let rel = self.rel(&e.path).unwrap_or_default();
             let _creating = crate::interrupt::creating();
@@ -485,7 +484,7 @@ impl Restorer<'_> {
                 OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
                 &e.path,
             )?;
-            Ok(File::from(fd))
+            Ok(Sparse::new(File::from(fd)))
         };
         let mut sink = |ev: Event<'_>| -> packet::Result<()> {
             let result = (|| -> Result<(), Error> {
@@ -498,7 +497,7 @@ impl Restorer<'_> {
                             current = Some((i, create(i)?));
                         }
                         if let Some((_, f)) = current.as_mut() {
-                            f.write_all(bytes)
+                            f.write(bytes)
                                 .map_err(io_err(&entries[i].path, "cannot write"))?;
                         }
                         progress(bytes.len() as u64);
@@ -511,7 +510,9 @@ impl Restorer<'_> {
                         let file = match current.take() {
                             Some((j, f)) if j == i => f,
                             _ => create(i)?, // empty file: no data events
-                        };
+                        }
+                        .finish(meta.size)
+                        .map_err(io_err(&e.path, "cannot write"))?;
                         let t = TimeSpec::new(
                             (meta.mtime_ns / 1_000_000_000) as _,
                             (meta.mtime_ns % 1_000_000_000) as _,
@@ -542,6 +543,82 @@ impl Restorer<'_> {
             (_, Some(e)) => Err(e),
             (Err(e), None) => Err(e.into()),
             (Ok(()), None) => Ok(()),
+        }
+    }
+}
+
+/// A new file written in order, its blocks of zeros left as holes (see
+/// [`sys::write_sparse`]) so that a sparse file packed (its holes read as
+/// zeros) comes back sparse instead of taking its full size on disk.
+struct Sparse {
+    file: File,
+    /// Offset of the next byte given.
+    pos: u64,
+    /// End of the last byte written.
+    end: u64,
+}
+
+impl Sparse {
+    fn new(file: File) -> Sparse {
+        Sparse {
+            file,
+            pos: 0,
+            end: 0,
+        }
+    }
+
+    /// Writes `bytes` at the current offset.
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if let Some(end) = sys::write_sparse(&self.file, bytes, self.pos)? {
+            self.end = end;
+        }
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// The file, `size` long: a hole at its end is made by the length.
+    fn finish(self, size: u64) -> std::io::Result<File> {
+        if self.end < size {
+            self.file.set_len(size)?;
+        }
+        Ok(self.file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Content of blocks (zero or not, of any length) written in pieces
+    /// split anywhere comes back the same, whatever was left as holes.
+    fn write_split(content: &[u8], cuts: &[usize]) -> Vec<u8> {
+        let mut f = Sparse::new(tempfile::tempfile().unwrap());
+        let mut at = 0;
+        for &c in cuts.iter().chain([&content.len()]) {
+            let c = c.clamp(at, content.len());
+            f.write(&content[at..c]).unwrap();
+            at = c;
+        }
+        let mut back = Vec::new();
+        // Written with pwrite: the shared offset is still 0.
+        std::io::Read::read_to_end(&mut f.finish(content.len() as u64).unwrap(), &mut back)
+            .unwrap();
+        back
+    }
+
+    proptest! {
+        #[test]
+        fn sparse_writes_keep_the_content(
+            blocks in proptest::collection::vec((any::<bool>(), 1usize..9000, any::<u8>()), 0..12),
+            mut cuts in proptest::collection::vec(0usize..60_000, 0..8),
+        ) {
+            let mut content = Vec::new();
+            for (zero, len, byte) in blocks {
+                content.extend(std::iter::repeat_n(if zero { 0 } else { byte | 1 }, len));
+            }
+            cuts.sort_unstable();
+            prop_assert_eq!(write_split(&content, &cuts), content);
         }
     }
 }

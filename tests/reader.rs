@@ -852,6 +852,41 @@ fn unpack_paused(p: &Path, into: &Path, bar: &Path) -> std::process::Child {
     child
 }
 
+/// A sparse file (holes read as zeros when packed) comes back sparse: the
+/// same bytes, without the holes taking space on disk. Zeros inside data,
+/// not whole blocks, stay as written.
+#[test]
+fn a_sparse_file_comes_back_sparse() {
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    fs::create_dir(&ws).unwrap();
+    let f = fs::File::create(ws.join("disk.img")).unwrap();
+    f.write_all_at(b"head", 0).unwrap();
+    f.write_all_at(&[0u8; 100], 4096).unwrap();
+    f.write_all_at(b"middle", 6 << 20).unwrap();
+    f.set_len(20 << 20).unwrap();
+    drop(f);
+    write(&ws, "small", b"a\0\0\0b");
+    let p = tmp.path().join("p.packet");
+    pack(&ws, &p, &[]);
+    let into = tmp.path().join("r");
+    unpack(&p, &into, &[]);
+    let img = into.join("workspace/disk.img");
+    assert_eq!(
+        fs::read(&img).unwrap(),
+        fs::read(ws.join("disk.img")).unwrap()
+    );
+    let m = fs::metadata(&img).unwrap();
+    assert_eq!(m.len(), 20 << 20);
+    assert!(
+        m.blocks() * 512 <= 1 << 20,
+        "{} bytes on disk for 10 bytes of data",
+        m.blocks() * 512
+    );
+    assert_eq!(fs::read(into.join("workspace/small")).unwrap(), b"a\0\0\0b");
+}
+
 /// An unpack stopped by a signal removes its staging directory: nothing is
 /// left beside the target, and the target does not appear.
 #[test]

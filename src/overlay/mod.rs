@@ -854,7 +854,7 @@ impl Overlay {
                 buf.clear();
                 let n = (copy - pos).min(crate::packet::format::CHUNK_SIZE);
                 lower.verifier.read(&lower.packet, idx, pos, n, &mut buf)?;
-                upper::write_sparse(&file, &buf, pos).map_err(Error::upper("copy-up"))?;
+                crate::sys::write_sparse(&file, &buf, pos).map_err(Error::upper("copy-up"))?;
                 pos += n;
             }
             file.set_len(copy).map_err(Error::upper("copy-up"))?;

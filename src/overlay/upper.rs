@@ -10,7 +10,6 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -463,24 +462,6 @@ impl Upper {
     }
 }
 
-/// Writes `bytes` at `offset` of `file`, leaving holes where a 4 KiB block
-/// (aligned to the file) is all zeros. Returns bytes written.
-pub fn write_sparse(file: &File, bytes: &[u8], offset: u64) -> io::Result<()> {
-    const BLOCK: usize = 4096;
-    let mut i = 0;
-    while i < bytes.len() {
-        // Align block boundaries to the file offset.
-        let to_boundary = BLOCK - ((offset as usize + i) % BLOCK);
-        let end = (i + to_boundary).min(bytes.len());
-        let chunk = &bytes[i..end];
-        if chunk.iter().any(|&b| b != 0) {
-            file.write_all_at(chunk, offset + i as u64)?;
-        }
-        i = end;
-    }
-    Ok(())
-}
-
 /// Where data file `id` is, relative to the upper directory.
 pub fn data_path(id: u64) -> PathBuf {
     Path::new(DATA)
@@ -727,25 +708,5 @@ mod tests {
         assert_eq!(parse_data_name(b"00000000000000ff"), Some(255));
         assert_eq!(parse_data_name(b"00000000000000FF"), None);
         assert_eq!(parse_data_name(b"ff"), None);
-    }
-
-    #[test]
-    fn sparse_writes_leave_holes() {
-        use std::os::unix::fs::MetadataExt;
-        let f = tempfile::tempfile().unwrap();
-        let mut data = vec![0u8; 1 << 20];
-        data[100] = 1;
-        data[(1 << 20) - 1] = 2;
-        write_sparse(&f, &data, 0).unwrap();
-        f.set_len(1 << 20).unwrap();
-        let m = f.metadata().unwrap();
-        assert!(
-            m.blocks() * 512 < 64 * 1024,
-            "{} blocks allocated",
-            m.blocks()
-        );
-        let mut back = vec![0u8; 1 << 20];
-        f.read_exact_at(&mut back, 0).unwrap();
-        assert_eq!(back, data);
     }
 }
