@@ -790,6 +790,77 @@ fn rebase_continues_on_the_new_packet() {
     m.umount();
 }
 
+/// A rebase that fails after the packet is written says so: the error
+/// names the packet, says it was written and that the mount still serves
+/// the previous packet with its changes, which it does; sealing again
+/// works.
+#[test]
+fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = model_packet(tmp.path());
+    let upper = tmp.path().join("upper");
+    let mnt = tmp.path().join("mnt");
+    let bar = tmp.path().join("barrier");
+    arm_barrier(&bar, "committed");
+    fs::create_dir_all(&mnt).unwrap();
+    let _unmount = LazyUnmount(mnt.clone());
+    run_env(
+        [
+            "mount",
+            packet.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "--upper",
+            upper.to_str().unwrap(),
+            "--part",
+            "workspace",
+        ],
+        &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
+    )
+    .ok();
+    fs::write(mnt.join("made.txt"), b"made").unwrap();
+    let out = tmp.path().join("next.packet");
+    let seal_cmd = std::process::Command::new(bin())
+        .args([
+            "seal",
+            mnt.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--rebase",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_reached(&bar, "committed");
+    // The packet, written and in place, is damaged before the mount moves.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&out)
+        .unwrap()
+        .set_len(1024)
+        .unwrap();
+    fs::write(bar.join("committed.go"), b"").unwrap();
+    let o = seal_cmd.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_ne!(o.status.code(), Some(0), "{v}");
+    assert_eq!(v["schema"], "sessionfs.error/1");
+    assert_eq!(v["path"], out.to_str().unwrap(), "{v}");
+    let message = v["message"].as_str().unwrap();
+    assert!(
+        message.contains("the packet was written (sha256:")
+            && message.contains("still serves the previous packet"),
+        "{v}"
+    );
+    assert_eq!(fs::read(mnt.join("made.txt")).unwrap(), b"made");
+    let again = tmp.path().join("again.packet");
+    run(["seal", mnt.to_str().unwrap(), "-o", again.to_str().unwrap()]).ok();
+    run(["verify", again.to_str().unwrap()]).ok();
+    run(["umount", mnt.to_str().unwrap()]).ok();
+}
+
 #[test]
 fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
     // "A crash at any point of a rebase leaves a state that re-mounts to

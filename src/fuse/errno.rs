@@ -37,6 +37,7 @@ pub fn errno(e: &Error) -> Errno {
         | Error::UpperMismatch { .. }
         | Error::Replay { .. }
         | Error::Packet(_)
+        | Error::Rebase { .. }
         | Error::Refused { .. } => Errno::EIO,
     }
 }

@@ -119,6 +119,27 @@ pub enum Error {
     /// The packet was refused.
     #[error(transparent)]
     Packet(#[from] packet::Error),
+    /// A seal wrote its packet, then could not move the mount onto it
+    /// (`--rebase`): the packet stands, and what the mount serves is said.
+    #[error(
+        "{output}: the packet was written ({digest}), but {}: {source}",
+        if *.moved {
+            "the mount, which now serves it, could not tidy its upper directory"
+        } else {
+            "the mount could not move onto it and still serves the previous packet with its changes (seal again, or remount)"
+        }
+    )]
+    Rebase {
+        /// The packet written.
+        output: String,
+        /// Its digest.
+        digest: String,
+        /// Whether the mount serves the new packet.
+        moved: bool,
+        /// What failed.
+        #[source]
+        source: Box<Error>,
+    },
     /// A seal refused what the merged view holds (a name a packet cannot
     /// hold, a collision, a credential store): no packet is written.
     #[error("{path}: {reason}")]
@@ -159,6 +180,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Packet(e) => e.kind(),
+            Error::Rebase { source, .. } => source.kind(),
             Error::UpperRefused { .. } => "upper_refused",
             Error::UpperMismatch { .. } => "upper_mismatch",
             Error::Replay { .. } => "upper_damaged",
@@ -175,6 +197,7 @@ impl Error {
     pub fn path(&self) -> Option<&str> {
         match self {
             Error::Packet(p) => p.path(),
+            Error::Rebase { output, .. } => Some(output),
             Error::Corrupt { path, .. }
             | Error::PacketChanged { packet: path }
             | Error::PacketIo { packet: path, .. }
@@ -190,6 +213,7 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Packet(e) => e.class(),
+            Error::Rebase { source, .. } => source.class(),
             Error::UpperRefused { .. }
             | Error::UpperMismatch { .. }
             | Error::Replay { .. }

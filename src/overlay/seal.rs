@@ -323,7 +323,13 @@ impl Overlay {
         crate::barrier::wait(opts.barrier.as_deref(), "committed");
         phase("committed");
         if opts.rebase {
-            self.rebase_onto(&opts.output, &items, &opts.limits, opts.barrier.as_deref())?;
+            self.rebase_onto(
+                &opts.output,
+                digest,
+                &items,
+                &opts.limits,
+                opts.barrier.as_deref(),
+            )?;
         }
 
         let changes = receipt(old, &items, &manifest);
@@ -366,9 +372,30 @@ impl Overlay {
     fn rebase_onto(
         &self,
         output: &std::path::Path,
+        digest: Digest,
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
+    ) -> Result<()> {
+        let mut moved = false;
+        self.rebase_steps(output, items, limits, bar, &mut moved)
+            .map_err(|e| Error::Rebase {
+                output: output.display().to_string(),
+                digest: digest.to_string(),
+                moved,
+                source: Box::new(e),
+            })
+    }
+
+    /// The steps of [`Self::rebase_onto`]; `moved` is set once the mount
+    /// serves the new packet.
+    fn rebase_steps(
+        &self,
+        output: &std::path::Path,
+        items: &[Item],
+        limits: &Limits,
+        bar: Option<&std::path::Path>,
+        moved: &mut bool,
     ) -> Result<()> {
         use rayon::prelude::*;
         let t0 = std::time::Instant::now();
@@ -440,6 +467,7 @@ impl Overlay {
             fresh.next_data = st.next_data;
             fresh.applied = st.applied;
             *st = fresh;
+            *moved = true;
             // The kernel's references carry over: paths keep their numbers
             // (the moved nodes brought their own).
             let moved: HashSet<Ino> = open_unlinked.iter().copied().collect();
