@@ -814,42 +814,57 @@ fn output_inside_the_workspace_is_skipped() {
     assert_eq!(v3["excluded"], v4["excluded"]);
 }
 
-/// `-o` naming a file of the tree that is not a packet is refused, and the
-/// file kept: replacing it would lose what was to be packed. An empty file
-/// there (made ready by `touch`) is replaced as asked.
+/// `-o` naming a file that is not a packet is refused, and the file kept:
+/// one of the tree (replacing it would lose what was to be packed), one
+/// an exclusion leaves out, one outside the tree. An older packet, or an
+/// empty file (made ready by `touch`), is replaced as asked.
 #[test]
-fn output_naming_a_file_of_the_tree_is_refused() {
+fn output_naming_a_file_that_is_not_a_packet_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let ws = tmp.path().join("ws");
     write(&ws, "a", b"a");
     let notes = b"my notes, not a packet\n".repeat(40);
     write(&ws, "notes.txt", &notes);
-    let out = ws.join("notes.txt");
-    let r = run([
-        "pack",
-        "--workspace",
-        ws.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    let e = r.fails(7, "target_unusable");
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("workspace/notes.txt"),
-        "{e}"
-    );
-    assert_eq!(e["path"], out.to_str().unwrap());
-    assert_eq!(fs::read(&out).unwrap(), notes);
+    write(tmp.path(), "report.txt", &notes);
+    for (out, extra) in [
+        (ws.join("notes.txt"), None),
+        (ws.join("notes.txt"), Some("notes.txt")),
+        (tmp.path().join("report.txt"), None),
+    ] {
+        let mut args = vec![
+            "pack",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        if let Some(pattern) = extra {
+            args.extend(["--exclude", pattern]);
+        }
+        let r = run(args);
+        let e = r.fails(7, "target_unusable");
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap()
+                .contains("is not a sessionfs packet"),
+            "{e}"
+        );
+        assert_eq!(e["path"], out.to_str().unwrap());
+        assert_eq!(fs::read(&out).unwrap(), notes);
+    }
     let names: Vec<_> = fs::read_dir(&ws)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names.len(), 2, "something was left behind: {names:?}");
-    // An empty file is replaced, and the packet verifies.
+    // An empty file is replaced, and the packet verifies; so is that
+    // packet, by the next pack.
     let empty = ws.join("new.packet");
     fs::write(&empty, b"").unwrap();
+    pack(&ws, &empty, &[]);
+    run(["verify", empty.to_str().unwrap()]).ok();
+    write(&ws, "b", b"b");
     pack(&ws, &empty, &[]);
     run(["verify", empty.to_str().unwrap()]).ok();
 }

@@ -325,6 +325,17 @@ fn destinations_are_checked_before_anything_is_written() {
     run(["seal", mp, "-o", o, "--rebase", "--receipt", pk]).fails(7, "target_unusable");
     assert!(!out.exists());
     assert_eq!(fs::read(&packet).unwrap(), before);
+    // A file that is not a packet, kept.
+    let notes = tmp.path().join("notes.txt");
+    fs::write(&notes, b"notes").unwrap();
+    let e = run(["seal", mp, "-o", notes.to_str().unwrap()]);
+    assert!(
+        e.fails(7, "target_unusable")["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not a sessionfs packet")
+    );
+    assert_eq!(fs::read(&notes).unwrap(), b"notes");
     // Still the same mount, serving the same packet, with the change.
     assert_eq!(m.status()["digest"], m.result["digest"]);
     assert_eq!(fs::read(m.path("new.txt")).unwrap(), b"new");

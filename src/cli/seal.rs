@@ -348,6 +348,9 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
             return Err(refuse(path, "is a directory".into()));
         }
     }
+    if let Some(why) = crate::output::refuse_replacing(&req.output) {
+        return Err(refuse(&req.output, why));
+    }
     if let Some(receipt) = &req.receipt
         && (receipt == &req.output || same_file(receipt, &req.output))
     {

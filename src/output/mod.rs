@@ -163,6 +163,34 @@ impl Output {
     }
 }
 
+/// Why a packet may not replace what is at `dest`, if it may not: a
+/// non-empty regular file that is not a packet (`-o notes.txt` by
+/// mistake, or a file of the tree being packed) is refused, so that a
+/// slip of `-o` loses nothing. An older packet (whatever its state past
+/// its first header), an empty file, a symlink (replaced, not followed)
+/// or nothing at all may be replaced; so may a file that cannot be read,
+/// as before this check.
+pub fn refuse_replacing(dest: &Path) -> Option<String> {
+    use std::io::Read;
+    let m = std::fs::symlink_metadata(dest).ok()?;
+    if !m.is_file() || m.len() == 0 {
+        return None;
+    }
+    let mut head = Vec::with_capacity(BLOCK as usize);
+    File::open(dest)
+        .and_then(|f| f.take(BLOCK).read_to_end(&mut head))
+        .ok()?;
+    // Every packet begins with the manifest's ustar header.
+    let packet = head.len() == BLOCK as usize
+        && head.starts_with(b"packet.json\0")
+        && head[257..263] == *b"ustar\0";
+    (!packet).then(|| {
+        "exists and is not a sessionfs packet: writing the packet would replace it; name \
+         another output, or remove that file first if it is to go"
+            .to_owned()
+    })
+}
+
 fn parent_dir(p: &Path) -> &Path {
     match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,

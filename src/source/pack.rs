@@ -26,7 +26,7 @@ use nix::sys::stat::Mode;
 use serde::Serialize;
 
 use super::error::Error;
-use super::policy::{Policy, Reason};
+use super::policy::Policy;
 use super::walk::{FoundFile, FoundKind, Root, ScanOptions, ScanReport, scan};
 use crate::output::{
     Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
@@ -163,40 +163,6 @@ fn part_root_identities(
     Ok(vec![(w, Part::Workspace), (h, Part::Harness)])
 }
 
-/// Refuses an output that names a file of the tree that is not a packet
-/// (`-o notes.txt` in the workspace): the walk left it out as the older
-/// output, and the commit would replace it, losing what was to be packed.
-/// An older packet there, or an empty file, is replaced as asked.
-fn refuse_replacing_input(output: &Path, report: &ScanReport) -> Result<(), Error> {
-    let name = output.file_name().and_then(|n| n.to_str());
-    let Some(entry) = report
-        .excluded
-        .iter()
-        .find(|e| matches!(e.reason, Reason::OutputFile) && e.path.rsplit('/').next() == name)
-    else {
-        return Ok(());
-    };
-    let mut head = Vec::with_capacity(512);
-    File::open(output)
-        .and_then(|f| f.take(512).read_to_end(&mut head))
-        .map_err(|e| Error::io(output, "cannot read the existing output", e))?;
-    // The first header of every packet: the manifest's, in ustar.
-    let packet =
-        head.len() == 512 && head.starts_with(b"packet.json\0") && head[257..263] == *b"ustar\0";
-    if head.is_empty() || packet {
-        return Ok(());
-    }
-    Err(Error::Refused {
-        path: output.display().to_string(),
-        kind: "target_unusable",
-        reason: format!(
-            "the output names `{}`, a file of the tree being packed that is not a packet; \
-             writing the packet would replace it. Give -o a path outside the tree, or a new name",
-            entry.path
-        ),
-    })
-}
-
 /// Packs the tree described by `opts`. On error, nothing is left at the
 /// output path (the temporary file is removed). `progress` is told of each
 /// pass as it begins and of its bytes as they are done.
@@ -208,6 +174,13 @@ pub fn pack(
     let kind = opts.harness.as_ref().map(|(_, k)| *k);
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
     let other_parts = part_root_identities(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
+    if let Some(reason) = crate::output::refuse_replacing(&opts.output) {
+        return Err(Error::Refused {
+            path: opts.output.display().to_string(),
+            kind: "target_unusable",
+            reason,
+        });
+    }
     let output = Output::create(&opts.output)?;
     let mut skip = stale_temporaries(&opts.output);
     if let Ok(m) = std::fs::symlink_metadata(&opts.output) {
@@ -230,7 +203,6 @@ pub fn pack(
     let t = std::time::Instant::now();
     let mut scan = scan(&parts, &scan_opts)?;
     tracing::debug!(elapsed = ?t.elapsed(), entries = scan.found.len(), "walked");
-    refuse_replacing_input(&opts.output, &scan.report)?;
     scan.found
         .sort_unstable_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
 
