@@ -1326,9 +1326,23 @@ fn pack_changed_at(
     hold: &str,
     change: impl FnOnce(),
 ) -> (i32, Value) {
+    pack_with_changed_at(point, ws, &[], out, hold, change)
+}
+
+/// [`pack_changed_at`], with `extra` arguments.
+fn pack_with_changed_at(
+    point: &str,
+    ws: &Path,
+    extra: &[&str],
+    out: &Path,
+    hold: &str,
+    change: impl FnOnce(),
+) -> (i32, Value) {
     let bar = barrier_at(&out.with_extension("barrier"), point);
     let child = Command::new(bin())
-        .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+        .args(["pack", "--workspace", ws.to_str().unwrap()])
+        .args(extra)
+        .arg("-o")
         .arg(out)
         .env("SESSIONFS_TEST_BARRIER", &bar)
         .env("SESSIONFS_PACK_HOLD", hold)
@@ -1373,6 +1387,29 @@ fn a_directory_gone_during_the_walk_is_a_change() {
         "{v}"
     );
     assert_eq!(v["path"], "workspace/other");
+    // With two parts, the directory opened must be the one judged when its
+    // parent was read: the harness moved into its place is not packed
+    // again as the workspace's, under the workspace's rules.
+    write(&ws, "sub/deep/f", b"f");
+    let home = tmp.path().join("codex-home");
+    write(&home, "auth.json", b"sk-secret");
+    let extra = [
+        "--harness",
+        home.to_str().unwrap(),
+        "--harness-kind",
+        "codex",
+    ];
+    let (code, v) = pack_with_changed_at("walked-roots", &ws, &extra, &out, "0", || {
+        fs::rename(ws.join("sub"), tmp.path().join("sub-was")).unwrap();
+        fs::rename(&home, ws.join("sub")).unwrap();
+    });
+    assert_eq!(
+        (code, v["kind"].as_str()),
+        (6, Some("changed_while_packing")),
+        "{v}"
+    );
+    assert_eq!(v["path"], "workspace/sub");
+    assert!(!out.exists());
 }
 
 /// A signal once the packet is in place does not turn a finished pack

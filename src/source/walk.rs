@@ -286,6 +286,7 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
             rel: PathBuf::new(),
             ppath: name,
             depth: 0,
+            id: None,
         });
     }
     let mut roots_read = true;
@@ -342,6 +343,8 @@ struct DirTask {
     rel: PathBuf,
     ppath: String,
     depth: usize,
+    /// Its identity when its parent was read, if taken (two parts).
+    id: Option<sys::FileId>,
 }
 
 /// What reading one directory found.
@@ -379,22 +382,26 @@ impl Walker<'_, '_> {
         Ok(())
     }
 
-    /// The other part, when `child` (of the directory `dirfd`, in `part`)
-    /// is its root: a directory, met by its identity, so that a bind mount
-    /// is known as well as a nested path. Costs a stat per directory, and
-    /// only when there are two parts.
-    fn other_part(&self, dirfd: &OwnedFd, part: Part, child: &Child) -> Option<Part> {
+    /// The identity of directory `child` (of the directory `dirfd`), when
+    /// there are two parts: to know the other part's root by it (a bind
+    /// mount as well as a nested path), and to check that the directory
+    /// opened later is this one. A stat per directory, only then.
+    fn dir_identity(&self, dirfd: &OwnedFd, child: &Child) -> Option<sys::FileId> {
         if child.ty != SFlag::S_IFDIR || self.opts.other_parts.is_empty() {
             return None;
         }
         // A child that cannot be read now is reported when it is opened.
-        let st = fstatat(
+        fstatat(
             dirfd.as_fd(),
             child.name.as_str(),
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
-        .ok()?;
-        let id = sys::dev_ino(&st);
+        .ok()
+        .map(|st| sys::dev_ino(&st))
+    }
+
+    /// The other part, when `id` is its root, met walking `part`.
+    fn other_part(&self, id: sys::FileId, part: Part) -> Option<Part> {
         self.opts
             .other_parts
             .iter()
@@ -407,7 +414,11 @@ impl Walker<'_, '_> {
         let root = &self.roots[task.root];
         let part = root.part;
         let DirTask {
-            rel, ppath, depth, ..
+            rel,
+            ppath,
+            depth,
+            id,
+            ..
         } = task;
         let mut out = DirOut::default();
         let shown = root.dir.join(&rel);
@@ -427,6 +438,15 @@ impl Walker<'_, '_> {
             }
             _ => Error::io(&shown, "cannot open directory", e),
         })?;
+        // The directory judged by its identity is the one opened.
+        if let Some(id) = id
+            && nix::sys::stat::fstat(&fd).map(|st| sys::dev_ino(&st)) != Ok(id)
+        {
+            return Err(Error::Changed {
+                path: ppath,
+                what: "was removed or replaced",
+            });
+        }
         let (dirfd, children) = self.read_dir(fd, &shown, &ppath)?;
         let verdicts = self.judge_all(part, &ppath, &children);
         for (child, verdict) in children.iter().zip(verdicts) {
@@ -437,8 +457,13 @@ impl Walker<'_, '_> {
             let cpath = format!("{ppath}/{}", child.name);
             let crel = rel.join(&child.name);
             let kind_name = type_name(child.ty);
-            let other_part = self.other_part(&dirfd, part, child);
-            let verdict = match other_part {
+            // Only a directory going in is stat'ed: one left out may be a
+            // mount that hangs.
+            let id = match verdict {
+                Verdict::Include => self.dir_identity(&dirfd, child),
+                _ => None,
+            };
+            let verdict = match id.and_then(|id| self.other_part(id, part)) {
                 Some(other) => Verdict::Exclude(Reason::OtherPart {
                     part: other.as_str(),
                 }),
@@ -476,6 +501,7 @@ impl Walker<'_, '_> {
                         rel: crel,
                         ppath: cpath,
                         depth: depth + 1,
+                        id,
                     });
                 }
                 SFlag::S_IFREG => {
