@@ -17,7 +17,7 @@
 //! ends it at once.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 use nix::sys::signal::{SigSet, Signal};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
@@ -27,6 +27,9 @@ static PENDING: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 /// Set once the work is in place: a first signal then lets the run finish.
 static COMMITTED: AtomicBool = AtomicBool::new(false);
+/// The exit code of the run's report once printed (-1 before): a signal
+/// then ends the process with it, printing nothing more.
+static REPORTED: AtomicI32 = AtomicI32::new(-1);
 /// Held shared by writers while they create entries or commit; taken
 /// exclusively, for good, by the signal thread.
 static GATE: RwLock<()> = RwLock::new(());
@@ -63,6 +66,16 @@ pub fn creating() -> RwLockReadGuard<'static, ()> {
 /// done anyway.
 pub fn committed() {
     COMMITTED.store(true, Ordering::Release);
+}
+
+/// Prints the run's report (its one JSON object) with `print`, under the
+/// gate, and records its exit `code`: a signal meanwhile waits for it, and
+/// one after ends the process with that code instead of printing a second
+/// object. Not for the signal thread's own report.
+pub fn report(code: u8, print: impl FnOnce()) {
+    let _gate = GATE.read();
+    print();
+    REPORTED.store(i32::from(code), Ordering::Release);
 }
 
 /// What the signal thread did, for the error it reports.
@@ -122,6 +135,11 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
                         tracing::error!(path = %path.display(), error = %e, "cannot remove it after the interrupt");
                     }
                 }
+            }
+            // The run said how it ended already: one report is all.
+            let code = REPORTED.load(Ordering::Acquire);
+            if code >= 0 {
+                std::process::exit(code);
             }
             report(Interrupted {
                 signal,

@@ -1304,7 +1304,13 @@ fn pack_changed_between_passes(
 }
 
 /// The points where pack pauses under a test barrier, in order.
-const PACK_POINTS: [&str; 4] = ["walked-roots", "hashed", "committed", "interrupt-deferred"];
+const PACK_POINTS: [&str; 5] = [
+    "walked-roots",
+    "hashed",
+    "committed",
+    "interrupt-deferred",
+    "reported",
+];
 
 /// A fresh barrier directory `bar` where pack stops at `point` only: every
 /// other point finds its `.go` file already there.
@@ -1461,6 +1467,31 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
         }
         run(["verify", out.to_str().unwrap()]).ok();
     }
+    // Two signals once the result is printed: the run ends with the code
+    // of what it printed, and prints nothing more.
+    let _ = fs::remove_file(&out);
+    let bar = barrier_at(&tmp.path().join("bar"), "reported");
+    let child = Command::new(bin())
+        .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+        .arg(&out)
+        .env("SESSIONFS_TEST_BARRIER", &bar)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(&bar, "reported");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    wait_until(&bar, "interrupt-deferred");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = child.wait_with_output().unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON object ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    });
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(v["schema"], "sessionfs.pack-result/1");
 }
 
 /// A pack stopped by a signal removes its temporary file and says so

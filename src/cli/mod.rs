@@ -144,7 +144,8 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(out) => {
-            print_output(out);
+            crate::interrupt::report(exit::OK, || print_output(out));
+            crate::barrier::wait(crate::barrier::from_env().as_deref(), "reported");
             ExitCode::from(exit::OK)
         }
         Err(e) => report(e),
@@ -165,9 +166,13 @@ fn report_interrupt(i: crate::interrupt::Interrupted) {
     };
     let mut e = CliError::usage(format!("interrupted by {}; {done}", i.signal));
     e.kind = "interrupted".into();
-    e.hint = "run the command again once it may run to the end".into();
+    e.hint = if i.committed {
+        "nothing to redo: the output is complete and in place".into()
+    } else {
+        "run the command again once it may run to the end".into()
+    };
     e.exit_code = 128 + i.signal as u8;
-    report(e);
+    emit(e);
 }
 
 /// The subcommand this process runs, when its first argument names one.
@@ -181,6 +186,16 @@ fn command_run() -> Option<String> {
 
 /// Prints an error: the JSON object on stdout, one line on stderr.
 pub fn report(e: CliError) -> ExitCode {
+    let code = e.exit_code;
+    crate::interrupt::report(code, || {
+        emit(e);
+    });
+    ExitCode::from(code)
+}
+
+/// [`report`] without the interrupt gate: for the signal thread, which
+/// holds it.
+fn emit(e: CliError) -> ExitCode {
     tracing::error!("{}", e.message);
     let code = e.exit_code;
     print_json(&e.to_value());
