@@ -1,6 +1,11 @@
-//! Test barriers: named points where `pack` and `seal` pause, so that tests
-//! can change the world at an exact moment (a file between two reads, a
-//! crash between two steps).
+//! Test barriers: named points where `pack`, `unpack` and `seal` pause, so
+//! that tests can change the world at an exact moment (a file between two
+//! reads, a crash between two steps, a signal after the commit). The
+//! points: pack's `walked-roots`, `hashed`, `committed`, `reported`;
+//! unpack's `restored`, `committed`; seal's `collected`, `hashed`, `sized`,
+//! `written`, `synced`, `committed`, `rebase-recorded`,
+//! `rebase-compacted`; and `interrupt-deferred`, where the signal thread
+//! has put off a signal that came after the commit.
 //!
 //! Armed by `SESSIONFS_TEST_BARRIER=DIR`: at point `NAME` the process
 //! creates `DIR/NAME.reached`, then waits (at most five minutes) until
