@@ -7,7 +7,7 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::ops::{apply, op};
@@ -801,75 +801,157 @@ fn rebase_continues_on_the_new_packet() {
     m.umount();
 }
 
-/// A rebase that fails after the packet is written says so: the error
-/// names the packet, says it was written and that the mount still serves
-/// the previous packet with its changes, which it does; sealing again
-/// works.
+/// A rebase that fails after the packet is written says so (`rebase_failed`,
+/// exit 6): the error names the packet, gives its digest and says truly
+/// what the mount serves. Before the record that commits the move (the
+/// packet damaged, or replaced by another valid one, whose unverified
+/// bytes must never be served as the seal's own): the previous packet with
+/// its changes, and sealing again works. After it (the upper directory's
+/// disk full as it is tidied): the new packet, edits after it survive a
+/// remount over the new packet.
 #[test]
 fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
     if !fuse_available() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let (packet, _) = model_packet(tmp.path());
-    let upper = tmp.path().join("upper");
-    let mnt = tmp.path().join("mnt");
-    let bar = tmp.path().join("barrier");
-    arm_barrier(&bar, "committed");
-    fs::create_dir_all(&mnt).unwrap();
-    let _unmount = LazyUnmount(mnt.clone());
-    run_env(
-        [
-            "mount",
-            packet.to_str().unwrap(),
-            mnt.to_str().unwrap(),
-            "--upper",
-            upper.to_str().unwrap(),
-            "--part",
-            "workspace",
-        ],
-        &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
-    )
-    .ok();
-    fs::write(mnt.join("made.txt"), b"made").unwrap();
-    let out = tmp.path().join("next.packet");
-    let seal_cmd = std::process::Command::new(bin())
-        .args([
-            "seal",
-            mnt.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-            "--rebase",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_reached(&bar, "committed");
-    // The packet, written and in place, is damaged before the mount moves.
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&out)
-        .unwrap()
-        .set_len(1024)
-        .unwrap();
-    fs::write(bar.join("committed.go"), b"").unwrap();
-    let o = seal_cmd.wait_with_output().unwrap();
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_ne!(o.status.code(), Some(0), "{v}");
-    assert_eq!(v["schema"], "sessionfs.error/1");
-    assert_eq!(v["path"], out.to_str().unwrap(), "{v}");
-    let message = v["message"].as_str().unwrap();
-    assert!(
-        message.contains("the packet was written (sha256:")
-            && message.contains("still serves the previous packet"),
-        "{v}"
-    );
-    assert_eq!(fs::read(mnt.join("made.txt")).unwrap(), b"made");
-    let again = tmp.path().join("again.packet");
-    run(["seal", mnt.to_str().unwrap(), "-o", again.to_str().unwrap()]).ok();
-    run(["verify", again.to_str().unwrap()]).ok();
-    run(["umount", mnt.to_str().unwrap()]).ok();
+    for case in ["damaged", "replaced", "disk_full"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (packet, _) = model_packet(tmp.path());
+        let other = tmp.path().join("other.packet");
+        let ws = tmp.path().join("other-ws");
+        write(&ws, "x", b"another session");
+        pack(&ws, &other, &[]);
+        // The upper directory on a small file system of its own.
+        let small = tmp.path().join("small");
+        fs::create_dir(&small).unwrap();
+        let tmpfs = TmpfsMount::new(&small, "4m");
+        let upper = small.join("upper");
+        let mnt = tmp.path().join("mnt");
+        let bar = tmp.path().join("barrier");
+        let point = if case == "disk_full" {
+            "rebase-recorded"
+        } else {
+            "committed"
+        };
+        arm_barrier(&bar, point);
+        fs::create_dir_all(&mnt).unwrap();
+        let _unmount = LazyUnmount(mnt.clone());
+        let mounted = run_env(
+            [
+                "mount",
+                packet.to_str().unwrap(),
+                mnt.to_str().unwrap(),
+                "--upper",
+                upper.to_str().unwrap(),
+                "--part",
+                "workspace",
+            ],
+            &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
+        );
+        let old_digest = mounted.ok()["digest"].clone();
+        fs::write(mnt.join("made.txt"), b"made").unwrap();
+        let out = tmp.path().join("next.packet");
+        let seal_cmd = std::process::Command::new(bin())
+            .args([
+                "seal",
+                mnt.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "--rebase",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_reached(&bar, point);
+        let filler = small.join("filler");
+        match case {
+            "damaged" => fs::OpenOptions::new()
+                .write(true)
+                .open(&out)
+                .unwrap()
+                .set_len(1024)
+                .unwrap(),
+            "replaced" => {
+                fs::copy(&other, tmp.path().join("swap")).unwrap();
+                fs::rename(tmp.path().join("swap"), &out).unwrap();
+            }
+            _ => {
+                // Fill the upper directory's file system to the last block.
+                let mut f = fs::File::create(&filler).unwrap();
+                let block = vec![0x55u8; 4096];
+                while f.write_all(&block).is_ok() {}
+            }
+        }
+        fs::write(bar.join(format!("{point}.go")), b"").unwrap();
+        let o = seal_cmd.wait_with_output().unwrap();
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(o.status.code(), Some(6), "{case}: {v}");
+        assert_eq!(v["kind"], "rebase_failed", "{case}: {v}");
+        assert_eq!(v["path"], out.to_str().unwrap(), "{case}: {v}");
+        let message = v["message"].as_str().unwrap();
+        assert!(
+            message.contains("the packet was written (sha256:"),
+            "{case}: {v}"
+        );
+        let status = run(["status", mnt.to_str().unwrap()]);
+        let serving = status.ok()["digest"].clone();
+        if case == "disk_full" {
+            assert!(message.contains("which now serves it"), "{case}: {v}");
+            assert_ne!(serving, old_digest, "{case}: the mount did not move");
+            fs::remove_file(&filler).unwrap();
+            fs::write(mnt.join("after.txt"), b"after").unwrap();
+            run(["umount", mnt.to_str().unwrap()]).ok();
+            let m = Mounted::new(&out, &mnt, &upper, &["--part", "workspace"]);
+            assert_eq!(fs::read(m.path("made.txt")).unwrap(), b"made");
+            assert_eq!(fs::read(m.path("after.txt")).unwrap(), b"after");
+            m.umount();
+        } else {
+            assert!(
+                message.contains("still serves the previous packet"),
+                "{case}: {v}"
+            );
+            assert_eq!(serving, old_digest, "{case}: the mount moved");
+            assert_eq!(fs::read(mnt.join("made.txt")).unwrap(), b"made");
+            let again = tmp.path().join("again.packet");
+            run(["seal", mnt.to_str().unwrap(), "-o", again.to_str().unwrap()]).ok();
+            run(["verify", again.to_str().unwrap()]).ok();
+            run(["umount", mnt.to_str().unwrap()]).ok();
+            // The upper directory still belongs to the previous packet.
+            let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+            assert_eq!(fs::read(m.path("made.txt")).unwrap(), b"made");
+            m.umount();
+        }
+        drop(tmpfs);
+    }
+}
+
+/// A tmpfs of `size` mounted at `at` for one test, unmounted when dropped.
+/// Needs root (CI runs as root); without it the test fails, saying why.
+struct TmpfsMount(PathBuf);
+
+impl TmpfsMount {
+    fn new(at: &Path, size: &str) -> TmpfsMount {
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("cannot run mount(8)");
+        assert!(
+            st.success(),
+            "mounting a tmpfs failed: this test needs root"
+        );
+        TmpfsMount(at.to_owned())
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
 }
 
 #[test]

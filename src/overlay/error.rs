@@ -126,7 +126,7 @@ pub enum Error {
         if *.moved {
             "the mount, which now serves it, could not tidy its upper directory"
         } else {
-            "the mount could not move onto it and still serves the previous packet with its changes (seal again, or remount)"
+            "the mount could not move onto it and still serves the previous packet with its changes (seal again to move)"
         }
     )]
     Rebase {
@@ -180,7 +180,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Packet(e) => e.kind(),
-            Error::Rebase { source, .. } => source.kind(),
+            Error::Rebase { .. } => "rebase_failed",
             Error::UpperRefused { .. } => "upper_refused",
             Error::UpperMismatch { .. } => "upper_mismatch",
             Error::Replay { .. } => "upper_damaged",
@@ -213,7 +213,7 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Packet(e) => e.class(),
-            Error::Rebase { source, .. } => source.class(),
+            Error::Rebase { .. } => ErrorClass::Io,
             Error::UpperRefused { .. }
             | Error::UpperMismatch { .. }
             | Error::Replay { .. }

@@ -319,13 +319,14 @@ impl Overlay {
         output.sync_data()?;
         crate::barrier::wait(opts.barrier.as_deref(), "synced");
         phase("synced");
+        let written = output.identity()?;
         output.commit(opts.mode)?;
         crate::barrier::wait(opts.barrier.as_deref(), "committed");
         phase("committed");
         if opts.rebase {
             self.rebase_onto(
                 &opts.output,
-                digest,
+                (written, digest),
                 &items,
                 &opts.limits,
                 opts.barrier.as_deref(),
@@ -372,13 +373,14 @@ impl Overlay {
     fn rebase_onto(
         &self,
         output: &std::path::Path,
-        digest: Digest,
+        written: (crate::sys::FileId, Digest),
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
     ) -> Result<()> {
         let mut moved = false;
-        self.rebase_steps(output, items, limits, bar, &mut moved)
+        let digest = written.1;
+        self.rebase_steps(output, written, items, limits, bar, &mut moved)
             .map_err(|e| Error::Rebase {
                 output: output.display().to_string(),
                 digest: digest.to_string(),
@@ -387,23 +389,39 @@ impl Overlay {
             })
     }
 
-    /// The steps of [`Self::rebase_onto`]; `moved` is set once the mount
-    /// serves the new packet.
+    /// The steps of [`Self::rebase_onto`]: everything that may fail before
+    /// the record that commits the move, which is durable or rolled back;
+    /// `moved` is set once the mount serves the new packet, the file
+    /// `written` (its identity, and its digest).
     fn rebase_steps(
         &self,
         output: &std::path::Path,
+        written: (crate::sys::FileId, Digest),
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
         moved: &mut bool,
     ) -> Result<()> {
         use rayon::prelude::*;
+        use std::os::unix::fs::MetadataExt;
         let t0 = std::time::Instant::now();
         let phase = |name: &str| {
             tracing::debug!(phase = name, ms = t0.elapsed().as_millis() as u64, "rebase")
         };
         let packet = crate::packet::reader::Packet::open(output, limits)?;
         phase("opened");
+        // The file this seal wrote, still: its chunks are trusted below as
+        // written here, unverified.
+        let opened = packet.file().metadata().map(|m| (m.dev(), m.ino())).ok();
+        if opened != Some(written.0) || packet.digest != written.1 {
+            return Err(Error::Refused {
+                path: output.display().to_string(),
+                kind: "packet_changed",
+                reason: "was replaced after this seal wrote it; the mount moves only onto \
+                         the file the seal wrote"
+                    .into(),
+            });
+        }
         let digest = packet.digest;
         // Numbers a fresh mount of the new packet would not give: kept.
         let mut given: Vec<(String, Ino)> = items
@@ -412,6 +430,16 @@ impl Overlay {
             .map(|it| (it.path.clone(), it.ino))
             .collect();
         given.sort();
+        // The new lower view, built before the record: nothing after the
+        // record may fail but making it durable (rolled back if it fails)
+        // and tidying the upper directory once the mount has moved.
+        let given_map: hashbrown::HashMap<String, Ino> = given.iter().cloned().collect();
+        let (lower, inos) = super::new_lower(packet, self.opts, &given_map)?;
+        // Every chunk was verified or hashed as this daemon wrote it.
+        lower.verifier.mark_all();
+        let lower = Arc::new(lower);
+        phase("indexed");
+        let mut fresh = super::state::State::new(lower, inos);
         // Unlinked files the kernel still holds (open or mapped) live on, on
         // their own data files.
         let open_unlinked: Vec<Ino> = {
@@ -429,19 +457,11 @@ impl Overlay {
             t: super::now(),
             packet: digest.to_string(),
             output: output.display().to_string(),
-            inos: given.clone(),
+            inos: given,
         };
-        self.upper.append(&rec)?;
-        self.upper.sync_journal()?;
+        self.upper.append_durable(&rec)?;
         crate::barrier::wait(bar, "rebase-recorded");
         phase("recorded");
-        let given_map: hashbrown::HashMap<String, Ino> = given.into_iter().collect();
-        let (lower, inos) = super::new_lower(packet, self.opts, &given_map)?;
-        // Every chunk was verified or hashed as this daemon wrote it.
-        lower.verifier.mark_all();
-        let lower = Arc::new(lower);
-        phase("indexed");
-        let mut fresh = super::state::State::new(lower, inos);
         let (old_inos, old_data, kept_data) = {
             let mut st = self.state.write();
             let old_inos: Vec<Ino> = st.nodes.keys().copied().collect();

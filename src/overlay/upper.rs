@@ -310,6 +310,21 @@ impl Upper {
         }
     }
 
+    /// Appends `rec` and makes the journal durable; if it cannot be made
+    /// durable, takes the record back out (a commit record must be either
+    /// durable or absent, never left for a later sync to carry).
+    pub fn append_durable(&self, rec: &Record) -> Result<()> {
+        let before = self.journal.lock().1;
+        self.append(rec)?;
+        self.sync_journal().inspect_err(|_| {
+            let mut j = self.journal.lock();
+            let (file, len) = &mut *j;
+            if file.set_len(before).and_then(|()| file.sync_data()).is_ok() {
+                *len = before;
+            }
+        })
+    }
+
     /// Makes the journal durable.
     pub fn sync_journal(&self) -> Result<()> {
         self.journal
@@ -326,10 +341,17 @@ impl Upper {
     pub fn compact(&self, first: &Record, digest: &Digest) -> Result<()> {
         let tmp = format!("{JOURNAL}.tmp");
         let at = self.root.join(JOURNAL);
+        // Opened for appending now: once renamed it is the journal, with no
+        // reopening that could fail and leave appends going to the old one.
         let fd = openat(
             &self.dir,
             tmp.as_str(),
-            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            OFlag::O_RDWR
+                | OFlag::O_APPEND
+                | OFlag::O_CREAT
+                | OFlag::O_TRUNC
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
         )
         .map_err(nix_at(&at, "cannot create a new journal"))?;
@@ -341,14 +363,7 @@ impl Upper {
         let mut j = self.journal.lock();
         nix::fcntl::renameat(&self.dir, tmp.as_str(), &self.dir, JOURNAL)
             .map_err(nix_at(&at, "cannot replace the journal"))?;
-        let fd = openat(
-            &self.dir,
-            JOURNAL,
-            OFlag::O_RDWR | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(nix_at(&at, "cannot reopen the journal"))?;
-        *j = (File::from(fd), line.len() as u64);
+        *j = (f, line.len() as u64);
         drop(j);
         write_header(&self.dir, &self.root, digest, self.part)
     }
