@@ -858,6 +858,37 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names.len(), 2, "something was left behind: {names:?}");
+    // A device (`-o /dev/null`: made here, as /dev/null is, so that a
+    // failure replaces nothing of the machine's) and a FIFO are not files.
+    let null = tmp.path().join("null");
+    let fifo = tmp.path().join("fifo");
+    nix::sys::stat::mknod(
+        &null,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .expect("mknod needs root, as CI runs");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    for (out, what) in [(&null, "is a device"), (&fifo, "is a FIFO")] {
+        let e = run([
+            "pack",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let e = e.fails(7, "target_unusable");
+        assert!(e["message"].as_str().unwrap().contains(what), "{e}");
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        fs::symlink_metadata(&null)
+            .unwrap()
+            .file_type()
+            .is_char_device()
+    );
+    assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
     // An empty file is replaced, and the packet verifies; so is that
     // packet, by the next pack.
     let empty = ws.join("new.packet");

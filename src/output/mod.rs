@@ -165,14 +165,32 @@ impl Output {
 
 /// Why a packet may not replace what is at `dest`, if it may not: a
 /// non-empty regular file that is not a packet (`-o notes.txt` by
-/// mistake, or a file of the tree being packed) is refused, so that a
-/// slip of `-o` loses nothing. An older packet (whatever its state past
-/// its first header), an empty file, a symlink (replaced, not followed)
-/// or nothing at all may be replaced; so may a file that cannot be read,
-/// as before this check.
+/// mistake, or a file of the tree being packed) is refused, and so is a
+/// device, FIFO or socket, so that a slip of `-o` loses nothing. An older
+/// packet (whatever its state past its first header), an empty file, a
+/// symlink (replaced, not followed) or nothing at all may be replaced; so
+/// may a file that cannot be read, as before this check.
 pub fn refuse_replacing(dest: &Path) -> Option<String> {
     use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
     let m = std::fs::symlink_metadata(dest).ok()?;
+    let t = m.file_type();
+    // `-o /dev/null` would replace the device itself (as root, for everyone).
+    let special = if t.is_char_device() || t.is_block_device() {
+        Some("a device")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else {
+        None
+    };
+    if let Some(what) = special {
+        return Some(format!(
+            "is {what}, not a file: the packet would replace it; name a regular file \
+             (to learn a tree's digest only, pack to a temporary file)"
+        ));
+    }
     if !m.is_file() || m.len() == 0 {
         return None;
     }
