@@ -1088,39 +1088,7 @@ fn a_part_inside_the_other_is_packed_once_as_itself() {
         b"{\"OPENAI_API_KEY\":\"sk-secret\"}",
     );
     let out = tmp.path().join("p.packet");
-    let v = pack(
-        &home,
-        &out,
-        &[
-            "--harness",
-            home.join(".codex").to_str().unwrap(),
-            "--harness-kind",
-            "codex",
-        ],
-    );
-    let excluded: Vec<(&str, &str)> = v["excluded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["path"].as_str().unwrap(),
-                e["reason"]["rule"].as_str().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        excluded,
-        [
-            ("harness/auth.json", "credential"),
-            ("workspace/.codex", "other_part")
-        ]
-    );
-    let bytes = fs::read(&out).unwrap();
-    assert!(
-        !bytes.windows(9).any(|w| w == b"sk-secret"),
-        "the credential was packed"
-    );
+    pack_codex_home_once(&home, &home.join(".codex"), &out);
     let r = tmp.path().join("r");
     unpack(&out, &r, &[]);
     assert_eq!(fs::read(r.join("harness/history.jsonl")).unwrap(), b"h");
@@ -1161,25 +1129,14 @@ fn a_part_inside_the_other_is_packed_once_as_itself() {
     assert!(!tmp.path().join("s.packet").exists());
 }
 
-/// A harness home reached inside the workspace through a bind mount (a pod
-/// that mounts the agent's home volume at `~/.codex` and also gives it as
-/// `--harness`) is known by its identity, not its path: left out of the
-/// workspace, so its credentials cannot come in there; the same directory
-/// bound under another name for both parts is refused.
-#[test]
-fn a_harness_bind_mounted_inside_the_workspace_is_packed_once() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    let home = tmp.path().join("codex-home");
-    write(&ws, "src/a", b"a");
-    fs::create_dir(ws.join(".codex")).unwrap();
-    write(&home, "history.jsonl", b"h");
-    write(&home, "auth.json", b"{\"OPENAI_API_KEY\":\"sk-secret\"}");
-    let bound = BindMount::new(&home, &ws.join(".codex"));
-    let out = tmp.path().join("p.packet");
+/// Packs `ws` with the Codex home `home` (holding `auth.json` with
+/// `sk-secret`, and met inside `ws` at `.codex`) to `out`, and checks it
+/// went in once, as the harness: its credential left out there, its root
+/// left out of the workspace, the secret nowhere in the packet.
+fn pack_codex_home_once(ws: &Path, home: &Path, out: &Path) {
     let v = pack(
-        &ws,
-        &out,
+        ws,
+        out,
         &[
             "--harness",
             home.to_str().unwrap(),
@@ -1205,11 +1162,30 @@ fn a_harness_bind_mounted_inside_the_workspace_is_packed_once() {
             ("workspace/.codex", "other_part")
         ]
     );
-    let bytes = fs::read(&out).unwrap();
+    let bytes = fs::read(out).unwrap();
     assert!(
         !bytes.windows(9).any(|w| w == b"sk-secret"),
         "the credential was packed"
     );
+}
+
+/// A harness home reached inside the workspace through a bind mount (a pod
+/// that mounts the agent's home volume at `~/.codex` and also gives it as
+/// `--harness`) is known by its identity, not its path: left out of the
+/// workspace, so its credentials cannot come in there; the same directory
+/// bound under another name for both parts is refused.
+#[test]
+fn a_harness_bind_mounted_inside_the_workspace_is_packed_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let home = tmp.path().join("codex-home");
+    write(&ws, "src/a", b"a");
+    fs::create_dir(ws.join(".codex")).unwrap();
+    write(&home, "history.jsonl", b"h");
+    write(&home, "auth.json", b"{\"OPENAI_API_KEY\":\"sk-secret\"}");
+    let bound = BindMount::new(&home, &ws.join(".codex"));
+    let out = tmp.path().join("p.packet");
+    pack_codex_home_once(&ws, &home, &out);
     // Both parts the same directory under two names.
     let r = run([
         "pack",

@@ -829,7 +829,16 @@ fn unpack_targets() {
 /// returns once it is paused at `restored` (all restored, not yet moved).
 fn unpack_paused(p: &Path, into: &Path, bar: &Path) -> std::process::Child {
     fs::create_dir(bar).unwrap();
-    let child = std::process::Command::new(common::bin())
+    let child = spawn_unpack(p, into, bar);
+    wait_for("unpack to reach its barrier", || {
+        bar.join("restored.reached").exists()
+    });
+    child
+}
+
+/// Starts `unpack p --into into` with its test barrier in `bar`.
+fn spawn_unpack(p: &Path, into: &Path, bar: &Path) -> std::process::Child {
+    std::process::Command::new(common::bin())
         .args([
             "unpack",
             p.to_str().unwrap(),
@@ -840,16 +849,16 @@ fn unpack_paused(p: &Path, into: &Path, bar: &Path) -> std::process::Child {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Waits (at most 30 s) until `done`.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let start = std::time::Instant::now();
-    while !bar.join("restored.reached").exists() {
-        assert!(
-            start.elapsed().as_secs() < 30,
-            "unpack never reached its barrier"
-        );
+    while !done() {
+        assert!(start.elapsed().as_secs() < 30, "waited in vain for {what}");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    child
 }
 
 /// A sparse file (holes read as zeros when packed) comes back sparse: the
@@ -939,37 +948,12 @@ fn a_signal_after_the_commit_lets_the_unpack_finish() {
     for point in ["restored", "interrupt-deferred"] {
         fs::write(bar.join(format!("{point}.go")), b"").unwrap();
     }
-    let child = std::process::Command::new(common::bin())
-        .args([
-            "unpack",
-            p.to_str().unwrap(),
-            "--into",
-            into.to_str().unwrap(),
-        ])
-        .env("SESSIONFS_TEST_BARRIER", &bar)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    fn until(
-        child: &mut std::process::Child,
-        what: &str,
-        done: impl Fn(&mut std::process::Child) -> bool,
-    ) {
-        let start = std::time::Instant::now();
-        while !done(child) {
-            assert!(start.elapsed().as_secs() < 30, "never {what}");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-    }
-    let mut child = child;
-    until(&mut child, "reached the commit", |_| {
-        bar.join("committed.reached").exists()
-    });
+    let mut child = spawn_unpack(&p, &into, &bar);
+    wait_for("the commit", || bar.join("committed.reached").exists());
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     // Until the signal is taken: put off, or (wrongly) ending the run.
-    until(&mut child, "took the signal", |c| {
-        bar.join("interrupt-deferred.reached").exists() || c.try_wait().unwrap().is_some()
+    wait_for("the signal to be taken", || {
+        bar.join("interrupt-deferred.reached").exists() || child.try_wait().unwrap().is_some()
     });
     fs::write(bar.join("committed.go"), b"").unwrap();
     let o = child.wait_with_output().unwrap();

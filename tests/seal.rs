@@ -833,36 +833,11 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
         } else {
             "committed"
         };
-        arm_barrier(&bar, point);
-        fs::create_dir_all(&mnt).unwrap();
-        let _unmount = LazyUnmount(mnt.clone());
-        let mounted = run_env(
-            [
-                "mount",
-                packet.to_str().unwrap(),
-                mnt.to_str().unwrap(),
-                "--upper",
-                upper.to_str().unwrap(),
-                "--part",
-                "workspace",
-            ],
-            &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
-        );
-        let old_digest = mounted.ok()["digest"].clone();
+        let (_unmount, mounted) = mount_paused_at(&packet, &mnt, &upper, &bar, point);
+        let old_digest = mounted["digest"].clone();
         fs::write(mnt.join("made.txt"), b"made").unwrap();
         let out = tmp.path().join("next.packet");
-        let seal_cmd = std::process::Command::new(bin())
-            .args([
-                "seal",
-                mnt.to_str().unwrap(),
-                "-o",
-                out.to_str().unwrap(),
-                "--rebase",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let seal_cmd = spawn_seal_rebase(&mnt, &out);
         wait_reached(&bar, point);
         let filler = small.join("filler");
         match case {
@@ -926,6 +901,50 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
     }
 }
 
+/// Mounts the workspace part of `packet` at `mnt` over `upper`, its daemon
+/// (which seals) pausing at barrier `point` only, in directory `bar`.
+/// Returns a guard that unmounts lazily, and the mount's result.
+fn mount_paused_at(
+    packet: &Path,
+    mnt: &Path,
+    upper: &Path,
+    bar: &Path,
+    point: &str,
+) -> (LazyUnmount, Value) {
+    arm_barrier(bar, point);
+    fs::create_dir_all(mnt).unwrap();
+    let guard = LazyUnmount(mnt.to_owned());
+    let r = run_env(
+        [
+            "mount",
+            packet.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "--upper",
+            upper.to_str().unwrap(),
+            "--part",
+            "workspace",
+        ],
+        &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
+    );
+    (guard, r.ok().clone())
+}
+
+/// Starts `seal MNT -o OUT --rebase`, its output captured.
+fn spawn_seal_rebase(mnt: &Path, out: &Path) -> std::process::Child {
+    std::process::Command::new(bin())
+        .args([
+            "seal",
+            mnt.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--rebase",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// A tmpfs of `size` mounted at `at` for one test, unmounted when dropped.
 /// Needs root (CI runs as root); without it the test fails, saying why.
 struct TmpfsMount(PathBuf);
@@ -967,38 +986,13 @@ fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
         let upper = tmp.path().join("upper");
         let mnt = tmp.path().join("mnt");
         let bar = tmp.path().join("barrier");
-        arm_barrier(&bar, point);
-        fs::create_dir_all(&mnt).unwrap();
-        let _unmount = LazyUnmount(mnt.clone());
-        let r = run_env(
-            [
-                "mount",
-                packet.to_str().unwrap(),
-                mnt.to_str().unwrap(),
-                "--upper",
-                upper.to_str().unwrap(),
-                "--part",
-                "workspace",
-            ],
-            &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
-        );
-        let pid = r.ok()["pid"].as_i64().unwrap() as i32;
+        let (_unmount, mounted) = mount_paused_at(&packet, &mnt, &upper, &bar, point);
+        let pid = mounted["pid"].as_i64().unwrap() as i32;
         fs::write(mnt.join("made.txt"), b"seen by the application").unwrap();
         fs::remove_file(mnt.join("README.md")).unwrap();
         let want = snapshot(&mnt);
         let out = tmp.path().join("next.packet");
-        let seal_cmd = std::process::Command::new(bin())
-            .args([
-                "seal",
-                mnt.to_str().unwrap(),
-                "-o",
-                out.to_str().unwrap(),
-                "--rebase",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let seal_cmd = spawn_seal_rebase(&mnt, &out);
         wait_reached(&bar, point);
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
