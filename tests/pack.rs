@@ -1114,19 +1114,25 @@ fn a_part_inside_the_other_is_packed_once_as_itself() {
     );
     // The same directory, however spelled.
     let same = format!("{}/./", home.display());
+    refused_as_overlapping(&home, Path::new(&same), &tmp.path().join("s.packet"));
+}
+
+/// Asserts that packing `ws` with `harness` to `out` is refused as
+/// `parts_overlap`, writing nothing.
+fn refused_as_overlapping(ws: &Path, harness: &Path, out: &Path) {
     let r = run([
         "pack",
         "--workspace",
-        home.to_str().unwrap(),
+        ws.to_str().unwrap(),
         "--harness",
-        &same,
+        harness.to_str().unwrap(),
         "--harness-kind",
         "codex",
         "-o",
-        tmp.path().join("s.packet").to_str().unwrap(),
+        out.to_str().unwrap(),
     ]);
     r.fails(7, "parts_overlap");
-    assert!(!tmp.path().join("s.packet").exists());
+    assert!(!out.exists());
 }
 
 /// Packs `ws` with the Codex home `home` (holding `auth.json` with
@@ -1187,19 +1193,7 @@ fn a_harness_bind_mounted_inside_the_workspace_is_packed_once() {
     let out = tmp.path().join("p.packet");
     pack_codex_home_once(&ws, &home, &out);
     // Both parts the same directory under two names.
-    let r = run([
-        "pack",
-        "--workspace",
-        ws.join(".codex").to_str().unwrap(),
-        "--harness",
-        home.to_str().unwrap(),
-        "--harness-kind",
-        "codex",
-        "-o",
-        tmp.path().join("s.packet").to_str().unwrap(),
-    ]);
-    r.fails(7, "parts_overlap");
-    assert!(!tmp.path().join("s.packet").exists());
+    refused_as_overlapping(&ws.join(".codex"), &home, &tmp.path().join("s.packet"));
     drop(bound);
 }
 
@@ -1319,6 +1313,19 @@ const PACK_POINTS: [&str; 5] = [
     "reported",
 ];
 
+/// Starts `pack --workspace ws -o out` with its test barrier in `bar`,
+/// its output captured.
+fn spawn_pack(ws: &Path, out: &Path, bar: &Path) -> std::process::Child {
+    Command::new(bin())
+        .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+        .arg(out)
+        .env("SESSIONFS_TEST_BARRIER", bar)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// A fresh barrier directory `bar` where pack stops at `point` only: every
 /// other point finds its `.go` file already there.
 fn barrier_at(bar: &Path, point: &str) -> PathBuf {
@@ -1380,26 +1387,28 @@ fn a_directory_gone_during_the_walk_is_a_change() {
     write(&ws, "sub/deep/f", b"f");
     write(&ws, "other/g", b"g");
     let out = tmp.path().join("p.packet");
-    let (code, v) = pack_changed_at("walked-roots", &ws, &out, "0", || {
-        fs::remove_dir_all(ws.join("sub")).unwrap();
-    });
-    assert_eq!(
-        (code, v["kind"].as_str()),
-        (6, Some("changed_while_packing")),
-        "{v}"
+    let changed = |(code, v): (i32, Value), path: &str| {
+        assert_eq!(
+            (code, v["kind"].as_str()),
+            (6, Some("changed_while_packing")),
+            "{v}"
+        );
+        assert_eq!(v["path"], path);
+        assert!(!out.exists());
+    };
+    changed(
+        pack_changed_at("walked-roots", &ws, &out, "0", || {
+            fs::remove_dir_all(ws.join("sub")).unwrap();
+        }),
+        "workspace/sub",
     );
-    assert_eq!(v["path"], "workspace/sub");
-    assert!(!out.exists());
-    let (code, v) = pack_changed_at("walked-roots", &ws, &out, "0", || {
-        fs::remove_dir_all(ws.join("other")).unwrap();
-        symlink("/etc", ws.join("other")).unwrap();
-    });
-    assert_eq!(
-        (code, v["kind"].as_str()),
-        (6, Some("changed_while_packing")),
-        "{v}"
+    changed(
+        pack_changed_at("walked-roots", &ws, &out, "0", || {
+            fs::remove_dir_all(ws.join("other")).unwrap();
+            symlink("/etc", ws.join("other")).unwrap();
+        }),
+        "workspace/other",
     );
-    assert_eq!(v["path"], "workspace/other");
     // With two parts, the directory opened must be the one judged when its
     // parent was read: the harness moved into its place is not packed
     // again as the workspace's, under the workspace's rules.
@@ -1412,17 +1421,13 @@ fn a_directory_gone_during_the_walk_is_a_change() {
         "--harness-kind",
         "codex",
     ];
-    let (code, v) = pack_with_changed_at("walked-roots", &ws, &extra, &out, "0", || {
-        fs::rename(ws.join("sub"), tmp.path().join("sub-was")).unwrap();
-        fs::rename(&home, ws.join("sub")).unwrap();
-    });
-    assert_eq!(
-        (code, v["kind"].as_str()),
-        (6, Some("changed_while_packing")),
-        "{v}"
+    changed(
+        pack_with_changed_at("walked-roots", &ws, &extra, &out, "0", || {
+            fs::rename(ws.join("sub"), tmp.path().join("sub-was")).unwrap();
+            fs::rename(&home, ws.join("sub")).unwrap();
+        }),
+        "workspace/sub",
     );
-    assert_eq!(v["path"], "workspace/sub");
-    assert!(!out.exists());
 }
 
 /// A signal once the packet is in place does not turn a finished pack
@@ -1442,14 +1447,7 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
             // The signal thread pauses once it has put off the first.
             fs::remove_file(bar.join("interrupt-deferred.go")).unwrap();
         }
-        let child = Command::new(bin())
-            .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
-            .arg(&out)
-            .env("SESSIONFS_TEST_BARRIER", &bar)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = spawn_pack(&ws, &out, &bar);
         wait_until(&bar, "committed");
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         wait_until(&bar, "interrupt-deferred");
@@ -1478,14 +1476,7 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
     // of what it printed, and prints nothing more.
     let _ = fs::remove_file(&out);
     let bar = barrier_at(&tmp.path().join("bar"), "reported");
-    let child = Command::new(bin())
-        .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
-        .arg(&out)
-        .env("SESSIONFS_TEST_BARRIER", &bar)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_pack(&ws, &out, &bar);
     wait_until(&bar, "reported");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     wait_until(&bar, "interrupt-deferred");
@@ -1525,14 +1516,7 @@ fn an_interrupted_pack_leaves_nothing_behind() {
     };
     for (signal, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
         barrier_at(&bar, "hashed");
-        let child = Command::new(bin())
-            .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
-            .arg(&out)
-            .env("SESSIONFS_TEST_BARRIER", &bar)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = spawn_pack(&ws, &out, &bar);
         wait_until(&bar, "hashed");
         assert_eq!(temporaries(), 1);
         unsafe { libc::kill(child.id() as i32, signal) };
