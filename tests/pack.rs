@@ -870,7 +870,13 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
     )
     .expect("mknod needs root, as CI runs");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    for (out, what) in [(&null, "is a device"), (&fifo, "is a FIFO")] {
+    let stdout = tmp.path().join("stdout");
+    symlink("/proc/self/fd/1", &stdout).unwrap();
+    for (out, what) in [
+        (&null, "is a device"),
+        (&fifo, "is a FIFO"),
+        (&stdout, "is a symlink to a FIFO"),
+    ] {
         let e = run([
             "pack",
             "--workspace",
@@ -889,6 +895,7 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
             .is_char_device()
     );
     assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(fs::symlink_metadata(&stdout).unwrap().is_symlink());
     // An empty file is replaced, and the packet verifies; so is that
     // packet, by the next pack.
     let empty = ws.join("new.packet");

@@ -804,8 +804,9 @@ fn rebase_continues_on_the_new_packet() {
 /// A rebase that fails after the packet is written says so (`rebase_failed`,
 /// exit 6): the error names the packet, gives its digest and says truly
 /// what the mount serves. Before the record that commits the move (the
-/// packet damaged, or replaced by another valid one, whose unverified
-/// bytes must never be served as the seal's own): the previous packet with
+/// packet damaged, replaced by another valid one, or written in place: its
+/// unverified bytes must never be served as the seal's own): the previous
+/// packet with
 /// its changes, and sealing again works. After it (the upper directory's
 /// disk full as it is tidied): the new packet, edits after it survive a
 /// remount over the new packet.
@@ -814,7 +815,7 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
     if !fuse_available() {
         return;
     }
-    for case in ["damaged", "replaced", "disk_full"] {
+    for case in ["damaged", "replaced", "copied", "modified", "disk_full"] {
         let tmp = tempfile::tempdir().unwrap();
         let (packet, _) = model_packet(tmp.path());
         let other = tmp.path().join("other.packet");
@@ -850,6 +851,19 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
             "replaced" => {
                 fs::copy(&other, tmp.path().join("swap")).unwrap();
                 fs::rename(tmp.path().join("swap"), &out).unwrap();
+            }
+            "copied" => {
+                // The same bytes in another file: same digest, not the
+                // file the seal wrote.
+                fs::copy(&out, tmp.path().join("swap")).unwrap();
+                fs::rename(tmp.path().join("swap"), &out).unwrap();
+            }
+            "modified" => {
+                // In place, past the manifest: same file, same digest.
+                use std::os::unix::fs::FileExt;
+                let f = fs::OpenOptions::new().write(true).open(&out).unwrap();
+                let at = f.metadata().unwrap().len() - 1024 - 4;
+                f.write_all_at(b"EVIL", at).unwrap();
             }
             _ => {
                 // Fill the upper directory's file system to the last block.

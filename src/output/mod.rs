@@ -130,8 +130,10 @@ impl Output {
 
     /// Makes the packet durable and visible: mode (`mode`, or that of the
     /// file it replaces), fsync, rename over the destination, fsync of the
-    /// directory.
-    pub fn commit(self, mode: u32) -> Result<()> {
+    /// directory. Returns the file's stat, through its own handle, once in
+    /// place: what a reader reopening the destination must find to know
+    /// it is this file, unmodified (a rebasing seal).
+    pub fn commit(self, mode: u32) -> Result<std::fs::Metadata> {
         // A packet replaced keeps its permissions: one made private stays so.
         let mode = match std::fs::symlink_metadata(&self.dest) {
             Ok(m) if m.is_file() => m.permissions().mode() & 0o777,
@@ -147,45 +149,60 @@ impl Output {
             dest,
             _pending: pending,
         } = self;
-        {
+        let file = {
             // An interrupt sees the output either not replaced (and removes
             // the temporary file) or replaced (and leaves it be).
             let _commit = crate::interrupt::creating();
-            tmp.persist(&dest)
+            let file = tmp
+                .persist(&dest)
                 .map_err(|e| Error::io_at(&dest, "cannot rename the output into place", e.error))?;
             drop(pending);
             crate::interrupt::committed();
-        }
+            file
+        };
         let dir = parent_dir(&dest);
         File::open(dir)
             .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io_at(dir, "cannot fsync the directory", e))
+            .map_err(|e| Error::io_at(dir, "cannot fsync the directory", e))?;
+        file.metadata()
+            .map_err(|e| Error::io_at(&dest, "cannot stat the output", e))
     }
 }
 
 /// Why a packet may not replace what is at `dest`, if it may not: a
 /// non-empty regular file that is not a packet (`-o notes.txt` by
 /// mistake, or a file of the tree being packed) is refused, and so is a
-/// device, FIFO or socket, so that a slip of `-o` loses nothing. An older
-/// packet (whatever its state past its first header), an empty file, a
-/// symlink (replaced, not followed) or nothing at all may be replaced; so
-/// may a file that cannot be read, as before this check.
+/// device, FIFO or socket, or a symlink to one, so that a slip of `-o`
+/// loses nothing. An older packet (whatever its state past its first
+/// header), an empty file, another symlink (replaced, not followed) or
+/// nothing at all may be replaced; so may a file that cannot be read, as
+/// before this check.
 pub fn refuse_replacing(dest: &Path) -> Option<String> {
     use std::io::Read;
     use std::os::unix::fs::FileTypeExt;
     let m = std::fs::symlink_metadata(dest).ok()?;
-    let t = m.file_type();
-    // `-o /dev/null` would replace the device itself (as root, for everyone).
-    let special = if t.is_char_device() || t.is_block_device() {
-        Some("a device")
-    } else if t.is_fifo() {
-        Some("a FIFO")
-    } else if t.is_socket() {
-        Some("a socket")
-    } else {
-        None
+    let special = |t: std::fs::FileType| {
+        if t.is_char_device() || t.is_block_device() {
+            Some("a device")
+        } else if t.is_fifo() {
+            Some("a FIFO")
+        } else if t.is_socket() {
+            Some("a socket")
+        } else {
+            None
+        }
     };
-    if let Some(what) = special {
+    // `-o /dev/null` would replace the device itself (as root, for
+    // everyone), `-o /dev/stdout` the link to it.
+    let what = match special(m.file_type()) {
+        Some(what) => Some(what.to_owned()),
+        None if m.file_type().is_symlink() => std::fs::metadata(dest)
+            .ok()
+            .and_then(|t| special(t.file_type()))
+            .map(|what| format!("a symlink to {what}")),
+        None => None,
+    };
+    if let Some(what) = what {
         return Some(format!(
             "is {what}, not a file: the packet would replace it; name a regular file \
              (to learn a tree's digest only, pack to a temporary file)"

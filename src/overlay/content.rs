@@ -30,12 +30,15 @@ struct Identity {
 }
 
 fn identity(p: &Packet) -> std::io::Result<Identity> {
-    let m = p.file().metadata()?;
-    Ok(Identity {
+    Ok(identity_of(&p.file().metadata()?))
+}
+
+fn identity_of(m: &std::fs::Metadata) -> Identity {
+    Identity {
         len: m.len(),
         mtime: (m.mtime(), m.mtime_nsec()),
         ctime: (m.ctime(), m.ctime_nsec()),
-    })
+    }
 }
 
 /// Verified-chunk bitmap and counters.
@@ -118,8 +121,16 @@ impl Verifier {
         })
     }
 
+    /// Whether the packet was opened as `written` (a stat of the file as
+    /// its writer left it): same size, mtime and ctime, so not written
+    /// since, to the file system's timestamp granularity.
+    pub fn opened_as(&self, written: &std::fs::Metadata) -> bool {
+        self.at_open == identity_of(written)
+    }
+
     /// Marks every chunk verified: for a packet this daemon just wrote from
-    /// bytes it verified or hashed itself.
+    /// bytes it verified or hashed itself (and found [`Self::opened_as`]
+    /// it).
     pub fn mark_all(&self) {
         for w in &self.bits {
             w.store(u64::MAX, Ordering::Release);

@@ -319,14 +319,13 @@ impl Overlay {
         output.sync_data()?;
         crate::barrier::wait(opts.barrier.as_deref(), "synced");
         phase("synced");
-        let written = output.identity()?;
-        output.commit(opts.mode)?;
+        let written = output.commit(opts.mode)?;
         crate::barrier::wait(opts.barrier.as_deref(), "committed");
         phase("committed");
         if opts.rebase {
             self.rebase_onto(
                 &opts.output,
-                (written, digest),
+                (&written, digest),
                 &items,
                 &opts.limits,
                 opts.barrier.as_deref(),
@@ -373,7 +372,7 @@ impl Overlay {
     fn rebase_onto(
         &self,
         output: &std::path::Path,
-        written: (crate::sys::FileId, Digest),
+        written: (&std::fs::Metadata, Digest),
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
@@ -396,7 +395,7 @@ impl Overlay {
     fn rebase_steps(
         &self,
         output: &std::path::Path,
-        written: (crate::sys::FileId, Digest),
+        written: (&std::fs::Metadata, Digest),
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
@@ -410,17 +409,19 @@ impl Overlay {
         };
         let packet = crate::packet::reader::Packet::open(output, limits)?;
         phase("opened");
-        // The file this seal wrote, still: its chunks are trusted below as
-        // written here, unverified.
+        // The file this seal wrote, as it left it: its chunks are trusted
+        // below as written here, unverified.
+        let refuse = |what: &str| Error::Refused {
+            path: output.display().to_string(),
+            kind: "packet_changed",
+            reason: format!(
+                "was {what} after this seal wrote it; the mount moves only onto the file \
+                 the seal wrote, as it wrote it"
+            ),
+        };
         let opened = packet.file().metadata().map(|m| (m.dev(), m.ino())).ok();
-        if opened != Some(written.0) || packet.digest != written.1 {
-            return Err(Error::Refused {
-                path: output.display().to_string(),
-                kind: "packet_changed",
-                reason: "was replaced after this seal wrote it; the mount moves only onto \
-                         the file the seal wrote"
-                    .into(),
-            });
+        if opened != Some((written.0.dev(), written.0.ino())) || packet.digest != written.1 {
+            return Err(refuse("replaced"));
         }
         let digest = packet.digest;
         // Numbers a fresh mount of the new packet would not give: kept.
@@ -435,6 +436,9 @@ impl Overlay {
         // and tidying the upper directory once the mount has moved.
         let given_map: hashbrown::HashMap<String, Ino> = given.iter().cloned().collect();
         let (lower, inos) = super::new_lower(packet, self.opts, &given_map)?;
+        if !lower.verifier.opened_as(written.0) {
+            return Err(refuse("modified"));
+        }
         // Every chunk was verified or hashed as this daemon wrote it.
         lower.verifier.mark_all();
         let lower = Arc::new(lower);

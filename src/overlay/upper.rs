@@ -319,8 +319,9 @@ impl Upper {
         self.sync_journal().inspect_err(|_| {
             let mut j = self.journal.lock();
             let (file, len) = &mut *j;
-            if file.set_len(before).and_then(|()| file.sync_data()).is_ok() {
+            if file.set_len(before).is_ok() {
                 *len = before;
+                let _ = file.sync_data();
             }
         })
     }
