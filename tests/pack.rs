@@ -870,12 +870,20 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
     )
     .expect("mknod needs root, as CI runs");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // A link to a descriptor, whatever the descriptor is (here a pipe; a
+    // file when stdout is redirected): `-o /dev/stdout`.
     let stdout = tmp.path().join("stdout");
     symlink("/proc/self/fd/1", &stdout).unwrap();
+    let sock = tmp.path().join("sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let to_fifo = tmp.path().join("to-fifo");
+    symlink(&fifo, &to_fifo).unwrap();
     for (out, what) in [
         (&null, "is a device"),
         (&fifo, "is a FIFO"),
-        (&stdout, "is a symlink to a FIFO"),
+        (&stdout, "is a symlink to a process's file descriptor"),
+        (&sock, "is a socket"),
+        (&to_fifo, "is a symlink to a FIFO"),
     ] {
         let e = run([
             "pack",

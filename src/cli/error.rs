@@ -66,7 +66,7 @@ fn kind_hint(kind: &str) -> Option<&'static str> {
             "the packet is valid but holds a symlink leading out of the tree; unpack without --strict-symlinks to restore it as it is"
         }
         "rebase_failed" => {
-            "the packet is in place as the seal wrote it; the message says what the mount serves: the previous packet with its changes (seal again to move), or the new packet (its upper directory is mounted over the new packet from now on)"
+            "the message says what failed and what the mount serves: the previous packet with its changes (seal again to move), or the new packet (its upper directory is mounted over the new packet from now on)"
         }
         "changed_while_packing" | "changed_while_sealing" => {
             "something wrote to the tree while it was read: run the command again once nothing writes to it"

@@ -130,9 +130,9 @@ impl Output {
 
     /// Makes the packet durable and visible: mode (`mode`, or that of the
     /// file it replaces), fsync, rename over the destination, fsync of the
-    /// directory. Returns the file's stat, through its own handle, once in
-    /// place: what a reader reopening the destination must find to know
-    /// it is this file, unmodified (a rebasing seal).
+    /// directory. Returns the file's stat as written, taken before the
+    /// rename: a reader reopening the destination knows it is this file,
+    /// unmodified, by its device, inode, size and mtime (a rebasing seal).
     pub fn commit(self, mode: u32) -> Result<std::fs::Metadata> {
         // A packet replaced keeps its permissions: one made private stays so.
         let mode = match std::fs::symlink_metadata(&self.dest) {
@@ -144,36 +144,39 @@ impl Output {
             .map_err(|e| Error::io_at(&self.dest, "cannot set the output's mode", e))?;
         file.sync_all()
             .map_err(|e| Error::io_at(&self.dest, "cannot fsync the output", e))?;
+        // Taken before the rename: until then only this process can reach
+        // the file (mode 0600, a random name); a write after shows as a new
+        // mtime (the rename moves the ctime, not the mtime).
+        let written = file
+            .metadata()
+            .map_err(|e| Error::io_at(&self.dest, "cannot stat the output", e))?;
         let Output {
             tmp,
             dest,
             _pending: pending,
         } = self;
-        let file = {
+        {
             // An interrupt sees the output either not replaced (and removes
             // the temporary file) or replaced (and leaves it be).
             let _commit = crate::interrupt::creating();
-            let file = tmp
-                .persist(&dest)
+            tmp.persist(&dest)
                 .map_err(|e| Error::io_at(&dest, "cannot rename the output into place", e.error))?;
             drop(pending);
             crate::interrupt::committed();
-            file
-        };
+        }
         let dir = parent_dir(&dest);
         File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| Error::io_at(dir, "cannot fsync the directory", e))?;
-        file.metadata()
-            .map_err(|e| Error::io_at(&dest, "cannot stat the output", e))
+        Ok(written)
     }
 }
 
 /// Why a packet may not replace what is at `dest`, if it may not: a
 /// non-empty regular file that is not a packet (`-o notes.txt` by
 /// mistake, or a file of the tree being packed) is refused, and so is a
-/// device, FIFO or socket, or a symlink to one, so that a slip of `-o`
-/// loses nothing. An older packet (whatever its state past its first
+/// device, FIFO or socket, a symlink to one or to a process's descriptor
+/// (`/dev/stdout`), so that a slip of `-o` loses nothing. An older packet (whatever its state past its first
 /// header), an empty file, another symlink (replaced, not followed) or
 /// nothing at all may be replaced; so may a file that cannot be read, as
 /// before this check.
@@ -196,6 +199,16 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
     // everyone), `-o /dev/stdout` the link to it.
     let what = match special(m.file_type()) {
         Some(what) => Some(what.to_owned()),
+        // A link to a process's descriptor (`/dev/stdout`) means whatever
+        // that descriptor is in the process resolving it: refused whatever
+        // it is now.
+        None if m.file_type().is_symlink()
+            && std::fs::read_link(dest).is_ok_and(|t| {
+                t.starts_with("/proc") || t.starts_with("/dev/fd") || t.starts_with("/dev/std")
+            }) =>
+        {
+            Some("a symlink to a process's file descriptor".to_owned())
+        }
         None if m.file_type().is_symlink() => std::fs::metadata(dest)
             .ok()
             .and_then(|t| special(t.file_type()))

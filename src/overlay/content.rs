@@ -122,10 +122,12 @@ impl Verifier {
     }
 
     /// Whether the packet was opened as `written` (a stat of the file as
-    /// its writer left it): same size, mtime and ctime, so not written
-    /// since, to the file system's timestamp granularity.
+    /// its writer left it, before renaming it into place): same size and
+    /// mtime, so not written since, to the file system's timestamp
+    /// granularity. (The rename moved its ctime.)
     pub fn opened_as(&self, written: &std::fs::Metadata) -> bool {
-        self.at_open == identity_of(written)
+        let w = identity_of(written);
+        (self.at_open.len, self.at_open.mtime) == (w.len, w.mtime)
     }
 
     /// Marks every chunk verified: for a packet this daemon just wrote from
