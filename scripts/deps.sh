@@ -11,6 +11,12 @@ have bsdtar || need+=(libarchive-tools)
 have sqlite3 || need+=(sqlite3)
 have git || need+=(git)
 have gcc || need+=(gcc)
+# Python: the schema check's venv, and the second writer tests/spec_writer.rs runs.
+if have python3; then
+  python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+else
+  need+=(python3 python3-venv)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
