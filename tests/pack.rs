@@ -878,12 +878,23 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
     let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     let to_fifo = tmp.path().join("to-fifo");
     symlink(&fifo, &to_fifo).unwrap();
+    // The same by other spellings: /dev/stdout's own name, a relative
+    // climb, a chain of links.
+    let dev_stdout = tmp.path().join("dev-stdout");
+    symlink("/dev/stdout", &dev_stdout).unwrap();
+    let climb = tmp.path().join("climb");
+    symlink("../../../../../../../../proc/self/fd/1", &climb).unwrap();
+    let chain = tmp.path().join("chain");
+    symlink("stdout", &chain).unwrap();
     for (out, what) in [
         (&null, "is a device"),
         (&fifo, "is a FIFO"),
         (&stdout, "is a symlink to a process's file descriptor"),
         (&sock, "is a socket"),
         (&to_fifo, "is a symlink to a FIFO"),
+        (&dev_stdout, "is a symlink to a process's file descriptor"),
+        (&climb, "is a symlink to a process's file descriptor"),
+        (&chain, "is a symlink to a process's file descriptor"),
     ] {
         let e = run([
             "pack",

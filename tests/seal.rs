@@ -815,7 +815,14 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
     if !fuse_available() {
         return;
     }
-    for case in ["damaged", "replaced", "copied", "modified", "disk_full"] {
+    for case in [
+        "damaged",
+        "replaced",
+        "copied",
+        "modified",
+        "modified_times_restored",
+        "disk_full",
+    ] {
         let tmp = tempfile::tempdir().unwrap();
         let (packet, _) = model_packet(tmp.path());
         let other = tmp.path().join("other.packet");
@@ -858,12 +865,22 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
                 fs::copy(&out, tmp.path().join("swap")).unwrap();
                 fs::rename(tmp.path().join("swap"), &out).unwrap();
             }
-            "modified" => {
+            "modified" | "modified_times_restored" => {
                 // In place, past the manifest: same file, same digest.
                 use std::os::unix::fs::FileExt;
                 let f = fs::OpenOptions::new().write(true).open(&out).unwrap();
-                let at = f.metadata().unwrap().len() - 1024 - 4;
+                let before = f.metadata().unwrap();
+                let at = before.len() - 1024 - 4;
                 f.write_all_at(b"EVIL", at).unwrap();
+                if case == "modified_times_restored" {
+                    let t = |s: i64, ns: i64| nix::sys::time::TimeSpec::new(s, ns);
+                    nix::sys::stat::futimens(
+                        &f,
+                        &t(before.atime(), before.atime_nsec()),
+                        &t(before.mtime(), before.mtime_nsec()),
+                    )
+                    .unwrap();
+                }
             }
             _ => {
                 // Fill the upper directory's file system to the last block.

@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -130,10 +131,10 @@ impl Output {
 
     /// Makes the packet durable and visible: mode (`mode`, or that of the
     /// file it replaces), fsync, rename over the destination, fsync of the
-    /// directory. Returns the file's stat as written, taken before the
-    /// rename: a reader reopening the destination knows it is this file,
-    /// unmodified, by its device, inode, size and mtime (a rebasing seal).
-    pub fn commit(self, mode: u32) -> Result<std::fs::Metadata> {
+    /// directory. Returns the file as committed, for a reader reopening
+    /// the destination to know it is this file, unmodified (a rebasing
+    /// seal).
+    pub fn commit(self, mode: u32) -> Result<Committed> {
         // A packet replaced keeps its permissions: one made private stays so.
         let mode = match std::fs::symlink_metadata(&self.dest) {
             Ok(m) if m.is_file() => m.permissions().mode() & 0o777,
@@ -144,31 +145,69 @@ impl Output {
             .map_err(|e| Error::io_at(&self.dest, "cannot set the output's mode", e))?;
         file.sync_all()
             .map_err(|e| Error::io_at(&self.dest, "cannot fsync the output", e))?;
-        // Taken before the rename: until then only this process can reach
-        // the file (mode 0600, a random name); a write after shows as a new
-        // mtime (the rename moves the ctime, not the mtime).
-        let written = file
-            .metadata()
-            .map_err(|e| Error::io_at(&self.dest, "cannot stat the output", e))?;
+        let stat = |f: &File| {
+            f.metadata()
+                .map_err(|e| Error::io_at(&self.dest, "cannot stat the output", e))
+        };
+        // Size and mtime as written, before the rename (which moves the
+        // ctime, not the mtime): a write after it shows as a new mtime.
+        let written = stat(file)?;
         let Output {
             tmp,
             dest,
             _pending: pending,
         } = self;
-        {
+        let (file, placed) = {
             // An interrupt sees the output either not replaced (and removes
             // the temporary file) or replaced (and leaves it be).
             let _commit = crate::interrupt::creating();
-            tmp.persist(&dest)
+            let file = tmp
+                .persist(&dest)
                 .map_err(|e| Error::io_at(&dest, "cannot rename the output into place", e.error))?;
             drop(pending);
             crate::interrupt::committed();
-        }
+            // The ctime once in place, at once: a write since, its mtime
+            // put back, shows as a new ctime.
+            let placed = file
+                .metadata()
+                .map_err(|e| Error::io_at(&dest, "cannot stat the output", e))?;
+            (file, placed)
+        };
         let dir = parent_dir(&dest);
         File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| Error::io_at(dir, "cannot fsync the directory", e))?;
-        Ok(written)
+        Ok(Committed {
+            file,
+            written,
+            placed,
+        })
+    }
+}
+
+/// A packet committed: its handle, held so that its inode cannot be
+/// reused while a reader checks that the file at the destination is this
+/// one, and its stats as written (before the rename) and once in place.
+/// Against a writer with the user's own rights these prove nothing (it may
+/// restore times); they catch another file put there, or a write to it.
+pub struct Committed {
+    /// The file.
+    pub file: File,
+    /// Its stat when written, before its rename.
+    pub written: std::fs::Metadata,
+    /// Its stat once renamed into place.
+    pub placed: std::fs::Metadata,
+}
+
+impl Committed {
+    /// Whether `m`, a stat of the file at the destination, is of this
+    /// file, unmodified: the same device and inode, the size and mtime it
+    /// was written with, and the ctime it had once in place.
+    pub fn is(&self, m: &std::fs::Metadata) -> bool {
+        let (w, p) = (&self.written, &self.placed);
+        (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec())
+            == (p.dev(), p.ino(), w.len(), w.mtime(), w.mtime_nsec())
+            && (m.ctime(), m.ctime_nsec()) == (p.ctime(), p.ctime_nsec())
     }
 }
 
@@ -202,11 +241,7 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
         // A link to a process's descriptor (`/dev/stdout`) means whatever
         // that descriptor is in the process resolving it: refused whatever
         // it is now.
-        None if m.file_type().is_symlink()
-            && std::fs::read_link(dest).is_ok_and(|t| {
-                t.starts_with("/proc") || t.starts_with("/dev/fd") || t.starts_with("/dev/std")
-            }) =>
-        {
+        None if m.file_type().is_symlink() && leads_to_a_descriptor(dest) => {
             Some("a symlink to a process's file descriptor".to_owned())
         }
         None if m.file_type().is_symlink() => std::fs::metadata(dest)
@@ -237,6 +272,42 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
          another output, or remove that file first if it is to go"
             .to_owned()
     })
+}
+
+/// Whether the chain of symlinks from `link` passes through a process's
+/// descriptors (`/proc/…`, `/dev/fd/…`, `/dev/stdout` and its kin),
+/// judged by the links' text, taken lexically (`..` folded) and followed
+/// at most 40 deep.
+fn leads_to_a_descriptor(link: &Path) -> bool {
+    use std::path::Component;
+    let mut at = link.to_path_buf();
+    for _ in 0..40 {
+        let Ok(target) = std::fs::read_link(&at) else {
+            return false;
+        };
+        let joined = at.parent().unwrap_or(Path::new("/")).join(target);
+        let mut next = PathBuf::new();
+        for c in joined.components() {
+            match c {
+                Component::ParentDir => {
+                    next.pop();
+                }
+                Component::CurDir => {}
+                c => next.push(c),
+            }
+        }
+        let mut parts = next.components().skip(1).map(|c| c.as_os_str().as_bytes());
+        let first = parts.next();
+        let second = parts.next();
+        if first == Some(b"proc")
+            || (first == Some(b"dev")
+                && second.is_some_and(|n| n == b"fd" || n.starts_with(b"std")))
+        {
+            return true;
+        }
+        at = next;
+    }
+    false
 }
 
 fn parent_dir(p: &Path) -> &Path {

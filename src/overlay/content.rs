@@ -121,13 +121,13 @@ impl Verifier {
         })
     }
 
-    /// Whether the packet was opened as `written` (a stat of the file as
-    /// its writer left it, before renaming it into place): same size and
-    /// mtime, so not written since, to the file system's timestamp
-    /// granularity. (The rename moved its ctime.)
-    pub fn opened_as(&self, written: &std::fs::Metadata) -> bool {
-        let w = identity_of(written);
-        (self.at_open.len, self.at_open.mtime) == (w.len, w.mtime)
+    /// Whether the packet was opened as the file `committed`, unmodified
+    /// (see [`crate::output::Committed::is`]), as its stat at open shows.
+    pub fn opened_as(&self, packet: &Packet, committed: &crate::output::Committed) -> bool {
+        packet
+            .file()
+            .metadata()
+            .is_ok_and(|m| committed.is(&m) && identity_of(&m) == self.at_open)
     }
 
     /// Marks every chunk verified: for a packet this daemon just wrote from

@@ -372,7 +372,7 @@ impl Overlay {
     fn rebase_onto(
         &self,
         output: &std::path::Path,
-        written: (&std::fs::Metadata, Digest),
+        written: (&crate::output::Committed, Digest),
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
@@ -395,7 +395,7 @@ impl Overlay {
     fn rebase_steps(
         &self,
         output: &std::path::Path,
-        written: (&std::fs::Metadata, Digest),
+        written: (&crate::output::Committed, Digest),
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
@@ -420,7 +420,8 @@ impl Overlay {
             ),
         };
         let opened = packet.file().metadata().map(|m| (m.dev(), m.ino())).ok();
-        if opened != Some((written.0.dev(), written.0.ino())) || packet.digest != written.1 {
+        let placed = &written.0.placed;
+        if opened != Some((placed.dev(), placed.ino())) || packet.digest != written.1 {
             return Err(refuse("replaced"));
         }
         let digest = packet.digest;
@@ -436,7 +437,7 @@ impl Overlay {
         // and tidying the upper directory once the mount has moved.
         let given_map: hashbrown::HashMap<String, Ino> = given.iter().cloned().collect();
         let (lower, inos) = super::new_lower(packet, self.opts, &given_map)?;
-        if !lower.verifier.opened_as(written.0) {
+        if !lower.verifier.opened_as(&lower.packet, written.0) {
             return Err(refuse("modified"));
         }
         // Every chunk was verified or hashed as this daemon wrote it.
