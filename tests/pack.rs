@@ -886,6 +886,10 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
     symlink("../../../../../../../../proc/self/fd/1", &climb).unwrap();
     let chain = tmp.path().join("chain");
     symlink("stdout", &chain).unwrap();
+    // Through a link to a directory.
+    symlink("/proc", tmp.path().join("p")).unwrap();
+    let via_dir = tmp.path().join("via-dir");
+    symlink("p/self/fd/1", &via_dir).unwrap();
     for (out, what) in [
         (&null, "is a device"),
         (&fifo, "is a FIFO"),
@@ -895,6 +899,7 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
         (&dev_stdout, "is a symlink to a process's file descriptor"),
         (&climb, "is a symlink to a process's file descriptor"),
         (&chain, "is a symlink to a process's file descriptor"),
+        (&via_dir, "is a symlink to a process's file descriptor"),
     ] {
         let e = run([
             "pack",
@@ -915,6 +920,35 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
     );
     assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
     assert!(fs::symlink_metadata(&stdout).unwrap().is_symlink());
+    // Given relative, from the directory holding it: the same; and a link
+    // to an ordinary packet in a directory that happens to be called
+    // `proc` is replaced as asked, not followed.
+    let r = Command::new(bin())
+        .args(["pack", "--workspace", ws.to_str().unwrap(), "-o", "climb"])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(7), "{r:?}");
+    fs::create_dir_all(tmp.path().join("build/proc")).unwrap();
+    symlink("build/proc/out.packet", tmp.path().join("to-build")).unwrap();
+    let r = Command::new(bin())
+        .args([
+            "pack",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "-o",
+            "to-build",
+        ])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(0), "{r:?}");
+    assert!(
+        fs::symlink_metadata(tmp.path().join("to-build"))
+            .unwrap()
+            .is_file()
+    );
+    assert!(!tmp.path().join("build/proc/out.packet").exists());
     // An empty file is replaced, and the packet verifies; so is that
     // packet, by the next pack.
     let empty = ws.join("new.packet");

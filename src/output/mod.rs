@@ -274,35 +274,53 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
     })
 }
 
-/// Whether the chain of symlinks from `link` passes through a process's
-/// descriptors (`/proc/…`, `/dev/fd/…`, `/dev/stdout` and its kin),
-/// judged by the links' text, taken lexically (`..` folded) and followed
-/// at most 40 deep.
+/// Whether `link`, or the chain of symlinks from it, is or passes through
+/// a process's descriptors (`/proc/…`, `/dev/fd/…`, `/dev/stdin`,
+/// `/dev/stdout`, `/dev/stderr`), followed at most 40 deep: each step's
+/// directory as the kernel resolves it (links to directories included),
+/// or, where it does not exist, its path with `..` folded.
 fn leads_to_a_descriptor(link: &Path) -> bool {
     use std::path::Component;
-    let mut at = link.to_path_buf();
+    let fold = |p: &Path| {
+        let mut out = PathBuf::new();
+        for c in p.components() {
+            match c {
+                Component::ParentDir => {
+                    out.pop();
+                }
+                Component::CurDir => {}
+                c => out.push(c),
+            }
+        }
+        out
+    };
+    let resolved = |p: &Path| {
+        let dir = p.parent().unwrap_or(Path::new("/"));
+        match (std::fs::canonicalize(dir), p.file_name()) {
+            (Ok(dir), Some(name)) => dir.join(name),
+            _ => fold(p),
+        }
+    };
+    let is_descriptor = |p: &Path| {
+        let mut parts = p.components().skip(1).map(|c| c.as_os_str().as_bytes());
+        match (parts.next(), parts.next()) {
+            (Some(b"proc"), _) => true,
+            (Some(b"dev"), Some(n)) => matches!(n, b"fd" | b"stdin" | b"stdout" | b"stderr"),
+            _ => false,
+        }
+    };
+    let Ok(mut at) = std::path::absolute(link) else {
+        return false;
+    };
+    if is_descriptor(&resolved(&at)) {
+        return true;
+    }
     for _ in 0..40 {
         let Ok(target) = std::fs::read_link(&at) else {
             return false;
         };
-        let joined = at.parent().unwrap_or(Path::new("/")).join(target);
-        let mut next = PathBuf::new();
-        for c in joined.components() {
-            match c {
-                Component::ParentDir => {
-                    next.pop();
-                }
-                Component::CurDir => {}
-                c => next.push(c),
-            }
-        }
-        let mut parts = next.components().skip(1).map(|c| c.as_os_str().as_bytes());
-        let first = parts.next();
-        let second = parts.next();
-        if first == Some(b"proc")
-            || (first == Some(b"dev")
-                && second.is_some_and(|n| n == b"fd" || n.starts_with(b"std")))
-        {
+        let next = resolved(&at.parent().unwrap_or(Path::new("/")).join(target));
+        if is_descriptor(&next) {
             return true;
         }
         at = next;
