@@ -1338,19 +1338,6 @@ fn harness_part_and_kind_are_recorded() {
     let _ = Path::new("");
 }
 
-/// Waits until a `pack` armed with barrier directory `bar` has hashed
-/// every file and paused.
-fn wait_until(bar: &Path, point: &str) {
-    let start = std::time::Instant::now();
-    while !bar.join(format!("{point}.reached")).exists() {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(30),
-            "pack never reached its barrier"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
 /// Runs `pack` paused at its `hashed` barrier (between the pass that hashes
 /// every file and the pass that writes them), holding at most `hold` of
 /// small files' content between them, lets `change` alter the tree there,
@@ -1430,7 +1417,7 @@ fn pack_with_changed_at(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until(&bar, point);
+    wait_reached(&bar, point);
     change();
     fs::write(bar.join(format!("{point}.go")), b"").unwrap();
     let o = child.wait_with_output().unwrap();
@@ -1508,9 +1495,9 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
             fs::remove_file(bar.join("interrupt-deferred.go")).unwrap();
         }
         let child = spawn_pack(&ws, &out, &bar);
-        wait_until(&bar, "committed");
+        wait_reached(&bar, "committed");
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        wait_until(&bar, "interrupt-deferred");
+        wait_reached(&bar, "interrupt-deferred");
         if second {
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             fs::write(bar.join("interrupt-deferred.go"), b"").unwrap();
@@ -1537,9 +1524,9 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
     let _ = fs::remove_file(&out);
     let bar = barrier_at(&tmp.path().join("bar"), "reported");
     let child = spawn_pack(&ws, &out, &bar);
-    wait_until(&bar, "reported");
+    wait_reached(&bar, "reported");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    wait_until(&bar, "interrupt-deferred");
+    wait_reached(&bar, "interrupt-deferred");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let o = child.wait_with_output().unwrap();
     let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
@@ -1577,7 +1564,7 @@ fn an_interrupted_pack_leaves_nothing_behind() {
     for (signal, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
         barrier_at(&bar, "hashed");
         let child = spawn_pack(&ws, &out, &bar);
-        wait_until(&bar, "hashed");
+        wait_reached(&bar, "hashed");
         assert_eq!(temporaries(), 1);
         unsafe { libc::kill(child.id() as i32, signal) };
         let o = child.wait_with_output().unwrap();
@@ -1601,7 +1588,7 @@ fn an_interrupted_pack_leaves_nothing_behind() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until(&bar, "hashed");
+    wait_reached(&bar, "hashed");
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
     std::thread::sleep(std::time::Duration::from_millis(100));
     fs::write(bar.join("hashed.go"), b"").unwrap();
@@ -1746,7 +1733,7 @@ fn pack_shows_progress_on_a_terminal_while_it_hashes() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("script (util-linux) runs");
-    wait_until(&bar, "hashed");
+    wait_reached(&bar, "hashed");
     // The bar redraws every 200 ms.
     std::thread::sleep(std::time::Duration::from_millis(800));
     let drawn = String::from_utf8_lossy(&fs::read(&transcript).unwrap()).into_owned();

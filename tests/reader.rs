@@ -830,9 +830,7 @@ fn unpack_targets() {
 fn unpack_paused(p: &Path, into: &Path, bar: &Path) -> std::process::Child {
     fs::create_dir(bar).unwrap();
     let child = spawn_unpack(p, into, bar);
-    wait_for("unpack to reach its barrier", || {
-        bar.join("restored.reached").exists()
-    });
+    wait_reached(bar, "restored");
     child
 }
 
@@ -850,15 +848,6 @@ fn spawn_unpack(p: &Path, into: &Path, bar: &Path) -> std::process::Child {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// Waits (at most 30 s) until `done`.
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let start = std::time::Instant::now();
-    while !done() {
-        assert!(start.elapsed().as_secs() < 30, "waited in vain for {what}");
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
 }
 
 /// A sparse file (holes read as zeros when packed) comes back sparse: the
@@ -949,7 +938,7 @@ fn a_signal_after_the_commit_lets_the_unpack_finish() {
         fs::write(bar.join(format!("{point}.go")), b"").unwrap();
     }
     let mut child = spawn_unpack(&p, &into, &bar);
-    wait_for("the commit", || bar.join("committed.reached").exists());
+    wait_reached(&bar, "committed");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     // Until the signal is taken: put off, or (wrongly) ending the run.
     wait_for("the signal to be taken", || {

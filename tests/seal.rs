@@ -8,7 +8,7 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::ops::{apply, op};
 use common::*;
@@ -373,20 +373,6 @@ fn arm_barrier(bar: &Path, point: &str) {
     fs::create_dir_all(bar).unwrap();
     for p in POINTS.iter().filter(|p| **p != point) {
         fs::write(bar.join(format!("{p}.go")), b"").unwrap();
-    }
-}
-
-/// Waits (at most 30 s) until a seal paused by barrier directory `bar`
-/// reaches `point`.
-fn wait_reached(bar: &Path, point: &str) {
-    let reached = bar.join(format!("{point}.reached"));
-    let start = Instant::now();
-    while !reached.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{point} never reached"
-        );
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -419,3 +419,20 @@ impl Drop for LazyUnmount {
         let _ = Command::new("fusermount3").arg("-uz").arg(&self.0).output();
     }
 }
+
+/// Waits (at most 30 s) until `done`, else fails naming `what`.
+#[track_caller]
+pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed().as_secs() < 30, "waited in vain for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Waits (at most 30 s) until a process paused by test barrier directory
+/// `bar` reaches `point` (see src/barrier.rs).
+#[track_caller]
+pub fn wait_reached(bar: &Path, point: &str) {
+    wait_for(point, || bar.join(format!("{point}.reached")).exists());
+}
