@@ -145,13 +145,11 @@ impl Output {
             .map_err(|e| Error::io_at(&self.dest, "cannot set the output's mode", e))?;
         file.sync_all()
             .map_err(|e| Error::io_at(&self.dest, "cannot fsync the output", e))?;
-        let stat = |f: &File| {
-            f.metadata()
-                .map_err(|e| Error::io_at(&self.dest, "cannot stat the output", e))
-        };
         // Size and mtime as written, before the rename (which moves the
         // ctime, not the mtime): a write after it shows as a new mtime.
-        let written = stat(file)?;
+        let written = file
+            .metadata()
+            .map_err(|e| Error::io_at(&self.dest, "cannot stat the output", e))?;
         let Output {
             tmp,
             dest,
@@ -214,11 +212,11 @@ impl Committed {
 /// Why a packet may not replace what is at `dest`, if it may not: a
 /// non-empty regular file that is not a packet (`-o notes.txt` by
 /// mistake, or a file of the tree being packed) is refused, and so is a
-/// device, FIFO or socket, a symlink to one or to a process's descriptor
-/// (`/dev/stdout`), so that a slip of `-o` loses nothing. An older packet (whatever its state past its first
-/// header), an empty file, another symlink (replaced, not followed) or
-/// nothing at all may be replaced; so may a file that cannot be read, as
-/// before this check.
+/// device, FIFO or socket, or a symlink to one or to a process's
+/// descriptor (`/dev/stdout`), so that a slip of `-o` loses nothing. An
+/// older packet (whatever its state past its first header), an empty
+/// file, another symlink (replaced, not followed) or nothing at all may be
+/// replaced; so may a file that cannot be read, as before this check.
 pub fn refuse_replacing(dest: &Path) -> Option<String> {
     use std::io::Read;
     use std::os::unix::fs::FileTypeExt;

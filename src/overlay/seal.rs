@@ -388,10 +388,10 @@ impl Overlay {
             })
     }
 
-    /// The steps of [`Self::rebase_onto`]: everything that may fail before
-    /// the record that commits the move, which is durable or rolled back;
-    /// `moved` is set once the mount serves the new packet, the file
-    /// `written` (its identity, and its digest).
+    /// The steps of [`Self::rebase_onto`]: the file at `output` checked to
+    /// be `written` (the file as committed, and its digest) and the new
+    /// view built, all before the record that commits the move; `moved`
+    /// is set once the mount serves the new packet.
     fn rebase_steps(
         &self,
         output: &std::path::Path,
@@ -495,9 +495,9 @@ impl Overlay {
             *moved = true;
             // The kernel's references carry over: paths keep their numbers
             // (the moved nodes brought their own).
-            let moved: HashSet<Ino> = open_unlinked.iter().copied().collect();
+            let carried: HashSet<Ino> = open_unlinked.iter().copied().collect();
             for (ino, count) in refs {
-                if !moved.contains(&ino) {
+                if !carried.contains(&ino) {
                     st.add_ref(ino, count as i64);
                 }
             }

@@ -311,8 +311,9 @@ impl Upper {
     }
 
     /// Appends `rec` and makes the journal durable; if it cannot be made
-    /// durable, takes the record back out (a commit record must be either
-    /// durable or absent, never left for a later sync to carry).
+    /// durable, takes the record back out, so that the running mount and
+    /// its journal agree (a commit record is not left for a later sync to
+    /// carry; best effort: the cut itself may fail).
     pub fn append_durable(&self, rec: &Record) -> Result<()> {
         let before = self.journal.lock().1;
         self.append(rec)?;
