@@ -272,11 +272,14 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
     })
 }
 
-/// Whether `link`, or the chain of symlinks from it, is or passes through
-/// a process's descriptors (`/proc/…`, `/dev/fd/…`, `/dev/stdin`,
-/// `/dev/stdout`, `/dev/stderr`), followed at most 40 deep: each step's
-/// directory as the kernel resolves it (links to directories included),
-/// or, where it does not exist, its path with `..` folded.
+/// Whether `link`, or a step of the chain of symlinks from it (followed at
+/// most 40 deep), lies under `/proc` or is `/dev/fd/…`, `/dev/stdin`,
+/// `/dev/stdout` or `/dev/stderr`: a process's descriptors. Each step's
+/// directory is taken as the kernel resolves it (links to directories
+/// included), or, where it does not exist, with `..` folded. A procfs
+/// mounted elsewhere, and `/proc/self/cwd` or `/proc/self/root`, which
+/// resolve to ordinary paths, are not caught: replacing such a link harms
+/// nothing but the link.
 fn leads_to_a_descriptor(link: &Path) -> bool {
     use std::path::Component;
     let fold = |p: &Path| {
