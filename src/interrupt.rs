@@ -27,9 +27,12 @@ static PENDING: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(0);
 /// Set once the work is in place: a first signal then lets the run finish.
 static COMMITTED: AtomicBool = AtomicBool::new(false);
-/// The exit code of the run's report once printed (-1 before): a signal
-/// then ends the process with it, printing nothing more.
-static REPORTED: AtomicI32 = AtomicI32::new(-1);
+/// The run's report: [`UNREPORTED`], [`PRINTING`], or, once printed, its
+/// exit code, with which a signal then ends the process, printing nothing
+/// more.
+static REPORTED: AtomicI32 = AtomicI32::new(UNREPORTED);
+const UNREPORTED: i32 = -1;
+const PRINTING: i32 = -2;
 /// Held shared by writers while they create entries or commit; taken
 /// exclusively, for good, by the signal thread.
 static GATE: RwLock<()> = RwLock::new(());
@@ -68,12 +71,18 @@ pub fn committed() {
     COMMITTED.store(true, Ordering::Release);
 }
 
-/// Prints the run's report (its one JSON object) with `print`, under the
-/// gate, and records its exit `code`: a signal meanwhile waits for it, and
-/// one after ends the process with that code instead of printing a second
-/// object. Not for the signal thread's own report.
+/// Prints the run's report (its one JSON object) with `print` and records
+/// its exit `code`: a signal after ends the process with that code instead
+/// of printing a second object; one while it prints waits a little for it
+/// (not for good: stdout may be a pipe nobody reads). Not for the signal
+/// thread's own report.
 pub fn report(code: u8, print: impl FnOnce()) {
-    let _gate = GATE.read();
+    {
+        // Under the gate: the signal thread, once it holds it, sees either
+        // no report begun (and prints its own) or this one.
+        let _gate = GATE.read();
+        REPORTED.store(PRINTING, Ordering::Release);
+    }
     print();
     REPORTED.store(i32::from(code), Ordering::Release);
 }
@@ -136,10 +145,18 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
                     }
                 }
             }
-            // The run said how it ended already: one report is all.
-            let code = REPORTED.load(Ordering::Acquire);
-            if code >= 0 {
-                std::process::exit(code);
+            // The run says how it ended: one report is all.
+            for _ in 0..200 {
+                if REPORTED.load(Ordering::Acquire) != PRINTING {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            match REPORTED.load(Ordering::Acquire) {
+                UNREPORTED => {}
+                // Still printing after 2 s: stdout is not being read.
+                PRINTING => std::process::exit(128 + signal as i32),
+                code => std::process::exit(code),
             }
             report(Interrupted {
                 signal,

@@ -1539,6 +1539,51 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
     assert_eq!(v["schema"], "sessionfs.pack-result/1");
 }
 
+/// A run whose result nobody reads (larger than a pipe holds: thousands of
+/// exclusions) still ends on signals: the first, after the commit, is put
+/// off; the second ends it within seconds (exit 143), the packet in place.
+#[test]
+fn signals_end_a_run_whose_stdout_is_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    for i in 0..3000 {
+        write(&ws, &format!(".env.{i}"), b"SECRET=1");
+    }
+    let out = tmp.path().join("p.packet");
+    let bar = barrier_at(&tmp.path().join("bar"), "none");
+    let mut child = KillOnDrop(spawn_pack(&ws, &out, &bar));
+    let pid = child.0.id();
+    // Blocked writing its result to the pipe this test does not read.
+    let blocked = || {
+        fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                fs::read_to_string(t.path().join("wchan")).is_ok_and(|w| w.ends_with("pipe_write"))
+            })
+    };
+    wait_for("pack to block writing its result", blocked);
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    wait_reached(&bar, "interrupt-deferred");
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    wait_for("pack to end", || child.0.try_wait().unwrap().is_some());
+    assert_eq!(child.0.wait().unwrap().code(), Some(143));
+    run(["verify", out.to_str().unwrap()]).ok();
+}
+
+/// A child killed outright when dropped: a test that fails while its child
+/// hangs leaves no process behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A pack stopped by a signal removes its temporary file and says so
 /// (exit 128 + the signal); one killed outright leaves it, and the next
 /// pack to that output leaves it out of the tree, as an older output.
