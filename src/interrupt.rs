@@ -122,7 +122,9 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
             let mut gate = GATE.write();
             if COMMITTED.load(Ordering::Acquire) {
                 drop(gate);
-                tracing::warn!(%signal, "the work is done; finishing its report (a second signal ends the run now)");
+                briefly(move || {
+                    tracing::warn!(%signal, "the work is done; finishing its report (a second signal ends the run now)");
+                });
                 crate::barrier::wait(crate::barrier::from_env().as_deref(), "interrupt-deferred");
                 let Ok(again) = signals.wait() else { return };
                 (signal, gate) = (again, GATE.write());
@@ -130,6 +132,7 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
             let _gate = gate;
             let pending = PENDING.lock();
             let (mut removed, mut left) = (0, 0);
+            let mut unremoved = Vec::new();
             for (_, path) in pending.iter() {
                 let gone = match std::fs::symlink_metadata(path) {
                     Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
@@ -141,9 +144,16 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => {
                         left += 1;
-                        tracing::error!(path = %path.display(), error = %e, "cannot remove it after the interrupt");
+                        unremoved.push((path.display().to_string(), e.to_string()));
                     }
                 }
+            }
+            if !unremoved.is_empty() {
+                briefly(move || {
+                    for (path, error) in unremoved {
+                        tracing::error!(%path, %error, "cannot remove it after the interrupt");
+                    }
+                });
             }
             // The run says how it ended: one report is all.
             for _ in 0..200 {
@@ -158,15 +168,31 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
                 PRINTING => std::process::exit(128 + signal as i32),
                 code => std::process::exit(code),
             }
-            report(Interrupted {
+            let i = Interrupted {
                 signal,
                 removed,
                 left,
                 committed: COMMITTED.load(Ordering::Acquire),
-            });
+            };
+            briefly(move || report(i));
             std::process::exit(128 + signal as i32);
         })?;
     Ok(())
+}
+
+/// Runs `f` (the signal thread's logging or report) on a thread of its own
+/// and waits for it at most 2 s: stderr or stdout may be a pipe nobody
+/// reads, and a write blocked there must not keep a signal from ending the
+/// run. (Should no thread start, `f` is not run.)
+fn briefly(f: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let started = std::thread::Builder::new().spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    if started.is_ok() {
+        let _ = finished.recv_timeout(std::time::Duration::from_secs(2));
+    }
 }
 
 /// Whether `s` is ignored (`SIG_IGN`), as a parent may have set it: read

@@ -1555,22 +1555,68 @@ fn signals_end_a_run_whose_stdout_is_not_read() {
     let mut child = KillOnDrop(spawn_pack(&ws, &out, &bar));
     let pid = child.0.id();
     // Blocked writing its result to the pipe this test does not read.
-    let blocked = || {
-        fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|t| {
-                fs::read_to_string(t.path().join("wchan")).is_ok_and(|w| w.ends_with("pipe_write"))
-            })
-    };
-    wait_for("pack to block writing its result", blocked);
+    wait_for("pack to block writing its result", || {
+        blocked_writing_a_pipe(pid)
+    });
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     wait_reached(&bar, "interrupt-deferred");
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     wait_for("pack to end", || child.0.try_wait().unwrap().is_some());
     assert_eq!(child.0.wait().unwrap().code(), Some(143));
     run(["verify", out.to_str().unwrap()]).ok();
+}
+
+/// Whether a thread of process `pid` is blocked writing to a pipe.
+fn blocked_writing_a_pipe(pid: u32) -> bool {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|t| {
+            fs::read_to_string(t.path().join("wchan")).is_ok_and(|w| w.ends_with("pipe_write"))
+        })
+}
+
+/// A run logging (`-vv`) to a stderr nobody reads, blocked there, still
+/// ends on a signal: its temporary file removed, the interrupted error on
+/// stdout, exit 143.
+#[test]
+fn a_signal_ends_a_run_whose_stderr_is_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    for i in 0..3000 {
+        write(&ws, &format!(".env.{i}"), b"SECRET=1");
+    }
+    let out = tmp.path().join("p.packet");
+    let mut child = KillOnDrop(
+        Command::new(bin())
+            .args(["-vv", "pack", "--workspace", ws.to_str().unwrap(), "-o"])
+            .arg(&out)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    wait_for("pack to block logging", || blocked_writing_a_pipe(pid));
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    wait_for("pack to end", || child.0.try_wait().unwrap().is_some());
+    assert_eq!(
+        child.0.try_wait().unwrap().and_then(|s| s.code()),
+        Some(143)
+    );
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["kind"], "interrupted", "{v}");
+    let left: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(!out.exists());
 }
 
 /// A child killed outright when dropped: a test that fails while its child

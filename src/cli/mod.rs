@@ -176,7 +176,10 @@ fn report_interrupt(i: crate::interrupt::Interrupted) {
         "run the command again once it may run to the end".into()
     };
     e.exit_code = 128 + i.signal as u8;
-    emit(e);
+    // stdout first: stderr may be the pipe nobody reads that kept the run
+    // from ending (see crate::interrupt).
+    print_json(&e.to_value());
+    tracing::error!("{}", e.message);
 }
 
 /// The subcommand this process runs, when its first argument names one.
@@ -192,17 +195,9 @@ fn command_run() -> Option<String> {
 pub fn report(e: CliError) -> ExitCode {
     let code = e.exit_code;
     crate::interrupt::report(code, || {
-        emit(e);
+        tracing::error!("{}", e.message);
+        print_json(&e.to_value());
     });
-    ExitCode::from(code)
-}
-
-/// [`report`] without the interrupt gate: for the signal thread, which
-/// holds it.
-fn emit(e: CliError) -> ExitCode {
-    tracing::error!("{}", e.message);
-    let code = e.exit_code;
-    print_json(&e.to_value());
     ExitCode::from(code)
 }
 
