@@ -1545,11 +1545,7 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
 #[test]
 fn signals_end_a_run_whose_stdout_is_not_read() {
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    write(&ws, "a", b"a");
-    for i in 0..3000 {
-        write(&ws, &format!(".env.{i}"), b"SECRET=1");
-    }
+    let ws = pipe_filling_tree(tmp.path());
     let out = tmp.path().join("p.packet");
     let bar = barrier_at(&tmp.path().join("bar"), "none");
     let mut child = KillOnDrop(spawn_pack(&ws, &out, &bar));
@@ -1564,6 +1560,17 @@ fn signals_end_a_run_whose_stdout_is_not_read() {
     wait_for("pack to end", || child.0.try_wait().unwrap().is_some());
     assert_eq!(child.0.wait().unwrap().code(), Some(143));
     run(["verify", out.to_str().unwrap()]).ok();
+}
+
+/// A workspace under `root` of one file and 3000 `.env` files: its pack
+/// result (the exclusions) and its `-vv` log each exceed what a pipe holds.
+fn pipe_filling_tree(root: &Path) -> PathBuf {
+    let ws = root.join("ws");
+    write(&ws, "a", b"a");
+    for i in 0..3000 {
+        write(&ws, &format!(".env.{i}"), b"SECRET=1");
+    }
+    ws
 }
 
 /// Whether a thread of process `pid` is blocked writing to a pipe.
@@ -1583,11 +1590,7 @@ fn blocked_writing_a_pipe(pid: u32) -> bool {
 #[test]
 fn a_signal_ends_a_run_whose_stderr_is_not_read() {
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    write(&ws, "a", b"a");
-    for i in 0..3000 {
-        write(&ws, &format!(".env.{i}"), b"SECRET=1");
-    }
+    let ws = pipe_filling_tree(tmp.path());
     let out = tmp.path().join("p.packet");
     let mut child = KillOnDrop(
         Command::new(bin())
