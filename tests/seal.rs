@@ -763,15 +763,7 @@ fn rebase_continues_on_the_new_packet() {
     let mnt = m.mnt.clone();
     m.umount();
     // The upper directory now belongs to the last packet; the first is refused.
-    let e = run([
-        "mount",
-        packet.to_str().unwrap(),
-        mnt.to_str().unwrap(),
-        "--upper",
-        upper.to_str().unwrap(),
-        "--part",
-        "workspace",
-    ]);
+    let e = run(mount_args(&packet, &mnt, &upper));
     assert!(
         e.fails(7, "upper_mismatch")["message"]
             .as_str()
@@ -932,18 +924,24 @@ fn mount_paused_at(
     fs::create_dir_all(mnt).unwrap();
     let guard = LazyUnmount(mnt.to_owned());
     let r = run_env(
-        [
-            "mount",
-            packet.to_str().unwrap(),
-            mnt.to_str().unwrap(),
-            "--upper",
-            upper.to_str().unwrap(),
-            "--part",
-            "workspace",
-        ],
+        mount_args(packet, mnt, upper),
         &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
     );
     (guard, r.ok().clone())
+}
+
+/// The arguments that mount the workspace part of `packet` at `mnt` over
+/// `upper`.
+fn mount_args<'a>(packet: &'a Path, mnt: &'a Path, upper: &'a Path) -> [&'a str; 7] {
+    [
+        "mount",
+        packet.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "--upper",
+        upper.to_str().unwrap(),
+        "--part",
+        "workspace",
+    ]
 }
 
 /// Starts `seal MNT -o OUT --rebase`, its output captured.
@@ -1023,15 +1021,7 @@ fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
             .arg(&mnt)
             .status();
         // Whichever packet the upper directory now belongs to shows the view.
-        let old = run([
-            "mount",
-            packet.to_str().unwrap(),
-            mnt.to_str().unwrap(),
-            "--upper",
-            upper.to_str().unwrap(),
-            "--part",
-            "workspace",
-        ]);
+        let old = run(mount_args(&packet, &mnt, &upper));
         let remounted_on_new = old.code != 0;
         if remounted_on_new {
             assert_ne!(point, "committed", "the switch happened before its record");

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::packet::digest::Sha256;
 use crate::packet::error::{Error, Result};
-use crate::packet::format::BLOCK;
+use crate::packet::format::{BLOCK, MANIFEST_NAME};
 use crate::packet::layout::Layout;
 
 pub mod in_order;
@@ -262,9 +262,10 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
         .and_then(|f| f.take(BLOCK).read_to_end(&mut head))
         .ok()?;
     // Every packet begins with the manifest's ustar header.
-    let packet = head.len() == BLOCK as usize
-        && head.starts_with(b"packet.json\0")
-        && head[257..263] == *b"ustar\0";
+    let packet = head.len() == BLOCK as usize && {
+        let h = tar::Header::from_byte_slice(&head);
+        h.as_ustar().is_some() && h.path_bytes().as_ref() == MANIFEST_NAME.as_bytes()
+    };
     (!packet).then(|| {
         "exists and is not a sessionfs packet: writing the packet would replace it; name \
          another output, or remove that file first if it is to go"

@@ -323,13 +323,21 @@ impl Overlay {
         crate::barrier::wait(opts.barrier.as_deref(), "committed");
         phase("committed");
         if opts.rebase {
+            let mut moved = false;
             self.rebase_onto(
                 &opts.output,
                 (&written, digest),
                 &items,
                 &opts.limits,
                 opts.barrier.as_deref(),
-            )?;
+                &mut moved,
+            )
+            .map_err(|e| Error::Rebase {
+                output: opts.output.display().to_string(),
+                digest: digest.to_string(),
+                moved,
+                source: Box::new(e),
+            })?;
         }
 
         let changes = receipt(old, &items, &manifest);
@@ -368,31 +376,12 @@ impl Overlay {
     /// empty upper directory, without unmounting. Paths keep their inode
     /// numbers, open files keep working. The commit point is one journal
     /// record: a crash before it re-mounts the old packet with the old
-    /// changes, after it the new packet (see docs/upper-format.md).
+    /// changes, after it the new packet (see docs/upper-format.md). The
+    /// file at `output` is first checked to be `written` (the file as
+    /// committed, and its digest) and the new view built, all before that
+    /// record; `moved` is set once the mount serves the new packet (a
+    /// failure says which, see [`Error::Rebase`]).
     fn rebase_onto(
-        &self,
-        output: &std::path::Path,
-        written: (&crate::output::Committed, Digest),
-        items: &[Item],
-        limits: &Limits,
-        bar: Option<&std::path::Path>,
-    ) -> Result<()> {
-        let mut moved = false;
-        let digest = written.1;
-        self.rebase_steps(output, written, items, limits, bar, &mut moved)
-            .map_err(|e| Error::Rebase {
-                output: output.display().to_string(),
-                digest: digest.to_string(),
-                moved,
-                source: Box::new(e),
-            })
-    }
-
-    /// The steps of [`Self::rebase_onto`]: the file at `output` checked to
-    /// be `written` (the file as committed, and its digest) and the new
-    /// view built, all before the record that commits the move; `moved`
-    /// is set once the mount serves the new packet.
-    fn rebase_steps(
         &self,
         output: &std::path::Path,
         written: (&crate::output::Committed, Digest),
