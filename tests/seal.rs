@@ -822,6 +822,9 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
         let (_unmount, mounted) = mount_paused_at(&packet, &mnt, &upper, &bar, point);
         let old_digest = mounted["digest"].clone();
         fs::write(mnt.join("made.txt"), b"made").unwrap();
+        // Two names of one file here; two files in the sealed packet.
+        fs::hard_link(mnt.join("made.txt"), mnt.join("link.txt")).unwrap();
+        assert_eq!(fs::metadata(mnt.join("made.txt")).unwrap().nlink(), 2);
         let out = tmp.path().join("next.packet");
         let seal_cmd = spawn_seal_rebase(&mnt, &out);
         wait_reached(&bar, point);
@@ -883,6 +886,25 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
         if case == "disk_full" {
             assert!(message.contains("which now serves it"), "{case}: {v}");
             assert_ne!(serving, old_digest, "{case}: the mount did not move");
+            // The tidying failed, and still: the kernel was told the old
+            // nodes changed, nothing half-written is left, and the old
+            // data files (of no use past the durable record) are gone.
+            assert_eq!(fs::metadata(mnt.join("made.txt")).unwrap().nlink(), 1);
+            let left: Vec<_> = fs::read_dir(&upper)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+                .collect();
+            assert!(
+                left.is_empty(),
+                "{case}: {left:?} left in the upper directory"
+            );
+            let data: Vec<_> = fs::read_dir(upper.join("data"))
+                .unwrap()
+                .flat_map(|shard| fs::read_dir(shard.unwrap().path()).unwrap())
+                .map(|e| e.unwrap().path())
+                .collect();
+            assert!(data.is_empty(), "{case}: old data files left: {data:?}");
             fs::remove_file(&filler).unwrap();
             fs::write(mnt.join("after.txt"), b"after").unwrap();
             run(["umount", mnt.to_str().unwrap()]).ok();

@@ -492,9 +492,16 @@ impl Overlay {
             }
             (old_inos, old_data, kept_data)
         };
-        self.upper.compact(&rec, &digest)?;
-        crate::barrier::wait(bar, "rebase-compacted");
-        phase("compacted");
+        // The record is durable, so what follows it is tidying: a failed
+        // compaction (a full disk) leaves the journal as it is, which a
+        // mount replays from its last rebase record. The old data files
+        // are of no use either way, and the kernel's attributes of the old
+        // nodes are out of date either way.
+        let compacted = self.upper.compact(&rec, &digest);
+        if compacted.is_ok() {
+            crate::barrier::wait(bar, "rebase-compacted");
+            phase("compacted");
+        }
         for id in old_data {
             if !kept_data.contains(&id) {
                 self.upper.remove_data(id);
@@ -507,6 +514,7 @@ impl Overlay {
             f(super::ino::ROOT);
         }
         phase("invalidated");
+        compacted?;
         tracing::info!(%digest, "rebased onto the sealed packet");
         Ok(())
     }

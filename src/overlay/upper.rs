@@ -359,12 +359,20 @@ impl Upper {
         .map_err(nix_at(&at, "cannot create a new journal"))?;
         let mut f = File::from(fd);
         let line = first.to_line();
+        // Should the new journal not be placed (a full disk, say), the old
+        // one stays, and replays to the same state; the new one goes.
+        let gone = |e| {
+            let _ = unlinkat(&self.dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+            e
+        };
         f.write_all(&line)
             .and_then(|_| f.sync_all())
-            .map_err(io_at(&at, "cannot write a new journal"))?;
+            .map_err(io_at(&at, "cannot write a new journal"))
+            .map_err(gone)?;
         let mut j = self.journal.lock();
         nix::fcntl::renameat(&self.dir, tmp.as_str(), &self.dir, JOURNAL)
-            .map_err(nix_at(&at, "cannot replace the journal"))?;
+            .map_err(nix_at(&at, "cannot replace the journal"))
+            .map_err(gone)?;
         *j = (f, line.len() as u64);
         drop(j);
         write_header(&self.dir, &self.root, digest, self.part)
@@ -696,11 +704,18 @@ fn write_header(
     )
     .map_err(nix_at(&root.join(&tmp), "cannot create"))?;
     let mut f = File::from(fd);
+    // Not placed, the temporary file goes; the old header stays.
+    let gone = |e| {
+        let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+        e
+    };
     f.write_all(&text)
         .and_then(|_| f.sync_all())
-        .map_err(io_at(&root.join(&tmp), "cannot write"))?;
+        .map_err(io_at(&root.join(&tmp), "cannot write"))
+        .map_err(gone)?;
     nix::fcntl::renameat(dir, tmp.as_str(), dir, HEADER)
-        .map_err(nix_at(&root.join(HEADER), "cannot create"))?;
+        .map_err(nix_at(&root.join(HEADER), "cannot create"))
+        .map_err(gone)?;
     nix::unistd::fsync(dir).map_err(nix_at(root, "cannot fsync"))
 }
 
