@@ -1562,12 +1562,15 @@ fn signals_end_a_run_whose_stdout_is_not_read() {
     run(["verify", out.to_str().unwrap()]).ok();
 }
 
-/// A workspace under `root` of one file and 3000 `.env` files: its pack
-/// result (the exclusions) and its `-vv` log each exceed what a pipe holds.
+/// A workspace under `root` of one file and 3000 `.env` files per 4 KiB of
+/// the page size: its pack result (the exclusions, about 200 KB) and its
+/// `-vv` log each exceed what a pipe holds (16 pages by default).
 fn pipe_filling_tree(root: &Path) -> PathBuf {
     let ws = root.join("ws");
     write(&ws, "a", b"a");
-    for i in 0..3000 {
+    // SAFETY: sysconf only reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    for i in 0..3000 * (page / 4096) {
         write(&ws, &format!(".env.{i}"), b"SECRET=1");
     }
     ws
