@@ -215,6 +215,80 @@ fn credentials_are_excluded_and_reported() {
     );
 }
 
+/// A file reached by a hard link under an innocent name, from the other
+/// part or the same one, is left out with the excluded name it shares its
+/// bytes with; other hard links are still packed, as independent files.
+#[test]
+fn other_names_of_excluded_files_are_excluded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let h = tmp.path().join("codex");
+    write(&h, "auth.json", b"{\"token\":\"sk-secret\"}");
+    write(&h, "history.jsonl", b"{}");
+    write(&ws, ".env", b"API_KEY=secret");
+    write(&ws, "notes.txt", b"notes");
+    fs::create_dir_all(ws.join("copies")).unwrap();
+    fs::hard_link(h.join("auth.json"), ws.join("copies/config.json")).unwrap();
+    fs::hard_link(ws.join(".env"), ws.join("copies/settings")).unwrap();
+    fs::hard_link(ws.join(".env"), ws.join("z-settings")).unwrap();
+    fs::hard_link(ws.join("notes.txt"), ws.join("copies/notes.txt")).unwrap();
+    let out = tmp.path().join("p.packet");
+    let args = |out: &Path| {
+        let mut a: Vec<String> = ["pack", "--workspace"].map(String::from).to_vec();
+        a.push(ws.display().to_string());
+        a.extend(["--harness".into(), h.display().to_string()]);
+        a.extend(["--harness-kind".into(), "codex".into(), "-o".into()]);
+        a.push(out.display().to_string());
+        a
+    };
+    let r = run(args(&out));
+    let v = r.ok();
+    assert_eq!(
+        exclusion(v, "workspace/copies/config.json"),
+        Some(serde_json::json!({"rule": "hard_link", "of": "harness/auth.json"})),
+        "{v}"
+    );
+    for linked in ["workspace/copies/settings", "workspace/z-settings"] {
+        assert_eq!(
+            exclusion(v, linked),
+            Some(serde_json::json!({"rule": "hard_link", "of": "workspace/.env"})),
+            "{v}"
+        );
+    }
+    let listing = tar_listing(&out);
+    for gone in ["config.json", "settings", "auth.json", ".env"] {
+        assert!(!listing.contains(gone), "{gone} packed:\n{listing}");
+    }
+    for kept in ["workspace/notes.txt", "workspace/copies/notes.txt"] {
+        assert!(listing.lines().any(|l| l == kept), "{kept} missing");
+    }
+    // The result is in path order, whatever order the walk met them in.
+    let paths = excluded_paths(v);
+    let mut sorted = paths.clone();
+    sorted.sort();
+    assert_eq!(paths, sorted);
+    // `--keep` of the excluded name keeps its other names too.
+    let out2 = tmp.path().join("p2.packet");
+    let mut a = args(&out2);
+    a.extend(["--keep".into(), ".env".into()]);
+    let v = run(a).ok().clone();
+    assert!(exclusion(&v, "workspace/z-settings").is_none(), "{v}");
+    assert!(
+        tar_listing(&out2)
+            .lines()
+            .any(|l| l == "workspace/z-settings")
+    );
+}
+
+/// The reason `result` gives for excluding `path`, if it does.
+fn exclusion(result: &Value, path: &str) -> Option<Value> {
+    result["excluded"]
+        .as_array()?
+        .iter()
+        .find(|e| e["path"] == path)
+        .map(|e| e["reason"].clone())
+}
+
 #[test]
 fn user_patterns_and_keep() {
     let tmp = tempfile::tempdir().unwrap();

@@ -168,6 +168,8 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
     fs::create_dir(m.path(".ssh")).unwrap();
     fs::write(m.path(".ssh/id_ed25519"), b"key").unwrap();
     fs::write(m.path("auth.pem"), b"pem").unwrap();
+    // Another name of an excluded file is left out with it.
+    fs::hard_link(m.path(".env"), m.path("config.txt")).unwrap();
     nix::unistd::mkfifo(
         &m.path("pipe"),
         nix::sys::stat::Mode::from_bits_truncate(0o644),
@@ -178,7 +180,16 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
     let ex: Vec<&str> = excluded_paths(&v);
     assert_eq!(
         ex,
-        ["workspace/.env", "workspace/.ssh", "workspace/auth.pem"]
+        [
+            "workspace/.env",
+            "workspace/.ssh",
+            "workspace/auth.pem",
+            "workspace/config.txt"
+        ]
+    );
+    assert_eq!(
+        v["excluded"][3]["reason"],
+        serde_json::json!({"rule": "hard_link", "of": "workspace/.env"})
     );
     assert_eq!(v["dropped"][0]["path"], "workspace/pipe");
     let listing = tar_listing(&out);
@@ -186,6 +197,7 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
         !listing.contains(".env")
             && !listing.contains(".ssh")
             && !listing.contains("pem")
+            && !listing.contains("config.txt")
             && !listing.contains("pipe")
     );
     m.umount();

@@ -347,7 +347,7 @@ impl Overlay {
         let removed = count(|c| matches!(c, Change::Deleted { .. }));
         let renamed = count(|c| matches!(c, Change::Renamed { .. }));
         let entries = manifest.entries.len() as u64;
-        sort_report(&mut report);
+        report.sort();
         Ok(SealOutcome {
             output: opts.output.clone(),
             digest,
@@ -527,6 +527,7 @@ impl Overlay {
         let mut items = Vec::new();
         let mut report = ScanReport::default();
         let mut stack: Vec<(Ino, String, Part, usize)> = Vec::new();
+        let mut linked_out = Vec::new();
         for &r in lower.index.roots() {
             let path = lower.manifest().entries[r as usize].path.to_string();
             let Some(part) = Part::parse(&path) else {
@@ -564,6 +565,9 @@ impl Overlay {
                 match verdict {
                     Verdict::Include => {}
                     Verdict::Exclude(reason) => {
+                        if *kind == Kind::File {
+                            linked_out.push((*ino, path.clone()));
+                        }
                         let kind = if *kind == Kind::Dir { "dir" } else { "file" };
                         report.excluded.push(Excluded { path, kind, reason });
                         continue;
@@ -648,6 +652,11 @@ impl Overlay {
                 }
             }
         }
+        // An excluded file's other names (hard links made on the mount).
+        report.exclude_other_names(&mut items, linked_out, |it| match it.kind {
+            ItemKind::File(_) => Some((it.ino, it.path.as_str())),
+            _ => None,
+        });
         items.sort_unstable_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
         Ok((items, report))
     }
@@ -712,14 +721,6 @@ impl Overlay {
             executable: perm & 0o111 != 0,
         })
     }
-}
-
-fn sort_report(r: &mut ScanReport) {
-    r.excluded.sort_by(|a, b| a.path.cmp(&b.path));
-    r.dropped.sort_by(|a, b| a.path.cmp(&b.path));
-    r.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-    r.rebased_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-    r.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
 }
 
 /// What the merged view breaks (packet rules, limits, symlinks leaving

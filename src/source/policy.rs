@@ -79,6 +79,12 @@ pub enum Reason {
         /// The part it is packed as.
         part: &'static str,
     },
+    /// Another name (a hard link) of a file excluded by a rule: the same
+    /// bytes under an innocent name.
+    HardLink {
+        /// The excluded name it shares its content with.
+        of: String,
+    },
 }
 
 /// The decision for one name.

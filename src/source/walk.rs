@@ -290,6 +290,7 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
         });
     }
     let mut roots_read = true;
+    let mut linked_out = Vec::new();
     while !level.is_empty() {
         let outs: Vec<DirOut> = level
             .into_par_iter()
@@ -300,17 +301,17 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
             found.extend(o.found);
             report.merge(o.report);
             level.extend(o.subdirs);
+            linked_out.extend(o.linked_out);
         }
         if std::mem::take(&mut roots_read) {
             crate::barrier::wait(opts.barrier, "walked-roots");
         }
     }
-    // Reports in path order, so results are deterministic too.
-    report.excluded.sort_by(|a, b| a.path.cmp(&b.path));
-    report.dropped.sort_by(|a, b| a.path.cmp(&b.path));
-    report.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-    report.rebased_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-    report.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
+    report.exclude_other_names(&mut found, linked_out, |f| match &f.kind {
+        FoundKind::File(file) => Some(((file.dev, file.ino), f.path.as_str())),
+        _ => None,
+    });
+    report.sort();
     Ok(Scan {
         roots,
         found,
@@ -319,6 +320,52 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
 }
 
 impl ScanReport {
+    /// Leaves out of `items` every file that is another name of a file
+    /// left out by a rule: a hard link to `auth.json` from the workspace,
+    /// say, whose bytes are the credentials the rule kept out. `excluded`
+    /// holds the identity and path of each excluded file; `file` gives an
+    /// item's, for files. Each is reported as a `hard_link` of the first
+    /// excluded name, in path order.
+    pub fn exclude_other_names<T, K: Eq + std::hash::Hash>(
+        &mut self,
+        items: &mut Vec<T>,
+        mut excluded: Vec<(K, String)>,
+        file: impl Fn(&T) -> Option<(K, &str)>,
+    ) {
+        if excluded.is_empty() {
+            return;
+        }
+        excluded.sort_by(|a, b| a.1.cmp(&b.1));
+        let mut of = std::collections::HashMap::new();
+        for (k, path) in excluded {
+            of.entry(k).or_insert(path);
+        }
+        let mut left = Vec::new();
+        items.retain(|t| {
+            let Some(o) = file(t).and_then(|(k, path)| Some((of.get(&k)?, path))) else {
+                return true;
+            };
+            tracing::debug!(path = o.1, of = %o.0, "excluded: another name of an excluded file");
+            left.push(Excluded {
+                path: o.1.to_owned(),
+                kind: "file",
+                reason: Reason::HardLink { of: o.0.clone() },
+            });
+            false
+        });
+        self.excluded.extend(left);
+    }
+
+    /// Puts every list in path order, so that results are deterministic
+    /// too.
+    pub fn sort(&mut self) {
+        self.excluded.sort_by(|a, b| a.path.cmp(&b.path));
+        self.dropped.sort_by(|a, b| a.path.cmp(&b.path));
+        self.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+        self.rebased_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
+        self.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
+    }
+
     fn merge(&mut self, o: ScanReport) {
         self.excluded.extend(o.excluded);
         self.dropped.extend(o.dropped);
@@ -353,6 +400,8 @@ struct DirOut {
     found: Vec<Found>,
     report: ScanReport,
     subdirs: Vec<DirTask>,
+    /// Excluded files with other names (hard links), and their paths.
+    linked_out: Vec<(sys::FileId, String)>,
 }
 
 /// One name read from a directory, with its stat when needed.
@@ -473,6 +522,11 @@ impl Walker<'_, '_> {
                 Verdict::Include => {}
                 Verdict::Exclude(reason) => {
                     tracing::debug!(path = %cpath, ?reason, "excluded");
+                    if let Some(st) = child.st.as_ref().filter(|st| st.st_nlink > 1)
+                        && child.ty == SFlag::S_IFREG
+                    {
+                        out.linked_out.push((sys::dev_ino(st), cpath.clone()));
+                    }
                     out.report.excluded.push(Excluded {
                         path: cpath,
                         kind: kind_name,
