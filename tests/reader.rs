@@ -281,13 +281,17 @@ fn manifest_refusals() {
         });
         let p = f.write(&format!("{name}.packet"), &bytes);
         refused_everywhere(&f, &p, code, kind);
-        // `inspect` parses the manifest too: it refuses it alike, naming
-        // the packet or the entry (a future version it shows instead).
+        // `inspect` and `digest` parse the manifest too: they refuse it
+        // alike, naming the packet or the entry (a future version's
+        // `inspect` shows, and its `digest` names).
         let i = run(["inspect", p.to_str().unwrap()]);
+        let d = run(["digest", p.to_str().unwrap()]);
         if kind == "unsupported_schema" {
             assert_eq!(i.ok()["supported"], false);
+            assert!(d.ok()["digest"].as_str().unwrap().starts_with("sha256:"));
         } else {
             names_what_is_at_fault(i.fails(code, kind), &p);
+            names_what_is_at_fault(d.fails(code, kind), &p);
         }
     }
 }

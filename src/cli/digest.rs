@@ -7,12 +7,16 @@ use serde::Serialize;
 use super::Output;
 use super::args::LimitArgs;
 use super::error::{CliError, at_packet};
+use crate::packet::Error;
+use crate::packet::manifest::Manifest;
 use crate::packet::reader::read_raw_manifest;
 
 /// Print the packet digest: `sha256:` of the exact bytes of its manifest.
 ///
-/// Reads only the first member. The digest names the whole packet, since
-/// every other byte is implied by the manifest; `verify` checks that it does.
+/// Reads only the first member, and checks that it is a manifest (as
+/// `inspect` does; a future schema's digest is printed too). The digest
+/// names the whole packet, since every other byte is implied by the
+/// manifest; `verify` checks that it does.
 ///
 /// Examples:
 ///   sessionfs digest session.packet
@@ -36,6 +40,12 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
     let file = crate::packet::reader::open_file(&a.packet).map_err(at_packet(&a.packet))?;
     let raw = read_raw_manifest(&file, &limits).map_err(at_packet(&a.packet))?;
+    // A digest is only printed for a manifest: bytes that are not one
+    // name no packet, and a caller could take them for one.
+    match Manifest::parse(&raw.bytes, &limits) {
+        Ok(_) | Err(Error::UnsupportedSchema { .. }) => {}
+        Err(e) => return Err(at_packet(&a.packet)(e)),
+    }
     Ok(Output::new(
         "sessionfs.digest-result/1",
         Result {
