@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -788,6 +789,54 @@ fn rebase_continues_on_the_new_packet() {
         fs::metadata(m.path("big.bin")).unwrap().ino(),
         inos.iter().find(|(r, _)| r == "big.bin").unwrap().1
     );
+    m.umount();
+}
+
+/// The names of a file hard-linked on the mount are separate files in the
+/// sealed packet, and after a rebase separate files on the mount too, with
+/// numbers of their own (now and after a remount): a write to one leaves
+/// the others alone, and a later seal judges each by its own name.
+#[test]
+fn hard_links_are_separate_files_after_a_rebase() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, m) = sample_mount(tmp.path());
+    fs::create_dir(m.path("sub")).unwrap();
+    fs::write(m.path("m.txt"), b"made").unwrap();
+    for name in ["l1.txt", "sub/l2.txt"] {
+        fs::hard_link(m.path("m.txt"), m.path(name)).unwrap();
+    }
+    let ino = |m: &Mounted, name: &str| fs::metadata(m.path(name)).unwrap().ino();
+    let before = ino(&m, "m.txt");
+    let p2 = tmp.path().join("turn1.packet");
+    assert_eq!(seal(&m, &p2, &["--rebase"])["rebased"], true);
+    let separate = |m: &Mounted| {
+        let names = ["l1.txt", "m.txt", "sub/l2.txt"];
+        let inos: HashSet<u64> = names.iter().map(|n| ino(m, n)).collect();
+        assert_eq!(inos.len(), 3, "{names:?} share numbers");
+        for n in names {
+            assert_eq!(fs::metadata(m.path(n)).unwrap().nlink(), 1, "{n}");
+        }
+    };
+    separate(&m);
+    // The name the file was made under keeps the number it had.
+    assert_eq!(ino(&m, "m.txt"), before);
+    fs::write(m.path("l1.txt"), b"changed").unwrap();
+    assert_eq!(fs::read(m.path("m.txt")).unwrap(), b"made");
+    assert_eq!(fs::read(m.path("sub/l2.txt")).unwrap(), b"made");
+    // A credential name given to one of them excludes that one only.
+    fs::rename(m.path("m.txt"), m.path(".env")).unwrap();
+    let v = seal(&m, &tmp.path().join("turn2.packet"), &[]);
+    assert_eq!(excluded_paths(&v), ["workspace/.env"], "{v}");
+    let (mnt, upper) = (m.mnt.clone(), m.upper.clone());
+    m.umount();
+    let m = Mounted::new(&p2, &mnt, &upper, &["--part", "workspace"]);
+    fs::rename(m.path(".env"), m.path("m.txt")).unwrap();
+    separate(&m);
+    assert_eq!(fs::read(m.path("l1.txt")).unwrap(), b"changed");
+    assert_eq!(fs::read(m.path("sub/l2.txt")).unwrap(), b"made");
     m.umount();
 }
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::control;
 use super::fs::SessionFs;
-use crate::overlay::Overlay;
+use crate::overlay::{Overlay, Stale};
 
 /// How to serve.
 pub struct ServeOptions {
@@ -89,9 +89,12 @@ pub fn serve(
     };
     let ours = Arc::new(Ours::new(canonical, fs_name));
     let notifier = session.notifier();
-    overlay.set_invalidator(Box::new(move |ino| {
-        // Attributes only (offset -1): content does not change on a rebase.
-        let _ = notifier.inval_inode(fuser::INodeNo(ino), -1, 0);
+    overlay.set_invalidator(Box::new(move |stale| {
+        let _ = match stale {
+            // Attributes only (offset -1): content does not change on a rebase.
+            Stale::Attr(ino) => notifier.inval_inode(fuser::INodeNo(ino), -1, 0),
+            Stale::Entry(dir, name) => notifier.inval_entry(fuser::INodeNo(dir), name.as_ref()),
+        };
     }));
 
     {

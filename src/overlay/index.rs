@@ -102,9 +102,12 @@ impl LowerIndex {
             inos.claim(x);
         }
         for (i, e) in m.entries.iter().enumerate() {
+            // A number given to several paths (the names of a file hard-
+            // linked before a rebase; separate files in the packet) stays
+            // with the first: one number is one file.
             let x = match given.get(&*e.path) {
-                Some(&x) => x,
-                None => inos.allocate_from(&e.path, first[i]),
+                Some(&x) if !by_ino.contains_key(&x) => x,
+                _ => inos.allocate_from(&e.path, first[i]),
             };
             ino.push(x);
             by_ino.insert(x, i as Idx);

@@ -156,8 +156,17 @@ pub struct Options {
     pub part: Option<Part>,
 }
 
-/// Tells the kernel an inode's cached attributes are stale.
-pub type Invalidator = Box<dyn Fn(Ino) + Send + Sync>;
+/// What the kernel may have cached that a rebase made stale.
+#[derive(Clone, Copy, Debug)]
+pub enum Stale<'a> {
+    /// An inode's attributes.
+    Attr(Ino),
+    /// The name `.1` in directory `.0`: it now names another inode.
+    Entry(Ino, &'a str),
+}
+
+/// Tells the kernel what it cached is stale.
+pub type Invalidator = Box<dyn Fn(Stale<'_>) + Send + Sync>;
 
 /// A mounted view: packet + upper directory.
 pub struct Overlay {
@@ -253,8 +262,8 @@ impl Overlay {
         })
     }
 
-    /// Installs the function that tells the kernel an inode's attributes
-    /// changed behind its back (the FUSE session's notifier).
+    /// Installs the function that tells the kernel an inode's attributes,
+    /// or a name, changed behind its back (the FUSE session's notifier).
     pub fn set_invalidator(&self, f: Invalidator) {
         *self.invalidate.lock() = Some(f);
     }

@@ -18,13 +18,13 @@ use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
-use super::Overlay;
 use super::error::{Error, Result};
 use super::index::Idx;
 use super::ino::Ino;
 use super::journal::Record;
 use super::node::{Content, Kind};
 use super::state::{Lower, Ref};
+use super::{Overlay, Stale};
 use crate::output::{
     Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
 };
@@ -414,11 +414,33 @@ impl Overlay {
             return Err(refuse("replaced"));
         }
         let digest = packet.digest;
+        // One number is one file: the names of a file hard-linked on the
+        // mount are separate files in the packet, so one name keeps the
+        // number (the one whose own number it is, else the first in path
+        // order); the others get numbers of their own, and the kernel is
+        // told to look them up again.
+        let mut by_ino: Vec<(Ino, usize)> = items
+            .iter()
+            .enumerate()
+            .map(|(k, it)| (it.ino, k))
+            .collect();
+        by_ino.sort_unstable();
+        let mut renumbered: HashSet<usize> = HashSet::new();
+        for run in by_ino.chunk_by(|a, b| a.0 == b.0).filter(|r| r.len() > 1) {
+            let own = |&&(ino, k): &&(Ino, usize)| super::ino::candidate(&items[k].path, 0) == ino;
+            let keeper = run.iter().find(own).unwrap_or(&run[0]).1;
+            renumbered.extend(run.iter().map(|&(_, k)| k).filter(|&k| k != keeper));
+        }
         // Numbers a fresh mount of the new packet would not give: kept.
         let mut given: Vec<(String, Ino)> = items
             .par_iter()
-            .filter(|it| it.ino != super::ino::ROOT && super::ino::candidate(&it.path, 0) != it.ino)
-            .map(|it| (it.path.clone(), it.ino))
+            .enumerate()
+            .filter(|(k, it)| {
+                it.ino != super::ino::ROOT
+                    && super::ino::candidate(&it.path, 0) != it.ino
+                    && !renumbered.contains(k)
+            })
+            .map(|(_, it)| (it.path.clone(), it.ino))
             .collect();
         given.sort();
         // The new lower view, built before the record: nothing after the
@@ -509,9 +531,18 @@ impl Overlay {
         }
         if let Some(f) = &*self.invalidate.lock() {
             for ino in old_inos {
-                f(ino);
+                f(Stale::Attr(ino));
             }
-            f(super::ino::ROOT);
+            f(Stale::Attr(super::ino::ROOT));
+            for &k in &renumbered {
+                let Some((dir, name)) = items[k].path.rsplit_once('/') else {
+                    continue;
+                };
+                let at = items.binary_search_by(|it| it.path.as_bytes().cmp(dir.as_bytes()));
+                if let Ok(k) = at {
+                    f(Stale::Entry(items[k].ino, name));
+                }
+            }
         }
         phase("invalidated");
         compacted?;
