@@ -216,8 +216,9 @@ fn credentials_are_excluded_and_reported() {
 }
 
 /// A file reached by a hard link under an innocent name, from the other
-/// part or the same one, is left out with the excluded name it shares its
-/// bytes with; other hard links are still packed, as independent files.
+/// part or the same one, is left out with the credential it shares its
+/// bytes with; other hard links are still packed, as independent files,
+/// and so are the other names of a file the user left out by path.
 #[test]
 fn other_names_of_excluded_files_are_excluded() {
     let tmp = tempfile::tempdir().unwrap();
@@ -232,12 +233,35 @@ fn other_names_of_excluded_files_are_excluded() {
     fs::hard_link(ws.join(".env"), ws.join("copies/settings")).unwrap();
     fs::hard_link(ws.join(".env"), ws.join("z-settings")).unwrap();
     fs::hard_link(ws.join("notes.txt"), ws.join("copies/notes.txt")).unwrap();
+    // A key linked as a database: the database's side file goes with it.
+    write(&ws, "tls/server.key", b"-----BEGIN PRIVATE KEY-----");
+    fs::hard_link(ws.join("tls/server.key"), ws.join("copies/cache.db")).unwrap();
+    write(&ws, "copies/cache.db-wal", b"pages");
+    // A time the format cannot hold is not reported for a name left out.
+    let before_1970 = nix::sys::time::TimeSpec::new(-5, 0);
+    nix::sys::stat::utimensat(
+        nix::fcntl::AT_FDCWD,
+        &ws.join("tls/server.key"),
+        &before_1970,
+        &before_1970,
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    )
+    .unwrap();
+    // A name the user left out by path: its other names are still packed.
+    write(&ws, "app1/lib.js", b"lib");
+    fs::create_dir_all(ws.join("app2")).unwrap();
+    fs::hard_link(ws.join("app1/lib.js"), ws.join("app2/lib.js")).unwrap();
     let out = tmp.path().join("p.packet");
     let args = |out: &Path| {
         let mut a: Vec<String> = ["pack", "--workspace"].map(String::from).to_vec();
         a.push(ws.display().to_string());
         a.extend(["--harness".into(), h.display().to_string()]);
-        a.extend(["--harness-kind".into(), "codex".into(), "-o".into()]);
+        a.extend(["--harness-kind".into(), "codex".into()]);
+        a.extend([
+            "--exclude".into(),
+            "workspace/app1/lib.js".into(),
+            "-o".into(),
+        ]);
         a.push(out.display().to_string());
         a
     };
@@ -255,11 +279,30 @@ fn other_names_of_excluded_files_are_excluded() {
             "{v}"
         );
     }
+    assert_eq!(
+        exclusion(v, "workspace/copies/cache.db-wal"),
+        Some(
+            serde_json::json!({"rule": "sqlite_side_file", "database": "workspace/copies/cache.db"})
+        ),
+        "{v}"
+    );
+    assert_eq!(v["clamped_mtimes"], serde_json::json!([]), "{v}");
     let listing = tar_listing(&out);
-    for gone in ["config.json", "settings", "auth.json", ".env"] {
+    for gone in [
+        "config.json",
+        "settings",
+        "auth.json",
+        ".env",
+        "cache.db",
+        "server.key",
+    ] {
         assert!(!listing.contains(gone), "{gone} packed:\n{listing}");
     }
-    for kept in ["workspace/notes.txt", "workspace/copies/notes.txt"] {
+    for kept in [
+        "workspace/notes.txt",
+        "workspace/copies/notes.txt",
+        "workspace/app2/lib.js",
+    ] {
         assert!(listing.lines().any(|l| l == kept), "{kept} missing");
     }
     // The result is in path order, whatever order the walk met them in.

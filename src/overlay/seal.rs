@@ -596,7 +596,7 @@ impl Overlay {
                 match verdict {
                     Verdict::Include => {}
                     Verdict::Exclude(reason) => {
-                        if *kind == Kind::File {
+                        if *kind == Kind::File && reason.is_credential() {
                             linked_out.push((*ino, path.clone()));
                         }
                         let kind = if *kind == Kind::Dir { "dir" } else { "file" };

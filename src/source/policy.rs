@@ -87,6 +87,14 @@ pub enum Reason {
     },
 }
 
+impl Reason {
+    /// Left out for holding credentials (a default or harness-kind rule),
+    /// rather than by the user's choice of paths.
+    pub fn is_credential(&self) -> bool {
+        matches!(self, Reason::Credential { .. })
+    }
+}
+
 /// The decision for one name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {

@@ -3,6 +3,7 @@
 //! symlink traversal refused by the kernel (`openat2`), names are judged by
 //! the exclusion policy, special files are dropped and reported.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -16,7 +17,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::error::Error;
-use super::policy::{ChildType, Policy, Reason, Verdict};
+use super::policy::{ChildType, Policy, Reason, SQLITE_SIDE_SUFFIXES, Verdict};
 use super::symlink::{LinkClass, rebase, rebase_after};
 use crate::packet::error::LimitKind;
 use crate::packet::format::{Limits, MAX_FILE_SIZE, MAX_MTIME_NS};
@@ -321,11 +322,14 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
 
 impl ScanReport {
     /// Leaves out of `items` every file that is another name of a file
-    /// left out by a rule: a hard link to `auth.json` from the workspace,
-    /// say, whose bytes are the credentials the rule kept out. `excluded`
-    /// holds the identity and path of each excluded file; `file` gives an
-    /// item's, for files. Each is reported as a `hard_link` of the first
-    /// excluded name, in path order.
+    /// left out as a credential: a hard link to `auth.json` from the
+    /// workspace, say, whose bytes are the credentials the rule kept out.
+    /// (Names left out by `--exclude` are the user's choice of paths, not
+    /// of content: their other names stay.) `excluded` holds the identity
+    /// and path of each such file; `file` gives an item's, for files. Each
+    /// is reported as a `hard_link` of the first excluded name in path
+    /// order, and its SQLite side files follow it; nothing else is
+    /// reported of them.
     pub fn exclude_other_names<T, K: Eq + std::hash::Hash>(
         &mut self,
         items: &mut Vec<T>,
@@ -336,24 +340,44 @@ impl ScanReport {
             return;
         }
         excluded.sort_by(|a, b| a.1.cmp(&b.1));
-        let mut of = std::collections::HashMap::new();
+        let mut of = HashMap::new();
         for (k, path) in excluded {
             of.entry(k).or_insert(path);
         }
-        let mut left = Vec::new();
-        items.retain(|t| {
-            let Some(o) = file(t).and_then(|(k, path)| Some((of.get(&k)?, path))) else {
-                return true;
-            };
-            tracing::debug!(path = o.1, of = %o.0, "excluded: another name of an excluded file");
-            left.push(Excluded {
-                path: o.1.to_owned(),
+        let mut gone: HashMap<String, Reason> = items
+            .iter()
+            .filter_map(|t| {
+                let (k, path) = file(t)?;
+                let of = of.get(&k)?.clone();
+                Some((path.to_owned(), Reason::HardLink { of }))
+            })
+            .collect();
+        let sides: HashMap<String, String> = gone
+            .keys()
+            .flat_map(|db| {
+                SQLITE_SIDE_SUFFIXES
+                    .iter()
+                    .map(move |s| (format!("{db}{s}"), db.clone()))
+            })
+            .collect();
+        for (_, path) in items.iter().filter_map(&file) {
+            if let Some(database) = sides.get(path) {
+                gone.entry(path.to_owned())
+                    .or_insert(Reason::SqliteSideFile {
+                        database: database.clone(),
+                    });
+            }
+        }
+        items.retain(|t| file(t).is_none_or(|(_, path)| !gone.contains_key(path)));
+        self.clamped_mtimes.retain(|c| !gone.contains_key(&c.path));
+        for (path, reason) in gone {
+            tracing::debug!(%path, ?reason, "excluded: another name of a credential");
+            self.excluded.push(Excluded {
+                path,
                 kind: "file",
-                reason: Reason::HardLink { of: o.0.clone() },
+                reason,
             });
-            false
-        });
-        self.excluded.extend(left);
+        }
     }
 
     /// Puts every list in path order, so that results are deterministic
@@ -524,6 +548,7 @@ impl Walker<'_, '_> {
                     tracing::debug!(path = %cpath, ?reason, "excluded");
                     if let Some(st) = child.st.as_ref().filter(|st| st.st_nlink > 1)
                         && child.ty == SFlag::S_IFREG
+                        && reason.is_credential()
                     {
                         out.linked_out.push((sys::dev_ino(st), cpath.clone()));
                     }
