@@ -373,7 +373,12 @@ impl Upper {
         nix::fcntl::renameat(&self.dir, tmp.as_str(), &self.dir, JOURNAL)
             .map_err(nix_at(&at, "cannot replace the journal"))
             .map_err(gone)?;
+        // The rename made durable before anything is appended to the new
+        // journal: appends sync only the file, and a lost rename would
+        // lose them with it.
+        let synced = nix::unistd::fsync(&self.dir).map_err(nix_at(&self.root, "cannot fsync"));
         *j = (f, line.len() as u64);
+        synced?;
         drop(j);
         write_header(&self.dir, &self.root, digest, self.part)
     }
