@@ -71,20 +71,22 @@ pub fn committed() {
     COMMITTED.store(true, Ordering::Release);
 }
 
-/// Prints the run's report (its one JSON object) with `print` and records
-/// its exit `code`: a signal after ends the process with that code instead
+/// Prints the run's report (its one JSON object) with `print`, which gives
+/// the run's exit code (returned), and records that code: a signal after
+/// ends the process with that code instead
 /// of printing a second object; one while it prints waits a little for it
 /// (not for good: stdout may be a pipe nobody reads). Not for the signal
 /// thread's own report.
-pub fn report(code: u8, print: impl FnOnce()) {
+pub fn report(print: impl FnOnce() -> u8) -> u8 {
     {
         // Under the gate: the signal thread, once it holds it, sees either
         // no report begun (and prints its own) or this one.
         let _gate = GATE.read();
         REPORTED.store(PRINTING, Ordering::Release);
     }
-    print();
+    let code = print();
     REPORTED.store(i32::from(code), Ordering::Release);
+    code
 }
 
 /// What the signal thread did, for the error it reports.

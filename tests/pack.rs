@@ -1742,6 +1742,65 @@ fn a_signal_ends_a_run_whose_stderr_is_not_read() {
     assert!(!out.exists());
 }
 
+/// A run whose result cannot be written to stdout (a full disk, a closed
+/// pipe) is not a success: exit 6 and the reason on stderr; what it did
+/// stands. One that failed keeps its own code.
+#[test]
+fn a_result_that_cannot_be_written_is_not_a_success() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let out = tmp.path().join("p.packet");
+    let to_full = |args: &[&std::ffi::OsStr], stdout: std::process::Stdio| {
+        let o = Command::new(bin())
+            .args(args)
+            .stdout(stdout)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let full = || std::process::Stdio::from(fs::File::create("/dev/full").unwrap());
+    let pack_args = [
+        "pack".as_ref(),
+        "--workspace".as_ref(),
+        ws.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    let (code, stderr) = to_full(&pack_args, full());
+    assert_eq!(code, Some(6), "{stderr}");
+    assert!(
+        stderr.contains("cannot write the result to stdout"),
+        "{stderr}"
+    );
+    run(["verify", out.to_str().unwrap()]).ok();
+    for cmd in ["verify", "digest", "inspect"] {
+        let (code, stderr) = to_full(&[cmd.as_ref(), out.as_os_str()], full());
+        assert_eq!(code, Some(6), "{cmd}: {stderr}");
+    }
+    // A closed pipe.
+    let (code, _) = to_full(
+        &["digest".as_ref(), out.as_os_str()],
+        std::process::Stdio::null(),
+    );
+    assert_eq!(code, Some(0), "a readable stdout is a success");
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    drop(read_end);
+    let (code, stderr) = to_full(&["digest".as_ref(), out.as_os_str()], write_end.into());
+    assert_eq!(code, Some(6), "{stderr}");
+    // A failure keeps its code.
+    let missing = tmp.path().join("missing.packet");
+    let (code, _) = to_full(&["verify".as_ref(), missing.as_os_str()], full());
+    assert_eq!(code, Some(6));
+    fs::write(&missing, b"not a packet").unwrap();
+    let (code, _) = to_full(&["verify".as_ref(), missing.as_os_str()], full());
+    assert_eq!(code, Some(3));
+}
+
 /// A child killed outright when dropped: a test that fails while its child
 /// hangs leaves no process behind.
 struct KillOnDrop(std::process::Child);

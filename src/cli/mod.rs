@@ -103,10 +103,22 @@ impl Output {
 }
 
 /// Prints a result object now (for commands that keep running after it).
-pub fn print_output(out: Output) {
-    if let Some(v) = out.0 {
-        print_json(&v);
+pub fn print_output(out: Output) -> std::io::Result<()> {
+    match out.0 {
+        Some(v) => print_json(&v),
+        None => Ok(()),
     }
+}
+
+/// Says on stderr that the result could not be written to stdout, and
+/// gives the exit code of that run: the caller would otherwise take a
+/// success without its result (`digest > /dev/full`) for a success.
+fn unprinted(e: &std::io::Error) -> u8 {
+    tracing::error!(
+        "cannot write the result to stdout: {e}; what the command did stands (a packet \
+         written is in place), but its result is lost: is stdout a full disk or a closed pipe?"
+    );
+    exit::IO
 }
 
 /// Runs the CLI and returns the exit code.
@@ -145,12 +157,15 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(out) => {
-            crate::interrupt::report(exit::OK, || print_output(out));
+            let code = crate::interrupt::report(|| match print_output(out) {
+                Ok(()) => exit::OK,
+                Err(e) => unprinted(&e),
+            });
             if pack {
                 // Only pack's: every other command's tests would wait here.
                 crate::barrier::wait(crate::barrier::from_env().as_deref(), "reported");
             }
-            ExitCode::from(exit::OK)
+            ExitCode::from(code)
         }
         Err(e) => report(e),
     }
@@ -178,7 +193,7 @@ fn report_interrupt(i: crate::interrupt::Interrupted) {
     e.exit_code = 128 + i.signal as u8;
     // stdout first: stderr may be the pipe nobody reads that kept the run
     // from ending (see crate::interrupt).
-    print_json(&e.to_value());
+    let _ = print_json(&e.to_value());
     tracing::error!("{}", e.message);
 }
 
@@ -194,9 +209,13 @@ fn command_run() -> Option<String> {
 /// Prints an error: the JSON object on stdout, one line on stderr.
 pub fn report(e: CliError) -> ExitCode {
     let code = e.exit_code;
-    crate::interrupt::report(code, || {
+    crate::interrupt::report(|| {
         tracing::error!("{}", e.message);
-        print_json(&e.to_value());
+        if let Err(err) = print_json(&e.to_value()) {
+            // The error's own code stands; its message is on stderr.
+            unprinted(&err);
+        }
+        code
     });
     ExitCode::from(code)
 }
@@ -265,11 +284,11 @@ fn usage_message(rendered: &str) -> String {
     }
 }
 
-fn print_json(v: &Value) {
+fn print_json(v: &Value) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
-    let _ = serde_json::to_writer(&mut out, v);
-    let _ = writeln!(out);
-    let _ = out.flush();
+    serde_json::to_writer(&mut out, v)?;
+    writeln!(out)?;
+    out.flush()
 }
 
 fn init_logging(verbose: u8) {

@@ -285,7 +285,9 @@ pub fn run(a: Args) -> Result<Output, CliError> {
             );
             // The result goes out now: with --foreground the process keeps
             // serving after it, and a daemon's parent is waiting for it.
-            super::print_output(out);
+            if let Err(e) = super::print_output(out) {
+                tracing::error!(error = %e, "cannot write the result to stdout");
+            }
             *result.borrow_mut() = Some(());
         },
         move |overlay, req, notify| match req["op"].as_str() {
