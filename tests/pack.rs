@@ -1801,6 +1801,78 @@ fn a_result_that_cannot_be_written_is_not_a_success() {
     assert_eq!(code, Some(3));
 }
 
+/// Under a limit on processes (`ulimit -u`, a container's pids.max) too
+/// low for its threads, a command fails as any other: one JSON error
+/// naming the limit, exit 6, no panic, nothing half-written left.
+#[test]
+fn a_process_limit_is_an_error_not_a_panic() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let ws = tmp.path().join("ws");
+    for i in 0..50 {
+        write(&ws, &format!("f{i}"), b"x");
+    }
+    let packet = tmp.path().join("p.packet");
+    pack(&ws, &packet, &[]);
+    for p in [&ws, &packet] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // `nobody`: the limit does not bind root.
+    let as_nobody = |nproc: u32, args: &[&str]| {
+        let o = Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "prlimit",
+            ])
+            .arg(format!("--nproc={nproc}"))
+            .arg(bin())
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(
+            !stderr.contains("panicked"),
+            "{args:?} at {nproc}: {stderr}"
+        );
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{args:?} at {nproc}: not JSON ({e}): {stderr}"));
+        (o.status.code(), v)
+    };
+    let out = tmp.path().join("out.packet");
+    let (ws_s, p_s, out_s) = (
+        ws.to_str().unwrap(),
+        packet.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    for args in [
+        &["verify", p_s][..],
+        &["inspect", p_s],
+        &["pack", "--workspace", ws_s, "-o", out_s],
+    ] {
+        let mut failed = 0;
+        for nproc in 1..=8 {
+            let (code, v) = as_nobody(nproc, args);
+            if code == Some(0) {
+                continue;
+            }
+            failed += 1;
+            assert_eq!((code, &v["kind"]), (Some(6), &Value::from("io")), "{v}");
+            assert!(v["message"].as_str().unwrap().contains("ulimit -u"), "{v}");
+            let left: Vec<_> = fs::read_dir(tmp.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+                .collect();
+            assert!(left.is_empty(), "{left:?}");
+            assert!(!out.exists());
+        }
+        assert!(failed > 0, "{args:?} never hit the limit");
+    }
+}
+
 /// A child killed outright when dropped: a test that fails while its child
 /// hangs leaves no process behind.
 struct KillOnDrop(std::process::Child);

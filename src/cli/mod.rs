@@ -143,6 +143,21 @@ pub fn main() -> ExitCode {
     if writes && let Err(e) = crate::interrupt::arm(report_interrupt) {
         tracing::warn!(error = %e, "cannot take SIGINT/SIGTERM: an interrupted run may leave a temporary file");
     }
+    // The worker threads start here, where failing to is an error like any
+    // other: started on first use, rayon would panic (a limit on processes,
+    // `ulimit -u` or a container's pids.max, reached).
+    let light = matches!(cli.command, Command::Umount(_) | Command::Status(_));
+    if !light && let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
+        return report(CliError::new(
+            Some(crate::packet::error::ErrorClass::Io),
+            "io",
+            format!(
+                "cannot start the worker threads: {e}; raise the limit on processes \
+                 (`ulimit -u`, or the container's pids.max)"
+            ),
+            None,
+        ));
+    }
     let pack = matches!(cli.command, Command::Pack(_));
     let result = match cli.command {
         Command::Pack(a) => pack::run(a),

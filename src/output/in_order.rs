@@ -274,7 +274,7 @@ fn write_pieces<S: Contents>(
         let hasher = {
             let pool_tx = pool_tx.clone();
             let pieces = &pieces;
-            s.spawn(move || -> Result<Option<Sha256>> {
+            start(s, failed, move || -> Result<Option<Sha256>> {
                 let _guard = FailOnPanic(failed);
                 let mut h = sha2::Sha256::new();
                 let mut whole = None;
@@ -308,7 +308,7 @@ fn write_pieces<S: Contents>(
         let writers: Vec<_> = (0..WRITERS)
             .map(|_| {
                 let (pool_tx, sink, write_rx) = (pool_tx.clone(), &sink, &write_rx);
-                s.spawn(move || -> Result<()> {
+                start(s, failed, move || -> Result<()> {
                     let _guard = FailOnPanic(failed);
                     // Ends when every worker is done (their senders dropped).
                     loop {
@@ -334,7 +334,7 @@ fn write_pieces<S: Contents>(
                 let (hash_tx, write_tx) = (hash_tx.clone(), write_tx.clone());
                 let pool_tx = pool_tx.clone();
                 let (pieces, next) = (&pieces, &next);
-                s.spawn(move || -> std::result::Result<(), S::Error> {
+                start(s, failed, move || -> std::result::Result<(), S::Error> {
                     let _guard = FailOnPanic(failed);
                     loop {
                         // A buffer first, then a piece: the lowest piece
@@ -371,6 +371,17 @@ fn write_pieces<S: Contents>(
             })
             .collect();
         drop((hash_tx, write_tx, pool_tx));
+        // A thread that could not start: those started stop (`failed`).
+        let mut not_started = None;
+        let hasher = started(hasher, &mut not_started);
+        let writers: Vec<_> = writers
+            .into_iter()
+            .filter_map(|h| started(h, &mut not_started))
+            .collect();
+        let handles: Vec<_> = handles
+            .into_iter()
+            .filter_map(|h| started(h, &mut not_started))
+            .collect();
         let mut first_err = None;
         for h in handles {
             match h.join() {
@@ -390,12 +401,23 @@ fn write_pieces<S: Contents>(
                 written = r;
             }
         }
-        let hash = hasher
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let hash = hasher.map(|h| {
+            h.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
+        if let Some(e) = not_started {
+            return Err(S::Error::from(Error::io(
+                "cannot start a thread to write the packet (a limit on processes, `ulimit -u` \
+                 or the container's pids.max, was reached)",
+                e,
+            )));
+        }
         if let Some(e) = first_err {
             return Err(e);
         }
+        let Some(hash) = hash else {
+            unreachable!("a hasher that did not start is reported above")
+        };
         written?;
         hash?.ok_or_else(|| {
             S::Error::from(Error::io(
@@ -404,6 +426,24 @@ fn write_pieces<S: Contents>(
             ))
         })
     })
+}
+
+/// Starts a thread of scope `s`; one that cannot start (a limit on
+/// processes reached) sets `failed`, so that those started stop.
+fn start<'s, T: Send + 's>(
+    s: &'s std::thread::Scope<'s, '_>,
+    failed: &AtomicBool,
+    f: impl FnOnce() -> T + Send + 's,
+) -> std::io::Result<std::thread::ScopedJoinHandle<'s, T>> {
+    std::thread::Builder::new()
+        .spawn_scoped(s, f)
+        .inspect_err(|_| failed.store(true, Ordering::Relaxed))
+}
+
+/// The thread `h` if it started; if not, its error kept in `first`
+/// (unless one is there already).
+fn started<T>(h: std::io::Result<T>, first: &mut Option<std::io::Error>) -> Option<T> {
+    h.map_err(|e| first.get_or_insert(e)).ok()
 }
 
 /// Writer threads, so many writes in flight.
