@@ -271,11 +271,22 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
     }
 }
 
+/// What [`remove_stale_staging`] found.
+enum Staging {
+    /// Not a staging directory of a killed unpack: the target is not empty.
+    No,
+    /// One, removed.
+    Removed,
+    /// One, kept: why.
+    Kept(String),
+}
+
 /// Removes `path` if it is the staging directory of an unpack into this
 /// target that was killed (named `.sessionfs-unpack.*`, a real directory,
-/// mode 0700 and ours, and no live unpack holds its lock); returns whether
-/// it did.
-fn remove_stale_staging(path: &Path) -> bool {
+/// mode 0700 and ours, and no live unpack holds its lock), unless a file
+/// system is mounted inside it: what is mounted there is not the killed
+/// unpack's to remove.
+fn remove_stale_staging(path: &Path) -> Staging {
     let named = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -288,20 +299,64 @@ fn remove_stale_staging(path: &Path) -> bool {
         m.is_dir() && m.mode() & 0o777 == 0o700 && m.uid() == nix::unistd::geteuid().as_raw()
     });
     if !named || !ours {
-        return false;
+        return Staging::No;
     }
     let Ok(fd) = nix::fcntl::open(
         path,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     ) else {
-        return false;
+        return Staging::No;
     };
     let Ok(_lock) = nix::fcntl::Flock::lock(fd, nix::fcntl::FlockArg::LockExclusiveNonblock) else {
-        return false; // an unpack at work
+        return Staging::No; // an unpack at work
     };
+    if let Some(inside) = mounted_inside(path) {
+        return Staging::Kept(format!(
+            "the target holds the staging directory of an unpack that was killed, and a file \
+             system is mounted inside it ({}); unmount it, then unpack again",
+            inside.display()
+        ));
+    }
     tracing::info!(path = %path.display(), "removing the staging directory of an unpack that was killed");
-    std::fs::remove_dir_all(path).is_ok()
+    if std::fs::remove_dir_all(path).is_ok() {
+        Staging::Removed
+    } else {
+        Staging::No
+    }
+}
+
+/// A mount point at or under directory `dir`, if there is one: from the
+/// mount table where there is one (a bind mount shares its device), else
+/// the first entry on another device.
+fn mounted_inside(dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(dir).ok()?;
+    if let Some(mounts) = crate::sys::mounts() {
+        let under = |p: &[u8]| {
+            p.strip_prefix(real.as_os_str().as_bytes())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"/"))
+        };
+        return mounts
+            .into_iter()
+            .find(|m| under(&m.point))
+            .map(|m| PathBuf::from(std::ffi::OsStr::from_bytes(&m.point)));
+    }
+    let dev = std::fs::symlink_metadata(dir).ok()?.dev();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).ok()?.flatten() {
+            let m = e.metadata().ok()?;
+            if m.dev() != dev {
+                return Some(e.path());
+            }
+            if m.is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    None
 }
 
 /// The target as it names itself: without trailing separators or `.`
@@ -338,10 +393,15 @@ fn check_target(into: &Path) -> Result<bool, Error> {
             let it = std::fs::read_dir(into).map_err(io_err(&shown, "cannot read the target"))?;
             for e in it {
                 let e = e.map_err(io_err(&shown, "cannot read the target"))?;
-                if !remove_stale_staging(&e.path()) {
-                    return Err(refuse(
-                        "the target directory is not empty; unpack into an empty or new directory",
-                    ));
+                match remove_stale_staging(&e.path()) {
+                    Staging::Removed => {}
+                    Staging::Kept(why) => return Err(refuse(&why)),
+                    Staging::No => {
+                        return Err(refuse(
+                            "the target directory is not empty; unpack into an empty or new \
+                             directory",
+                        ));
+                    }
                 }
             }
             Ok(true)

@@ -371,9 +371,71 @@ fn is_zero(b: &[u8]) -> bool {
     b.chunks(256).all(|c| c.iter().fold(0, |a, &x| a | x) == 0)
 }
 
+/// A mount, as `/proc/self/mountinfo` shows it.
+#[derive(Debug)]
+pub struct Mount {
+    /// Its device, `major:minor`.
+    pub dev: String,
+    /// Where it is mounted.
+    pub point: Vec<u8>,
+    /// Its file system type (`ext4`, `fuse.sessionfs`).
+    pub fstype: String,
+    /// Its source (`/dev/sda1`, `sessionfs:<digest>`).
+    pub source: Vec<u8>,
+}
+
+/// Every mount this process sees, in mount order (a later one at the same
+/// point is on top); `None` where `/proc/self/mountinfo` cannot be read
+/// (not Linux). Read from there, so no mount is touched (a FUSE request to
+/// a mount whose daemon is busy could wait).
+pub fn mounts() -> Option<Vec<Mount>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mounts = info.lines().filter_map(|line| {
+        let (fields, rest) = line.split_once(" - ")?;
+        let f: Vec<&str> = fields.split(' ').collect();
+        let mut rest = rest.split(' ');
+        Some(Mount {
+            dev: f.get(2)?.to_string(),
+            point: unescape_mountinfo(f.get(4)?),
+            fstype: rest.next()?.to_owned(),
+            source: rest.next().map(unescape_mountinfo).unwrap_or_default(),
+        })
+    });
+    Some(mounts.collect())
+}
+
+/// A mountinfo path field: spaces, tabs, newlines and backslashes are
+/// written as octal escapes (`\040`).
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mountinfo("/a\\040b\\011c\\134d"), b"/a b\tc\\d");
+        assert_eq!(unescape_mountinfo("/plain"), b"/plain");
+        // Not an escape: kept as it is.
+        assert_eq!(unescape_mountinfo("/x\\09"), b"/x\\09");
+    }
     use std::os::fd::AsFd;
 
     #[test]

@@ -736,6 +736,33 @@ fn unpack_targets() {
     run(into).fails(7, "target_unusable");
     assert!(retry.join(".sessionfs-unpack.live/half").exists());
     drop(lock);
+    // Nor one with a file system mounted inside it: what is mounted there
+    // is not the killed unpack's (a bind mount, on the same device, too).
+    let elsewhere = f.dir.join("elsewhere");
+    write(&elsewhere, "precious", b"keep me");
+    for (k, how) in ["tmpfs", "bind"].into_iter().enumerate() {
+        let inside = retry.join(".sessionfs-unpack.dead").join(format!("m{k}"));
+        fs::create_dir_all(&inside).unwrap();
+        let mounted = match how {
+            "tmpfs" => {
+                let m = FsMount::tmpfs(&inside, "1m");
+                fs::write(inside.join("precious"), b"keep me").unwrap();
+                m
+            }
+            _ => FsMount::bind(&elsewhere, &inside),
+        };
+        let e = run(into);
+        let message = e.fails(7, "target_unusable")["message"].as_str().unwrap();
+        assert!(message.contains("mounted inside"), "{how}: {message}");
+        assert_eq!(
+            fs::read(inside.join("precious")).unwrap(),
+            b"keep me",
+            "{how}"
+        );
+        drop(mounted);
+        fs::remove_dir(&inside).unwrap();
+    }
+    assert_eq!(fs::read(elsewhere.join("precious")).unwrap(), b"keep me");
     run(into).ok();
     assert!(retry.join("workspace/README.md").exists());
     assert!(!retry.join(".sessionfs-unpack.dead").exists());

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::ops::{apply, op};
@@ -871,7 +871,7 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
         // The upper directory on a small file system of its own.
         let small = tmp.path().join("small");
         fs::create_dir(&small).unwrap();
-        let tmpfs = TmpfsMount::new(&small, "4m");
+        let tmpfs = FsMount::tmpfs(&small, "4m");
         let upper = small.join("upper");
         let mnt = tmp.path().join("mnt");
         let bar = tmp.path().join("barrier");
@@ -1041,34 +1041,6 @@ fn spawn_seal_rebase(mnt: &Path, out: &Path) -> std::process::Child {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// A tmpfs of `size` mounted at `at` for one test, unmounted when dropped.
-/// Needs root (CI runs as root); without it the test fails, saying why.
-struct TmpfsMount(PathBuf);
-
-impl TmpfsMount {
-    fn new(at: &Path, size: &str) -> TmpfsMount {
-        let st = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status()
-            .expect("cannot run mount(8)");
-        assert!(
-            st.success(),
-            "mounting a tmpfs failed: this test needs root"
-        );
-        TmpfsMount(at.to_owned())
-    }
-}
-
-impl Drop for TmpfsMount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
 }
 
 #[test]

@@ -224,46 +224,13 @@ impl Ours {
 /// request to a mount whose daemon is busy could wait).
 fn sessionfs_mount_at(mountpoint: &Path, source: &str) -> Option<String> {
     use std::os::unix::ffi::OsStrExt;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = mountpoint.as_os_str().as_bytes();
-    let mut top = None;
-    for line in info.lines() {
-        let Some((fields, rest)) = line.split_once(" - ") else {
-            continue;
-        };
-        let f: Vec<&str> = fields.split(' ').collect();
-        if f.len() < 5 || unescape_mountinfo(f[4]) != want {
-            continue;
-        }
-        // `fuse` when mounted directly, `fuse.sessionfs` by fusermount3.
-        let mut rest = rest.split(' ');
-        let fstype = rest.next().unwrap_or_default();
-        let src = rest.next().map(unescape_mountinfo).unwrap_or_default();
-        let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
-        top = Some((fuse && src == source.as_bytes()).then(|| f[2].to_owned()));
-    }
-    top.flatten()
-}
-
-/// A mountinfo path field: spaces, tabs, newlines and backslashes are
-/// written as octal escapes (`\040`).
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
+    let top = crate::sys::mounts()?
+        .into_iter()
+        .rfind(|m| m.point == want)?;
+    // `fuse` when mounted directly, `fuse.sessionfs` by fusermount3.
+    let fuse = top.fstype == "fuse" || top.fstype.starts_with("fuse.");
+    (fuse && top.source == source.as_bytes()).then_some(top.dev)
 }
 
 /// Unmounts now, failing with EBUSY when files are open on the mount, or
@@ -340,14 +307,6 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape_mountinfo("/a\\040b\\011c\\134d"), b"/a b\tc\\d");
-        assert_eq!(unescape_mountinfo("/plain"), b"/plain");
-        // Not an escape: kept as it is.
-        assert_eq!(unescape_mountinfo("/x\\09"), b"/x\\09");
-    }
 
     #[test]
     fn only_a_sessionfs_mount_on_top_is_ours() {

@@ -436,3 +436,37 @@ pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 pub fn wait_reached(bar: &Path, point: &str) {
     wait_for(point, || bar.join(format!("{point}.reached")).exists());
 }
+
+/// A file system mounted for a test (root only), detached when dropped.
+pub struct FsMount(PathBuf);
+
+impl FsMount {
+    /// A tmpfs of `size` (`4m`) at `at`.
+    pub fn tmpfs(at: &Path, size: &str) -> FsMount {
+        FsMount::new(&["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"], at)
+    }
+
+    /// Directory `from` bound at `at`: the same file system, seen twice.
+    pub fn bind(from: &Path, at: &Path) -> FsMount {
+        FsMount::new(&["--bind", from.to_str().unwrap()], at)
+    }
+
+    fn new(args: &[&str], at: &Path) -> FsMount {
+        let st = std::process::Command::new("mount")
+            .args(args)
+            .arg(at)
+            .status()
+            .expect("cannot run mount(8)");
+        assert!(st.success(), "mount {args:?} failed: this test needs root");
+        FsMount(at.to_owned())
+    }
+}
+
+impl Drop for FsMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
