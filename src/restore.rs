@@ -213,9 +213,17 @@ pub fn unpack(
             reason: format!("cannot move the restored tree into place: {e}"),
         })?;
     } else {
-        std::fs::rename(staging.path(), into).map_err(|e| Error::Target {
+        // Not over a directory made there meanwhile (an empty one would be
+        // replaced, its owner and mode lost): that one is someone's.
+        rename_noreplace(staging.path(), into).map_err(|e| Error::Target {
             path: shown.clone(),
-            reason: format!("cannot move the restored tree into place: {e}"),
+            reason: match e.raw_os_error() {
+                Some(libc::EEXIST | libc::ENOTEMPTY) => "was made by someone else while the \
+                    packet was restored; it is left as it is: unpack into it again (if it is \
+                    an empty directory) or into another one"
+                    .into(),
+                _ => format!("cannot move the restored tree into place: {e}"),
+            },
         })?;
         // The directory now lives at the target: keep TempDir from removing it.
         let _ = staging.keep();

@@ -1159,13 +1159,14 @@ fn missing_or_bad_inputs_are_clear_errors() {
     ]));
     assert!(m.contains("/nonexistent/dir") && !m.contains(".tmp"), "{m}");
     // An existing directory as the output is refused before any work.
-    let m = e_message(&run([
+    let r = run([
         "pack",
         "--workspace",
         ws.to_str().unwrap(),
         "-o",
         tmp.path().to_str().unwrap(),
-    ]));
+    ]);
+    let m = r.fails(7, "target_unusable")["message"].as_str().unwrap();
     assert!(m.contains("is a directory"), "{m}");
     // Every command that reads a packet names the file it could not read.
     for cmd in ["verify", "inspect", "digest"] {
@@ -1870,6 +1871,58 @@ fn a_process_limit_is_an_error_not_a_panic() {
             assert!(!out.exists());
         }
         assert!(failed > 0, "{args:?} never hit the limit");
+    }
+}
+
+/// What is put at the output while the packet is written, where nothing
+/// was, is not replaced: the pack is refused (`target_unusable`, exit 7),
+/// leaving it as it is and no temporary file.
+#[test]
+fn an_output_made_during_the_pack_is_not_replaced() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    for (k, what) in ["notes", "empty", "fifo", "symlink"]
+        .into_iter()
+        .enumerate()
+    {
+        let out = tmp.path().join(format!("p{k}.packet"));
+        let bar = barrier_at(&tmp.path().join("bar"), "hashed");
+        let mut child = KillOnDrop(spawn_pack(&ws, &out, &bar));
+        wait_reached(&bar, "hashed");
+        match what {
+            "notes" => fs::write(&out, b"my notes").unwrap(),
+            "empty" => fs::write(&out, b"").unwrap(),
+            "fifo" => {
+                nix::unistd::mkfifo(&out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+            }
+            _ => std::os::unix::fs::symlink("elsewhere", &out).unwrap(),
+        }
+        let before = fs::symlink_metadata(&out).unwrap();
+        fs::write(bar.join("hashed.go"), b"").unwrap();
+        let code = child.0.wait().unwrap().code();
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
+        let v: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(
+            (code, v["kind"].as_str()),
+            (Some(7), Some("target_unusable")),
+            "{what}: {v}"
+        );
+        assert_eq!(v["path"], out.to_str().unwrap(), "{what}: {v}");
+        let after = fs::symlink_metadata(&out).unwrap();
+        assert_eq!(
+            (after.ino(), after.len()),
+            (before.ino(), before.len()),
+            "{what}"
+        );
+        let left: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{what}: {left:?}");
     }
 }
 

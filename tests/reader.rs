@@ -916,6 +916,54 @@ fn a_sparse_file_comes_back_sparse() {
     assert_eq!(fs::read(into.join("workspace/small")).unwrap(), b"a\0\0\0b");
 }
 
+/// A directory made at a new target while the unpack ran is someone's: it
+/// is not replaced (its owner, mode and inode kept), the unpack is refused
+/// and leaves no staging directory.
+#[test]
+fn a_target_made_during_the_unpack_is_not_replaced() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let into = f.dir.join("new");
+    let bar = f.dir.join("bar");
+    let child = unpack_paused(&p, &into, &bar);
+    fs::DirBuilder::new().mode(0o700).create(&into).unwrap();
+    std::os::unix::fs::chown(&into, Some(65534), Some(65534)).unwrap();
+    let before = fs::metadata(&into).unwrap();
+    for point in ["restored", "committed"] {
+        fs::write(bar.join(format!("{point}.go")), b"").unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (o.status.code(), v["kind"].as_str()),
+        (Some(7), Some("target_unusable")),
+        "{v}"
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("made by someone else"),
+        "{v}"
+    );
+    let after = fs::metadata(&into).unwrap();
+    assert_eq!(
+        (after.ino(), after.uid(), after.mode() & 0o7777),
+        (before.ino(), 65534, 0o700)
+    );
+    assert_eq!(fs::read_dir(&into).unwrap().count(), 0);
+    let left: Vec<_> = fs::read_dir(&f.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("sessionfs-unpack"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // It is empty: unpacking into it again works, and keeps it.
+    unpack(&p, &into, &[]);
+    assert_eq!(fs::metadata(&into).unwrap().ino(), before.ino());
+}
+
 /// An unpack stopped by a signal removes its staging directory: nothing is
 /// left beside the target, and the target does not appear.
 #[test]

@@ -28,6 +28,9 @@ pub use in_order::{Keep, hash_new, write_in_order};
 pub struct Output {
     tmp: tempfile::NamedTempFile,
     dest: PathBuf,
+    /// Whether anything was at `dest` when the output was made: where
+    /// nothing was, nothing is replaced.
+    existed: bool,
     /// The temporary file is removed if the process is interrupted.
     _pending: crate::interrupt::Pending,
 }
@@ -48,11 +51,10 @@ impl Output {
             .to_string_lossy();
         // Found now, not at the rename after all the work.
         if std::fs::metadata(dest).is_ok_and(|m| m.is_dir()) {
-            return Err(Error::io_at(
-                dest,
-                "is a directory; name the packet file to write",
-                io::Error::from_raw_os_error(libc::EISDIR),
-            ));
+            return Err(Error::TargetUnusable {
+                path: dest.display().to_string(),
+                reason: "is a directory; name the packet file to write".into(),
+            });
         }
         // Made and registered as one step (see crate::interrupt).
         let _creating = crate::interrupt::creating();
@@ -72,6 +74,7 @@ impl Output {
             _pending: crate::interrupt::remove_on_interrupt(tmp.path()),
             tmp,
             dest: dest.to_owned(),
+            existed: std::fs::symlink_metadata(dest).is_ok(),
         })
     }
 
@@ -153,15 +156,38 @@ impl Output {
         let Output {
             tmp,
             dest,
+            existed,
             _pending: pending,
         } = self;
+        // Judged again at the last moment: something put at the output
+        // while the packet was written is not replaced unless it may be
+        // (nothing, an older packet, an empty file, a symlink).
+        let unusable = |reason: String| Error::TargetUnusable {
+            path: dest.display().to_string(),
+            reason,
+        };
+        if let Some(reason) = refuse_replacing(&dest) {
+            return Err(unusable(format!(
+                "{reason} (put there while the packet was written)"
+            )));
+        }
         let (file, placed) = {
             // An interrupt sees the output either not replaced (and removes
             // the temporary file) or replaced (and leaves it be).
             let _commit = crate::interrupt::creating();
-            let file = tmp
-                .persist(&dest)
-                .map_err(|e| Error::io_at(&dest, "cannot rename the output into place", e.error))?;
+            let placed = if !existed {
+                tmp.persist_noclobber(&dest)
+            } else {
+                tmp.persist(&dest)
+            };
+            let file = placed.map_err(|e| match e.error.kind() {
+                io::ErrorKind::AlreadyExists => unusable(
+                    "appeared while the packet was written; it is left as it is: remove it, \
+                     or name another output"
+                        .into(),
+                ),
+                _ => Error::io_at(&dest, "cannot rename the output into place", e.error),
+            })?;
             drop(pending);
             crate::interrupt::committed();
             // The ctime once in place, at once: a write since, its mtime

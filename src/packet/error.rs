@@ -347,6 +347,17 @@ pub enum Error {
         /// The digest found.
         found: String,
     },
+
+    /// The output path holds something a packet must not replace (a
+    /// directory, a file that is not a packet, a device), found there at
+    /// the start or when the packet was to be put in place.
+    #[error("{path}: {reason}")]
+    TargetUnusable {
+        /// The output path.
+        path: String,
+        /// What is there, and what to do.
+        reason: String,
+    },
 }
 
 /// Result alias of the packet layer.
@@ -421,6 +432,7 @@ impl Error {
             Error::Truncated { .. } => "truncated",
             Error::TrailingBytes { .. } => "trailing_bytes",
             Error::DigestMismatch { .. } => "digest_mismatch",
+            Error::TargetUnusable { .. } => "target_unusable",
         }
     }
 
@@ -459,6 +471,7 @@ impl Error {
             | Error::Truncated { .. }
             | Error::TrailingBytes { .. }
             | Error::DigestMismatch { .. } => ErrorClass::Invalid,
+            Error::TargetUnusable { .. } => ErrorClass::Refused,
         }
     }
 
@@ -476,6 +489,7 @@ impl Error {
             | Error::SymlinkEscapes { path, .. }
             | Error::SymlinkBudget { path, .. }
             | Error::FormatLimit { path, .. }
+            | Error::TargetUnusable { path, .. }
             | Error::ContentMismatch { path, .. } => Some(path),
             Error::LimitExceeded { path, .. } => path.as_deref(),
             Error::BadChecksum { member, .. }
