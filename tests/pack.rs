@@ -2035,8 +2035,28 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
             .unwrap();
         f.write_all_at(b"er\n", 6).unwrap();
     };
+    // Replaced by a directory (whose read fails) or a socket (whose open
+    // fails), put back after each case.
+    let replace = |rel: &'static str, by: &'static str| -> Box<dyn Fn()> {
+        let p = ws.join(rel);
+        Box::new(move || {
+            fs::rename(&p, p.with_extension("away")).unwrap();
+            if by == "dir" {
+                fs::create_dir(&p).unwrap();
+            } else {
+                std::mem::forget(std::os::unix::net::UnixListener::bind(&p).unwrap());
+            }
+        })
+    };
+    let put_back = |rel: &str| {
+        let p = ws.join(rel);
+        if p.with_extension("away").exists() {
+            let _ = fs::remove_dir(&p).or_else(|_| fs::remove_file(&p));
+            fs::rename(p.with_extension("away"), &p).unwrap();
+        }
+    };
     type Change<'a> = Box<dyn Fn() + 'a>;
-    let cases: [(&str, &str, Change); 3] = [
+    let cases: [(&str, &str, Change); 5] = [
         (
             "small.txt",
             "was modified",
@@ -2048,6 +2068,12 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
             Box::new(|| overwrite_keeping_mtime("big.bin", 5 << 20)),
         ),
         ("grows.txt", "changed size", Box::new(grow)),
+        ("small.txt", "was replaced", replace("small.txt", "dir")),
+        (
+            "small.txt",
+            "was replaced or removed",
+            replace("small.txt", "socket"),
+        ),
     ];
     // Nothing held: every file is read again, and compared.
     for (rel, what, change) in cases {
@@ -2069,6 +2095,7 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
             .filter(|n| n.ends_with(".tmp"))
             .collect();
         assert!(left.is_empty(), "temporary files left: {left:?}");
+        put_back(rel);
     }
     // Untouched between the passes, the same tree packs and verifies.
     let (code, v) = pack_changed_between_passes(&ws, &out, "0", || {});

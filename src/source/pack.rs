@@ -435,10 +435,13 @@ impl Contents for PackContents<'_> {
             Mode::empty(),
         )
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP | libc::ENOENT | libc::EXDEV | libc::ENOTDIR) => Error::Changed {
-                path: path.into(),
-                what: "was replaced or removed",
-            },
+            // (ENXIO: a socket in its place.)
+            Some(libc::ELOOP | libc::ENOENT | libc::EXDEV | libc::ENOTDIR | libc::ENXIO) => {
+                Error::Changed {
+                    path: path.into(),
+                    what: "was replaced or removed",
+                }
+            }
             _ => Error::io(&root.dir.join(&src.rel), "cannot open", e),
         })?;
         // Its stamp is checked after the read: any change since the walk
@@ -457,7 +460,14 @@ impl ContentReader for PackReader<'_> {
 
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {
         match self {
-            PackReader::Disk(d) => read_exact(&mut d.file, buf, d.path),
+            // A read that fails on a file replaced since the walk (by a
+            // directory: EISDIR) says so.
+            PackReader::Disk(d) => {
+                read_exact(&mut d.file, buf, d.path).map_err(|e| match d.check_stamp() {
+                    Err(changed @ Error::Changed { .. }) => changed,
+                    _ => e,
+                })
+            }
             PackReader::Held(rest, path) => {
                 // The writer asks for no more than the size the walk saw,
                 // which is the size held.

@@ -601,9 +601,19 @@ impl Walker<'_, '_> {
                     });
                 }
                 SFlag::S_IFLNK => {
-                    let target = readlinkat(dirfd.as_fd(), child.name.as_str()).map_err(|e| {
-                        Error::io(&shown.join(&child.name), "cannot read symlink", e.into())
-                    })?;
+                    let target =
+                        readlinkat(dirfd.as_fd(), child.name.as_str()).map_err(|e| match e {
+                            // No longer a symlink, or gone, since the directory was read.
+                            nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT => {
+                                Error::Changed {
+                                    path: cpath.clone(),
+                                    what: "was replaced or removed",
+                                }
+                            }
+                            e => {
+                                Error::io(&shown.join(&child.name), "cannot read symlink", e.into())
+                            }
+                        })?;
                     let target = target.as_bytes();
                     let stored = self.link(root, depth, &cpath, target, &mut out.report)?;
                     self.count(&cpath, 0)?;
