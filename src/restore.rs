@@ -169,7 +169,11 @@ pub fn unpack(
             ))?
     } else {
         tempfile::Builder::new()
-            .prefix(&format!(".{name}.sessionfs-unpack."))
+            .prefix(&format!(
+                ".{}.sessionfs-unpack.",
+                // Room for the rest (25 bytes with the random part).
+                crate::sys::name_part(&name, crate::sys::NAME_MAX - 25)
+            ))
             .permissions(private)
             .tempdir_in(parent)
             .map_err(io_err(

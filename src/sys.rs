@@ -371,6 +371,20 @@ fn is_zero(b: &[u8]) -> bool {
     b.chunks(256).all(|c| c.iter().fold(0, |a, &x| a | x) == 0)
 }
 
+/// The longest name a directory entry may have, in bytes (Linux and
+/// macOS).
+pub const NAME_MAX: usize = 255;
+
+/// `name` cut to at most `room` bytes, at a character boundary: for the
+/// names of temporary files made from a user's name plus a fixed part.
+pub fn name_part(name: &str, room: usize) -> &str {
+    let mut end = name.len().min(room);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
 /// A mount, as `/proc/self/mountinfo` shows it.
 #[derive(Debug)]
 pub struct Mount {

@@ -1926,6 +1926,32 @@ fn an_output_made_during_the_pack_is_not_replaced() {
     }
 }
 
+/// An output or target whose name is as long as a name may be (255 bytes)
+/// works: the temporary file and the staging directory beside it are named
+/// from a shortened name, cut at a character boundary.
+#[test]
+fn names_of_the_longest_length_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let long = format!("{}x", "é".repeat(127));
+    assert_eq!(long.len(), 255);
+    let out = tmp.path().join(&long);
+    pack(&ws, &out, &[]);
+    run(["verify", out.to_str().unwrap()]).ok();
+    // Again, over the packet now there.
+    pack(&ws, &out, &[]);
+    let into = tmp.path().join("d").join(&long);
+    fs::create_dir(tmp.path().join("d")).unwrap();
+    unpack(&out, &into, &[]);
+    assert_eq!(fs::read(into.join("workspace/a")).unwrap(), b"a");
+    let names: Vec<_> = fs::read_dir(tmp.path().join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+}
+
 /// A child killed outright when dropped: a test that fails while its child
 /// hangs leaves no process behind.
 struct KillOnDrop(std::process::Child);

@@ -35,6 +35,16 @@ pub struct Output {
     _pending: crate::interrupt::Pending,
 }
 
+/// The start of the name of the temporary file for an output named
+/// `name`: `.<name>.`, the name cut short where the whole
+/// (`.<name>.<6 random>.tmp`) would be longer than a name may be.
+pub fn temp_prefix(name: &str) -> String {
+    format!(
+        ".{}.",
+        crate::sys::name_part(name, crate::sys::NAME_MAX - 12)
+    )
+}
+
 impl Output {
     /// Creates the temporary file (`.<name>.<random>.tmp`, mode 0600).
     pub fn create(dest: &Path) -> Result<Output> {
@@ -59,7 +69,7 @@ impl Output {
         // Made and registered as one step (see crate::interrupt).
         let _creating = crate::interrupt::creating();
         let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{name}."))
+            .prefix(&temp_prefix(&name))
             .suffix(".tmp")
             .tempfile_in(dir)
             .map_err(|e| {

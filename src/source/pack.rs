@@ -113,7 +113,7 @@ fn stale_temporaries(output: &Path) -> Vec<(u64, u64)> {
     } else {
         dir
     };
-    let prefix = format!(".{}.", name.to_string_lossy());
+    let prefix = crate::output::temp_prefix(&name.to_string_lossy());
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
