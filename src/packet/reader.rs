@@ -105,9 +105,11 @@ pub fn read_manifest_bytes(file: &File, limits: &Limits) -> Result<RawManifest> 
 fn read_exact_at(file: &File, buf: &mut [u8], offset: u64, file_len: u64) -> Result<()> {
     file.read_exact_at(buf, offset).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
+            // Cut short since it was opened (its length was checked then):
+            // the length it had, against the one it has now.
             Error::Truncated {
-                expected: offset + buf.len() as u64,
-                actual: file_len,
+                expected: file_len.max(offset + buf.len() as u64),
+                actual: file.metadata().map_or(offset, |m| m.len()),
             }
         } else {
             Error::io(format!("cannot read the packet at byte {offset}"), e)
@@ -468,5 +470,27 @@ impl RangeReader<'_, '_> {
             out.extend_from_slice(piece);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A packet cut short while it is read: the length it had when opened
+    /// (checked against its layout then) against the one it has now.
+    #[test]
+    fn truncation_while_reading_names_both_lengths() {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &[7u8; 4096]).unwrap();
+        f.set_len(1024).unwrap();
+        let mut buf = [0u8; 512];
+        match read_exact_at(&f, &mut buf, 2048, 4096) {
+            Err(Error::Truncated { expected, actual }) => {
+                assert_eq!((expected, actual), (4096, 1024));
+            }
+            other => panic!("{other:?}"),
+        }
+        read_exact_at(&f, &mut buf, 512, 4096).unwrap();
     }
 }
