@@ -1168,6 +1168,15 @@ fn missing_or_bad_inputs_are_clear_errors() {
     ]);
     let m = r.fails(7, "target_unusable")["message"].as_str().unwrap();
     assert!(m.contains("is a directory"), "{m}");
+    // So is a name ending in `/`, which can only name one.
+    let slashed = format!("{}/p.packet/", tmp.path().display());
+    let r = run(["pack", "--workspace", ws.to_str().unwrap(), "-o", &slashed]);
+    let m = r.fails(7, "target_unusable")["message"].as_str().unwrap();
+    assert!(
+        m.starts_with(&slashed) && m.contains("ends with `/`"),
+        "{m}"
+    );
+    assert!(!tmp.path().join("p.packet").exists());
     // Every command that reads a packet names the file it could not read.
     for cmd in ["verify", "inspect", "digest"] {
         let e = run([cmd, tmp.path().to_str().unwrap()]);
@@ -1996,6 +2005,13 @@ fn an_interrupted_pack_leaves_nothing_behind() {
         assert_eq!(
             (o.status.code(), v["kind"].as_str()),
             (Some(code), Some("interrupted")),
+            "{v}"
+        );
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .ends_with("what it had half-written was removed (1 path)"),
             "{v}"
         );
         assert_eq!(temporaries(), 0, "the temporary file is left");

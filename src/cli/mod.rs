@@ -195,7 +195,8 @@ fn report_interrupt(i: crate::interrupt::Interrupted) {
                 .to_owned()
         }
         (0, 0) => "nothing was half-written".to_owned(),
-        (n, 0) => format!("what it had half-written was removed ({n})"),
+        (1, 0) => "what it had half-written was removed (1 path)".to_owned(),
+        (n, 0) => format!("what it had half-written was removed ({n} paths)"),
         (_, n) => format!("{n} half-written path(s) could not be removed (named above)"),
     };
     let mut e = CliError::usage(format!("interrupted by {}; {done}", i.signal));

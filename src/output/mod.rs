@@ -60,6 +60,13 @@ impl Output {
             })?
             .to_string_lossy();
         // Found now, not at the rename after all the work.
+        if dest.as_os_str().as_encoded_bytes().ends_with(b"/") {
+            return Err(Error::TargetUnusable {
+                path: dest.display().to_string(),
+                reason: "ends with `/`, which names a directory; name the packet file without it"
+                    .into(),
+            });
+        }
         if std::fs::metadata(dest).is_ok_and(|m| m.is_dir()) {
             return Err(Error::TargetUnusable {
                 path: dest.display().to_string(),
