@@ -201,7 +201,19 @@ pub fn unpack(
         root_name,
         owner: opts.owner,
     };
-    let outcome = writer.restore(progress)?;
+    // An entry that could not be written is named where it was going (the
+    // target, not the packet's path): a full disk is the target's.
+    let outcome = writer.restore(progress).map_err(|e| match e {
+        Error::Io { path, op, source } => Error::Io {
+            path: match writer.rel(&path) {
+                Some("") | None => shown.clone(),
+                Some(rel) => format!("{}/{rel}", shown.trim_end_matches('/')),
+            },
+            op,
+            source,
+        },
+        e => e,
+    })?;
     crate::barrier::wait(crate::barrier::from_env().as_deref(), "restored");
     if !exists {
         // The new root's owner, before it is in place: it widens nothing

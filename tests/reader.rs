@@ -964,6 +964,40 @@ fn a_target_made_during_the_unpack_is_not_replaced() {
     assert_eq!(fs::metadata(&into).unwrap().ino(), before.ino());
 }
 
+/// An unpack onto a full disk fails as `io`, naming where the entry was
+/// going (in the target, not the packet's path), and leaves nothing: no
+/// target, no staging directory, an existing target as it was.
+#[test]
+fn an_unpack_onto_a_full_disk_leaves_nothing() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    let small = f.dir.join("small");
+    fs::create_dir(&small).unwrap();
+    let _tmpfs = FsMount::tmpfs(&small, "1m");
+    for (into, part) in [
+        (small.join("new"), None),
+        (small.join("part"), Some("workspace")),
+    ] {
+        let mut args = vec![
+            "unpack",
+            p.to_str().unwrap(),
+            "--into",
+            into.to_str().unwrap(),
+        ];
+        args.extend(part.map(|p| ["--part", p]).into_iter().flatten());
+        let e = run(&args);
+        let v = e.fails(6, "io");
+        let path = v["path"].as_str().unwrap();
+        assert!(path.starts_with(into.to_str().unwrap()), "{v}");
+        assert!(
+            v["message"].as_str().unwrap().contains("No space left"),
+            "{v}"
+        );
+        assert!(!into.exists(), "{v}");
+    }
+    assert_eq!(fs::read_dir(&small).unwrap().count(), 0, "left on the disk");
+}
+
 /// An unpack stopped by a signal removes its staging directory: nothing is
 /// left beside the target, and the target does not appear.
 #[test]
