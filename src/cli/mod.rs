@@ -145,9 +145,14 @@ pub fn main() -> ExitCode {
     }
     // The worker threads start here, where failing to is an error like any
     // other: started on first use, rayon would panic (a limit on processes,
-    // `ulimit -u` or a container's pids.max, reached).
-    let light = matches!(cli.command, Command::Umount(_) | Command::Status(_));
-    if !light && let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
+    // `ulimit -u` or a container's pids.max, reached). Not for a mount: its
+    // daemon blocks the signals it waits for before it starts any thread
+    // (a thread started before would take them, see crate::fuse::daemon).
+    let pooled = !matches!(
+        cli.command,
+        Command::Umount(_) | Command::Status(_) | Command::Mount(_)
+    );
+    if pooled && let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
         return report(CliError::new(
             Some(crate::packet::error::ErrorClass::Io),
             "io",
