@@ -1961,17 +1961,6 @@ fn names_of_the_longest_length_work() {
     assert_eq!(names.len(), 1, "{names:?}");
 }
 
-/// A child killed outright when dropped: a test that fails while its child
-/// hangs leaves no process behind.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A pack stopped by a signal removes its temporary file and says so
 /// (exit 128 + the signal); one killed outright leaves it, and the next
 /// pack to that output leaves it out of the tree, as an older output.

@@ -840,6 +840,58 @@ fn hard_links_are_separate_files_after_a_rebase() {
     m.umount();
 }
 
+/// A rebase that gives a hard link's other name a number of its own tells
+/// the kernel only once changes may go on: an operation in that directory
+/// waiting for the seal (holding the directory's lock, which the kernel
+/// needs to drop the name) would otherwise never end, nor the seal.
+#[test]
+fn a_rebase_renumbering_names_waits_for_no_operation() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = model_packet(tmp.path());
+    let (mnt, upper, bar) = (
+        tmp.path().join("mnt"),
+        tmp.path().join("upper"),
+        tmp.path().join("bar"),
+    );
+    let (_unmount, _) = mount_paused_at(&packet, &mnt, &upper, &bar, "rebase-compacted");
+    fs::write(mnt.join("m.txt"), b"made").unwrap();
+    fs::hard_link(mnt.join("m.txt"), mnt.join("l.txt")).unwrap();
+    let mut seal_cmd = KillOnDrop(spawn_seal_rebase(&mnt, &tmp.path().join("next.packet")));
+    wait_reached(&bar, "rebase-compacted");
+    // A create in the same directory, waiting for the seal (in a process
+    // of its own: one waiting on a mount that never answers cannot exit).
+    let mut create = KillOnDrop(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo new > '{}'", mnt.join("new.txt").display()))
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    fs::write(bar.join("rebase-compacted.go"), b"").unwrap();
+    let ended = |c: &mut KillOnDrop| {
+        (0..3000).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            c.0.try_wait().unwrap().is_some()
+        })
+    };
+    if !ended(&mut seal_cmd) {
+        // Deadlocked: only aborting the connection frees them.
+        abort_fuse_connection(&mnt);
+        panic!("the seal and a create waiting for it never ended");
+    }
+    assert_eq!(seal_cmd.0.wait().unwrap().code(), Some(0));
+    assert!(ended(&mut create), "the create never ended");
+    assert!(create.0.wait().unwrap().success());
+    assert_eq!(fs::read(mnt.join("new.txt")).unwrap(), b"new\n");
+    let ino = |n: &str| fs::metadata(mnt.join(n)).unwrap().ino();
+    assert_ne!(ino("m.txt"), ino("l.txt"));
+    run(["umount", mnt.to_str().unwrap()]).ok();
+}
+
 /// A rebase that fails after the packet is written says so (`rebase_failed`,
 /// exit 6): the error names the packet, gives its digest and says truly
 /// what the mount serves. Before the record that commits the move (the

@@ -217,7 +217,7 @@ impl Overlay {
             }
             _ => hashbrown::HashMap::new(),
         };
-        let (lower, inos) = new_lower(packet, opts, &given)?;
+        let (lower, inos) = new_lower(packet, opts, &given, &[])?;
         tracing::debug!(elapsed = ?t.elapsed(), "lower index built");
         let lower = std::sync::Arc::new(lower);
         let mut state = State::new(lower.clone(), inos);
@@ -1100,8 +1100,12 @@ fn new_lower(
     mut packet: Packet,
     opts: Options,
     given: &hashbrown::HashMap<String, Ino>,
+    reserved: &[Ino],
 ) -> Result<(Lower, InoAllocator)> {
     let mut inos = InoAllocator::with_capacity(packet.manifest.entries.len());
+    for &ino in reserved {
+        inos.claim(ino);
+    }
     let parents = std::mem::take(&mut packet.parents);
     let index = LowerIndex::build_with(&packet.manifest, parents, &mut inos, given);
     let root = match opts.part {

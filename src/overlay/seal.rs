@@ -184,6 +184,15 @@ struct Item {
     origin: Option<Idx>,
 }
 
+/// How far a rebase went: whether the mount serves the new packet, and
+/// the names it gave other numbers (their directory's number, the name),
+/// for the kernel to drop once changes may go on.
+#[derive(Default)]
+struct Moved {
+    moved: bool,
+    renamed: Vec<(Ino, String)>,
+}
+
 enum ItemKind {
     Dir,
     Symlink(String),
@@ -194,6 +203,28 @@ impl Overlay {
     /// Seals the merged view into `opts.output`. Changes wait until it is
     /// done; readers do not.
     pub fn seal(&self, opts: &SealOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<SealOutcome> {
+        let mut renamed = Vec::new();
+        let sealed = self.seal_holding(opts, progress, &mut renamed);
+        // Names a rebase gave other numbers, told to the kernel once
+        // changes may go on: it drops a name under its directory's lock,
+        // which an operation waiting for the seal may hold. Until then a
+        // cached name still leads to the file that kept the number.
+        if let Some(f) = &*self.invalidate.lock() {
+            for (dir, name) in &renamed {
+                f(Stale::Entry(*dir, name));
+            }
+        }
+        sealed
+    }
+
+    /// [`Overlay::seal`], holding changes; the names a rebase gave other
+    /// numbers go to `renamed` (their directory's number and the name).
+    fn seal_holding(
+        &self,
+        opts: &SealOptions,
+        progress: &(dyn Fn(u64) + Sync),
+        renamed: &mut Vec<(Ino, String)>,
+    ) -> Result<SealOutcome> {
         let _hold = self.mutations.write();
         let t0 = std::time::Instant::now();
         let phase = |name: &str| {
@@ -323,19 +354,20 @@ impl Overlay {
         crate::barrier::wait(opts.barrier.as_deref(), "committed");
         phase("committed");
         if opts.rebase {
-            let mut moved = false;
-            self.rebase_onto(
+            let mut moved = Moved::default();
+            let rebased = self.rebase_onto(
                 &opts.output,
                 (&written, digest),
                 &items,
                 &opts.limits,
                 opts.barrier.as_deref(),
                 &mut moved,
-            )
-            .map_err(|e| Error::Rebase {
+            );
+            renamed.append(&mut moved.renamed);
+            rebased.map_err(|e| Error::Rebase {
                 output: opts.output.display().to_string(),
                 digest: digest.to_string(),
-                moved,
+                moved: moved.moved,
                 source: Box::new(e),
             })?;
         }
@@ -374,12 +406,13 @@ impl Overlay {
 
     /// Continues the mount on the packet just written at `output`, with an
     /// empty upper directory, without unmounting. Paths keep their inode
-    /// numbers, open files keep working. The commit point is one journal
+    /// numbers (but for the other names of a hard-linked file, which go to
+    /// `renamed`), open files keep working. The commit point is one journal
     /// record: a crash before it re-mounts the old packet with the old
     /// changes, after it the new packet (see docs/upper-format.md). The
     /// file at `output` is first checked to be `written` (the file as
     /// committed, and its digest) and the new view built, all before that
-    /// record; `moved` is set once the mount serves the new packet (a
+    /// record; `moved.moved` is set once the mount serves the new packet (a
     /// failure says which, see [`Error::Rebase`]).
     fn rebase_onto(
         &self,
@@ -388,7 +421,7 @@ impl Overlay {
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
-        moved: &mut bool,
+        moved: &mut Moved,
     ) -> Result<()> {
         use rayon::prelude::*;
         use std::os::unix::fs::MetadataExt;
@@ -447,17 +480,8 @@ impl Overlay {
         // record may fail but making it durable (rolled back if it fails)
         // and tidying the upper directory once the mount has moved.
         let given_map: hashbrown::HashMap<String, Ino> = given.iter().cloned().collect();
-        let (lower, inos) = super::new_lower(packet, self.opts, &given_map)?;
-        if !lower.verifier.opened_as(&lower.packet, written.0) {
-            return Err(refuse("modified"));
-        }
-        // Every chunk was verified or hashed as this daemon wrote it.
-        lower.verifier.mark_all();
-        let lower = Arc::new(lower);
-        phase("indexed");
-        let mut fresh = super::state::State::new(lower, inos);
-        // Unlinked files the kernel still holds (open or mapped) live on, on
-        // their own data files.
+        // Unlinked files the kernel still holds (open or mapped) live on,
+        // on their own data files, under numbers no name may take.
         let open_unlinked: Vec<Ino> = {
             let st = self.state.read_recursive();
             st.nodes
@@ -466,6 +490,15 @@ impl Overlay {
                 .map(|(i, _)| *i)
                 .collect()
         };
+        let (lower, inos) = super::new_lower(packet, self.opts, &given_map, &open_unlinked)?;
+        if !lower.verifier.opened_as(&lower.packet, written.0) {
+            return Err(refuse("modified"));
+        }
+        // Every chunk was verified or hashed as this daemon wrote it.
+        lower.verifier.mark_all();
+        let lower = Arc::new(lower);
+        phase("indexed");
+        let mut fresh = super::state::State::new(lower, inos);
         for &ino in &open_unlinked {
             self.copy_up_held(ino, None)?;
         }
@@ -503,7 +536,7 @@ impl Overlay {
             fresh.next_data = st.next_data;
             fresh.applied = st.applied;
             *st = fresh;
-            *moved = true;
+            moved.moved = true;
             // The kernel's references carry over: paths keep their numbers
             // (the moved nodes brought their own).
             let carried: HashSet<Ino> = open_unlinked.iter().copied().collect();
@@ -534,14 +567,14 @@ impl Overlay {
                 f(Stale::Attr(ino));
             }
             f(Stale::Attr(super::ino::ROOT));
-            for &k in &renumbered {
-                let Some((dir, name)) = items[k].path.rsplit_once('/') else {
-                    continue;
-                };
-                let at = items.binary_search_by(|it| it.path.as_bytes().cmp(dir.as_bytes()));
-                if let Ok(k) = at {
-                    f(Stale::Entry(items[k].ino, name));
-                }
+        }
+        for &k in &renumbered {
+            let Some((dir, name)) = items[k].path.rsplit_once('/') else {
+                continue;
+            };
+            let at = items.binary_search_by(|it| it.path.as_bytes().cmp(dir.as_bytes()));
+            if let Ok(d) = at {
+                moved.renamed.push((items[d].ino, name.to_owned()));
             }
         }
         phase("invalidated");

@@ -470,3 +470,41 @@ impl Drop for FsMount {
             .status();
     }
 }
+
+/// A child killed outright when dropped: a test that fails while its child
+/// hangs leaves no process behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Aborts the FUSE connection of the mount at `mnt` (through fusectl,
+/// mounted if it is not): every request waiting on it fails, so that a
+/// test that found the mount deadlocked can end instead of hanging (a
+/// process waiting for a request already sent to the daemon cannot be
+/// killed, nor can a daemon stuck in the kernel).
+pub fn abort_fuse_connection(mnt: &Path) {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mnt.to_str().unwrap();
+    let Some(minor) = info
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .filter(|f| f.len() > 4 && f[4] == want)
+        .filter_map(|f| f[2].split(':').nth(1).map(str::to_owned))
+        .next_back()
+    else {
+        return;
+    };
+    let dir = Path::new("/sys/fs/fuse/connections");
+    if !dir.join(&minor).exists() {
+        let _ = std::process::Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(dir)
+            .status();
+    }
+    let _ = fs::write(dir.join(minor).join("abort"), b"1");
+}
