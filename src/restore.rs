@@ -231,7 +231,7 @@ pub fn unpack(
     } else {
         // Not over a directory made there meanwhile (an empty one would be
         // replaced, its owner and mode lost): that one is someone's.
-        rename_noreplace(staging.path(), into).map_err(|e| Error::Target {
+        sys::rename_noreplace(staging.path(), into).map_err(|e| Error::Target {
             path: shown.clone(),
             reason: match e.raw_os_error() {
                 Some(libc::EEXIST | libc::ENOTEMPTY) => "was made by someone else while the \
@@ -267,32 +267,15 @@ fn move_into(staging: &Path, into: &Path) -> std::io::Result<()> {
         .collect::<std::io::Result<_>>()?;
     let mut moved = Vec::new();
     for n in &names {
-        if let Err(e) = rename_noreplace(&staging.join(n), &into.join(n)) {
+        if let Err(e) = sys::rename_noreplace(&staging.join(n), &into.join(n)) {
             for m in moved.iter().rev() {
-                let _ = rename_noreplace(&into.join(m), &staging.join(m));
+                let _ = sys::rename_noreplace(&into.join(m), &staging.join(m));
             }
             return Err(e);
         }
         moved.push(n);
     }
     Ok(())
-}
-
-/// `rename` that fails (EEXIST) rather than replace what is at `to`.
-fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
-        renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE)
-            .map_err(std::io::Error::from)
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        if std::fs::symlink_metadata(to).is_ok() {
-            return Err(std::io::Error::from_raw_os_error(libc::EEXIST));
-        }
-        std::fs::rename(from, to)
-    }
 }
 
 /// What [`remove_stale_staging`] found.

@@ -371,6 +371,25 @@ fn is_zero(b: &[u8]) -> bool {
     b.chunks(256).all(|c| c.iter().fold(0, |a, &x| a | x) == 0)
 }
 
+/// `rename` that fails (EEXIST) rather than replace what is at `to`.
+/// Where the file system cannot rename so (`RENAME_NOREPLACE` is EINVAL
+/// on NFS and some FUSE file systems), and elsewhere than Linux, it looks
+/// first and renames: something made at `to` in between is replaced.
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+        match renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE) {
+            Err(nix::errno::Errno::EINVAL) => {}
+            r => return r.map_err(io::Error::from),
+        }
+    }
+    if std::fs::symlink_metadata(to).is_ok() {
+        return Err(io::Error::from_raw_os_error(libc::EEXIST));
+    }
+    std::fs::rename(from, to)
+}
+
 /// The longest name a directory entry may have, in bytes (Linux and
 /// macOS).
 pub const NAME_MAX: usize = 255;

@@ -1169,14 +1169,16 @@ fn missing_or_bad_inputs_are_clear_errors() {
     let m = r.fails(7, "target_unusable")["message"].as_str().unwrap();
     assert!(m.contains("is a directory"), "{m}");
     // So is a name ending in `/`, which can only name one.
-    let slashed = format!("{}/p.packet/", tmp.path().display());
-    let r = run(["pack", "--workspace", ws.to_str().unwrap(), "-o", &slashed]);
-    let m = r.fails(7, "target_unusable")["message"].as_str().unwrap();
-    assert!(
-        m.starts_with(&slashed) && m.contains("ends with `/`"),
-        "{m}"
-    );
-    assert!(!tmp.path().join("p.packet").exists());
+    for end in ["/", "/."] {
+        let slashed = format!("{}/p.packet{end}", tmp.path().display());
+        let r = run(["pack", "--workspace", ws.to_str().unwrap(), "-o", &slashed]);
+        let m = r.fails(7, "target_unusable")["message"].as_str().unwrap();
+        assert!(
+            m.starts_with(&slashed) && m.contains("ends with `/`"),
+            "{m}"
+        );
+        assert!(!tmp.path().join("p.packet").exists());
+    }
     // Every command that reads a packet names the file it could not read.
     for cmd in ["verify", "inspect", "digest"] {
         let e = run([cmd, tmp.path().to_str().unwrap()]);
@@ -1892,16 +1894,25 @@ fn an_output_made_during_the_pack_is_not_replaced() {
     let tmp = tempfile::tempdir().unwrap();
     let ws = tmp.path().join("ws");
     write(&ws, "a", b"a");
-    for (k, what) in ["notes", "empty", "fifo", "symlink"]
+    for (k, what) in ["notes", "empty", "fifo", "symlink", "packet then notes"]
         .into_iter()
         .enumerate()
     {
         let out = tmp.path().join(format!("p{k}.packet"));
+        if what == "packet then notes" {
+            // An older packet at the start, which may be replaced; a notes
+            // file by the end, which may not.
+            pack(&ws, &out, &[]);
+        }
         let bar = barrier_at(&tmp.path().join("bar"), "hashed");
         let mut child = KillOnDrop(spawn_pack(&ws, &out, &bar));
         wait_reached(&bar, "hashed");
         match what {
             "notes" => fs::write(&out, b"my notes").unwrap(),
+            "packet then notes" => {
+                fs::write(tmp.path().join("notes"), b"my notes").unwrap();
+                fs::rename(tmp.path().join("notes"), &out).unwrap();
+            }
             "empty" => fs::write(&out, b"").unwrap(),
             "fifo" => {
                 nix::unistd::mkfifo(&out, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()

@@ -234,7 +234,7 @@ pub fn report(e: CliError) -> ExitCode {
         tracing::error!("{}", e.message);
         if let Err(err) = print_json(&e.to_value()) {
             // The error's own code stands; its message is on stderr.
-            unprinted(&err);
+            tracing::error!("cannot write the error to stdout either: {err}");
         }
         code
     });

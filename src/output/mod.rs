@@ -35,6 +35,14 @@ pub struct Output {
     _pending: crate::interrupt::Pending,
 }
 
+/// The output `dest` cannot be used, for `reason`.
+fn unusable(dest: &Path, reason: impl Into<String>) -> Error {
+    Error::TargetUnusable {
+        path: dest.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
 /// The start of the name of the temporary file for an output named
 /// `name`: `.<name>.`, the name cut short where the whole
 /// (`.<name>.<6 random>.tmp`) would be longer than a name may be.
@@ -60,18 +68,18 @@ impl Output {
             })?
             .to_string_lossy();
         // Found now, not at the rename after all the work.
-        if dest.as_os_str().as_encoded_bytes().ends_with(b"/") {
-            return Err(Error::TargetUnusable {
-                path: dest.display().to_string(),
-                reason: "ends with `/`, which names a directory; name the packet file without it"
-                    .into(),
-            });
+        let raw = dest.as_os_str().as_encoded_bytes();
+        if raw.ends_with(b"/") || raw.ends_with(b"/.") {
+            return Err(unusable(
+                dest,
+                "ends with `/` or `/.`, which name a directory; name the packet file without it",
+            ));
         }
         if std::fs::metadata(dest).is_ok_and(|m| m.is_dir()) {
-            return Err(Error::TargetUnusable {
-                path: dest.display().to_string(),
-                reason: "is a directory; name the packet file to write".into(),
-            });
+            return Err(unusable(
+                dest,
+                "is a directory; name the packet file to write",
+            ));
         }
         // Made and registered as one step (see crate::interrupt).
         let _creating = crate::interrupt::creating();
@@ -179,31 +187,29 @@ impl Output {
         // Judged again at the last moment: something put at the output
         // while the packet was written is not replaced unless it may be
         // (nothing, an older packet, an empty file, a symlink).
-        let unusable = |reason: String| Error::TargetUnusable {
-            path: dest.display().to_string(),
-            reason,
-        };
         if let Some(reason) = refuse_replacing(&dest) {
-            return Err(unusable(format!(
-                "{reason} (put there while the packet was written)"
-            )));
+            return Err(unusable(
+                &dest,
+                format!("{reason} (put there while the packet was written)"),
+            ));
         }
         let (file, placed) = {
             // An interrupt sees the output either not replaced (and removes
             // the temporary file) or replaced (and leaves it be).
             let _commit = crate::interrupt::creating();
-            let placed = if !existed {
-                tmp.persist_noclobber(&dest)
+            let placed = if existed {
+                tmp.persist(&dest).map_err(|e| e.error)
             } else {
-                tmp.persist(&dest)
+                crate::sys::rename_noreplace(tmp.path(), &dest)
+                    .and_then(|()| tmp.keep().map(|(file, _)| file).map_err(|e| e.error))
             };
-            let file = placed.map_err(|e| match e.error.kind() {
+            let file = placed.map_err(|e| match e.kind() {
                 io::ErrorKind::AlreadyExists => unusable(
+                    &dest,
                     "appeared while the packet was written; it is left as it is: remove it, \
-                     or name another output"
-                        .into(),
+                     or name another output",
                 ),
-                _ => Error::io_at(&dest, "cannot rename the output into place", e.error),
+                _ => Error::io_at(&dest, "cannot rename the output into place", e),
             })?;
             drop(pending);
             crate::interrupt::committed();
