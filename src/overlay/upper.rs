@@ -11,7 +11,7 @@ use std::io::{self, Read, Write};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use lru::LruCache;
@@ -79,6 +79,9 @@ pub struct Upper {
     /// The journal open for appending, and its length (to roll back a
     /// failed append). Replaced when a rebase compacts the journal.
     journal: Mutex<(File, u64)>,
+    /// The journal's name (after a compaction) is not known durable: the
+    /// next sync of the journal syncs the directory too.
+    journal_name_unsynced: AtomicBool,
     fds: Mutex<LruCache<u64, Arc<File>>>,
 }
 
@@ -272,6 +275,7 @@ impl Upper {
                 shards_synced: AtomicU64::new(0),
                 names_synced: Mutex::new(HashSet::new()),
                 journal: Mutex::new((journal, parsed.valid_len as u64)),
+                journal_name_unsynced: AtomicBool::new(false),
                 fds: Mutex::new(LruCache::new(
                     NonZeroUsize::new(OPEN_FILES).unwrap_or(NonZeroUsize::MIN),
                 )),
@@ -333,7 +337,12 @@ impl Upper {
             .lock()
             .0
             .sync_data()
-            .map_err(io_at(&self.root.join(JOURNAL), "cannot fsync the journal"))
+            .map_err(io_at(&self.root.join(JOURNAL), "cannot fsync the journal"))?;
+        if self.journal_name_unsynced.load(Ordering::Acquire) {
+            nix::unistd::fsync(&self.dir).map_err(nix_at(&self.root, "cannot fsync"))?;
+            self.journal_name_unsynced.store(false, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Starts a new journal holding only `first` (a rebase record), and
@@ -378,6 +387,11 @@ impl Upper {
         // lose them with it.
         let synced = nix::unistd::fsync(&self.dir).map_err(nix_at(&self.root, "cannot fsync"));
         *j = (f, line.len() as u64);
+        if synced.is_err() {
+            // Until a sync of the directory succeeds, every sync of the
+            // journal tries again.
+            self.journal_name_unsynced.store(true, Ordering::Release);
+        }
         synced?;
         drop(j);
         write_header(&self.dir, &self.root, digest, self.part)
