@@ -1378,35 +1378,12 @@ fn a_harness_bind_mounted_inside_the_workspace_is_packed_once() {
     fs::create_dir(ws.join(".codex")).unwrap();
     write(&home, "history.jsonl", b"h");
     write(&home, "auth.json", b"{\"OPENAI_API_KEY\":\"sk-secret\"}");
-    let bound = BindMount::new(&home, &ws.join(".codex"));
+    let bound = FsMount::bind(&home, &ws.join(".codex"));
     let out = tmp.path().join("p.packet");
     pack_codex_home_once(&ws, &home, &out);
     // Both parts the same directory under two names.
     refused_as_overlapping(&ws.join(".codex"), &home, &tmp.path().join("s.packet"));
     drop(bound);
-}
-
-/// A bind mount for one test, unmounted when dropped. Needs root (CI runs
-/// as root); without it the test fails, saying why.
-struct BindMount(PathBuf);
-
-impl BindMount {
-    fn new(from: &Path, at: &Path) -> BindMount {
-        let st = Command::new("mount")
-            .arg("--bind")
-            .arg(from)
-            .arg(at)
-            .status()
-            .expect("cannot run mount(8)");
-        assert!(st.success(), "mount --bind failed: this test needs root");
-        BindMount(at.to_owned())
-    }
-}
-
-impl Drop for BindMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
 }
 
 /// A packet replaced keeps its mode: one made private is not widened.
