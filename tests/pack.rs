@@ -154,6 +154,7 @@ fn credentials_are_excluded_and_reported() {
         "auth.json",
         ".credentials.json",
         "secrets/token",
+        "cache/secrets",
         "sessions/rollout.jsonl",
         "history.jsonl",
     ] {
@@ -187,6 +188,7 @@ fn credentials_are_excluded_and_reported() {
         "harness/auth.json",
         "harness/.credentials.json",
         "harness/secrets",
+        "harness/cache/secrets",
     ] {
         assert!(
             excluded.contains(&want),
@@ -422,6 +424,20 @@ fn user_patterns_and_keep() {
             .contains("workspace/keys/prod.json"),
         "{e}"
     );
+    // So would a pattern for the harness part when there is none.
+    for flag in ["--exclude", "--keep"] {
+        let bad = run([
+            "pack",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            flag,
+            "harness/sessions/**",
+        ]);
+        let e = bad.fails(2, "bad_pattern");
+        assert!(e["message"].as_str().unwrap().contains("--harness"), "{e}");
+    }
 }
 
 #[test]

@@ -172,6 +172,18 @@ pub fn pack(
 ) -> Result<PackOutcome, Error> {
     let bytes = |n| progress(PackProgress::Bytes(n));
     let kind = opts.harness.as_ref().map(|(_, k)| *k);
+    if kind.is_none()
+        && let Some(p) = opts
+            .exclude
+            .iter()
+            .chain(&opts.keep)
+            .find(|p| p.starts_with("harness/"))
+    {
+        return Err(Error::Pattern(format!(
+            "pattern `{p}` names the harness part, but no --harness is packed: it could \
+             match nothing; give --harness, or drop the pattern"
+        )));
+    }
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
     let other_parts = part_root_identities(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
     if let Some(reason) = crate::output::refuse_replacing(&opts.output) {

@@ -282,6 +282,14 @@ impl Policy {
         if CREDENTIAL_FILES.contains(&name) {
             return exclude(name.to_string());
         }
+        // A file with the name of a harness's credential directory
+        // (`secrets`) is as much the harness's secret.
+        if part == Part::Harness
+            && let Some(kind) = self.harness
+            && harness_credentials(kind).1.contains(&name)
+        {
+            return exclude(format!("{kind} {name} file"));
+        }
         // As the glob `*.pem` matches: `.pem` too. In any case (`CERT.PEM`):
         // tools export keys with upper-case extensions.
         if let Some((_, ext)) = name.rsplit_once('.') {
