@@ -42,7 +42,7 @@ suites: release
 	scripts/suites/pjdfstest.sh
 	scripts/suites/fsx.sh
 
-demo: release
+demo: deps release
 	scripts/demo.sh
 
 fuzz:
