@@ -344,8 +344,8 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
                 format!("its directory {} does not exist", dir.display()),
             ));
         }
-        if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-            return Err(refuse(path, "is a directory".into()));
+        if let Some(why) = crate::output::names_a_directory(path) {
+            return Err(refuse(path, why.into()));
         }
     }
     if let Some(why) = crate::output::refuse_replacing(&req.output) {

@@ -68,18 +68,8 @@ impl Output {
             })?
             .to_string_lossy();
         // Found now, not at the rename after all the work.
-        let raw = dest.as_os_str().as_encoded_bytes();
-        if raw.ends_with(b"/") || raw.ends_with(b"/.") {
-            return Err(unusable(
-                dest,
-                "ends with `/` or `/.`, which name a directory; name the packet file without it",
-            ));
-        }
-        if std::fs::metadata(dest).is_ok_and(|m| m.is_dir()) {
-            return Err(unusable(
-                dest,
-                "is a directory; name the packet file to write",
-            ));
+        if let Some(why) = names_a_directory(dest) {
+            return Err(unusable(dest, why));
         }
         // Made and registered as one step (see crate::interrupt).
         let _creating = crate::interrupt::creating();
@@ -255,6 +245,19 @@ impl Committed {
         (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec())
             == (p.dev(), p.ino(), w.len(), w.mtime(), w.mtime_nsec())
             && (m.ctime(), m.ctime_nsec()) == (p.ctime(), p.ctime_nsec())
+    }
+}
+
+/// Why `dest` cannot name a file to write, if it cannot: it ends with `/`
+/// or `/.`, or a directory is there.
+pub fn names_a_directory(dest: &Path) -> Option<&'static str> {
+    let raw = dest.as_os_str().as_encoded_bytes();
+    if raw.ends_with(b"/") || raw.ends_with(b"/.") {
+        Some("ends with `/` or `/.`, which name a directory; name the file without it")
+    } else if std::fs::metadata(dest).is_ok_and(|m| m.is_dir()) {
+        Some("is a directory; name the file to write")
+    } else {
+        None
     }
 }
 
