@@ -1738,11 +1738,7 @@ fn a_signal_ends_a_run_whose_stderr_is_not_read() {
     std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
     let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["kind"], "interrupted", "{v}");
-    let left: Vec<_> = fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().ends_with(".tmp"))
-        .collect();
+    let left = names_in(tmp.path(), |n| n.ends_with(".tmp"));
     assert!(left.is_empty(), "{left:?}");
     assert!(!out.exists());
 }
@@ -1866,11 +1862,7 @@ fn a_process_limit_is_an_error_not_a_panic() {
             failed += 1;
             assert_eq!((code, &v["kind"]), (Some(6), &Value::from("io")), "{v}");
             assert!(v["message"].as_str().unwrap().contains("ulimit -u"), "{v}");
-            let left: Vec<_> = fs::read_dir(tmp.path())
-                .unwrap()
-                .map(|e| e.unwrap().file_name())
-                .filter(|n| n.to_string_lossy().ends_with(".tmp"))
-                .collect();
+            let left = names_in(tmp.path(), |n| n.ends_with(".tmp"));
             assert!(left.is_empty(), "{left:?}");
             assert!(!out.exists());
         }
@@ -1930,11 +1922,7 @@ fn an_output_made_during_the_pack_is_not_replaced() {
             (before.ino(), before.len()),
             "{what}"
         );
-        let left: Vec<_> = fs::read_dir(tmp.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .filter(|n| n.to_string_lossy().ends_with(".tmp"))
-            .collect();
+        let left = names_in(tmp.path(), |n| n.ends_with(".tmp"));
         assert!(left.is_empty(), "{what}: {left:?}");
     }
 }
@@ -1975,18 +1963,7 @@ fn an_interrupted_pack_leaves_nothing_behind() {
     write(&ws, "a", b"a");
     let out = ws.join("p.packet");
     let bar = barrier_at(&tmp.path().join("bar"), "hashed");
-    let temporaries = || {
-        fs::read_dir(&ws)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .ends_with(".tmp")
-            })
-            .count()
-    };
+    let temporaries = || names_in(&ws, |n| n.ends_with(".tmp")).len();
     for (signal, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
         barrier_at(&bar, "hashed");
         let child = spawn_pack(&ws, &out, &bar);
@@ -2124,11 +2101,7 @@ fn a_file_changed_between_hashing_and_writing_is_refused() {
             "{v}"
         );
         assert!(!out.exists(), "{rel}: a refused pack left its output");
-        let left: Vec<_> = fs::read_dir(tmp.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| n.ends_with(".tmp"))
-            .collect();
+        let left = names_in(tmp.path(), |n| n.ends_with(".tmp"));
         assert!(left.is_empty(), "temporary files left: {left:?}");
         put_back(rel);
     }

@@ -112,11 +112,7 @@ fn refused_everywhere(f: &Fixture, p: &Path, code: i32, kind: &str) {
     ]);
     names_what_is_at_fault(e.fails(code, kind), p);
     assert!(!target.exists(), "a refused unpack created the target");
-    let leftovers: Vec<_> = fs::read_dir(&f.dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains("sessionfs-unpack"))
-        .collect();
+    let leftovers = names_in(&f.dir, |n| n.contains("sessionfs-unpack"));
     assert!(leftovers.is_empty(), "staging left behind: {leftovers:?}");
 }
 
@@ -685,21 +681,14 @@ fn unpack_targets() {
         (after.ino(), after.uid(), after.mode() & 0o7777),
         (before.ino(), 65534, 0o750)
     );
-    let names: Vec<String> = fs::read_dir(&empty)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let names = names_in(&empty, |_| true);
     assert!(names.iter().any(|n| n == "README.md"), "{names:?}");
     assert!(
         names.iter().all(|n| !n.contains("sessionfs-unpack")),
         "staging left behind: {names:?}"
     );
     assert!(
-        fs::read_dir(&f.dir).unwrap().all(|e| !e
-            .unwrap()
-            .file_name()
-            .to_string_lossy()
-            .contains("sessionfs-unpack")),
+        names_in(&f.dir, |n| n.contains("sessionfs-unpack")).is_empty(),
         "staging left beside the target"
     );
     // The staging directory a killed unpack left in the target (private,
@@ -953,11 +942,7 @@ fn a_target_made_during_the_unpack_is_not_replaced() {
         (before.ino(), 65534, 0o700)
     );
     assert_eq!(fs::read_dir(&into).unwrap().count(), 0);
-    let left: Vec<_> = fs::read_dir(&f.dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains("sessionfs-unpack"))
-        .collect();
+    let left = names_in(&f.dir, |n| n.contains("sessionfs-unpack"));
     assert!(left.is_empty(), "{left:?}");
     // It is empty: unpacking into it again works, and keeps it.
     unpack(&p, &into, &[]);
@@ -1006,18 +991,7 @@ fn an_interrupted_unpack_leaves_nothing_behind() {
     let p = f.write("ok.packet", &f.bytes);
     let into = f.dir.join("new");
     let child = unpack_paused(&p, &into, &f.dir.join("bar"));
-    let staging = || {
-        fs::read_dir(&f.dir)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .contains("sessionfs-unpack")
-            })
-            .count()
-    };
+    let staging = || names_in(&f.dir, |n| n.contains("sessionfs-unpack")).len();
     assert_eq!(staging(), 1);
     // Private until in place: what a killed unpack leaves is known by it.
     let stage = fs::read_dir(&f.dir)
@@ -1099,11 +1073,7 @@ fn an_unpack_interrupted_at_any_moment_leaves_nothing_behind() {
         // (Signalled while starting, before it takes the signal, it dies
         // of it, with nothing written yet and nothing to say.)
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        let left: Vec<_> = fs::read_dir(tmp.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.contains("sessionfs-unpack"))
-            .collect();
+        let left = names_in(tmp.path(), |n| n.contains("sessionfs-unpack"));
         assert!(left.is_empty(), "after {delay_ms} ms: {left:?} {v}");
         match o.status.code() {
             Some(130) => {

@@ -235,16 +235,7 @@ fn bad_states_fail_closed_with_no_output() {
     fs::remove_file(m.path("tab\tname")).unwrap();
     run(["seal", mp, "-o", o, "--max-entries", "3"]).fails(5, "limit_exceeded");
     assert!(!out.exists());
-    let leftovers: Vec<_> = fs::read_dir(tmp.path())
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .ends_with(".tmp")
-        })
-        .collect();
+    let leftovers = names_in(tmp.path(), |n| n.ends_with(".tmp"));
     assert!(leftovers.is_empty(), "{leftovers:?}");
     // The mount is untouched by the failed seals.
     run(["seal", mp, "-o", o]).ok();
@@ -529,11 +520,7 @@ fn content_changed_between_hashing_and_writing_is_refused() {
     assert_eq!(v["kind"], "changed_while_sealing", "{v}");
     assert!(v["path"].as_str().unwrap().ends_with("new.txt"), "{v}");
     assert!(!out.exists());
-    let leftovers: Vec<_> = fs::read_dir(tmp.path())
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
-        .collect();
+    let leftovers = names_in(tmp.path(), |n| n.ends_with(".tmp"));
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 }
 
@@ -1003,11 +990,7 @@ fn a_failed_rebase_says_the_packet_was_written_and_what_is_served() {
             // nodes changed, nothing half-written is left, and the old
             // data files (of no use past the durable record) are gone.
             assert_eq!(fs::metadata(mnt.join("made.txt")).unwrap().nlink(), 1);
-            let left: Vec<_> = fs::read_dir(&upper)
-                .unwrap()
-                .map(|e| e.unwrap().file_name())
-                .filter(|n| n.to_string_lossy().ends_with(".tmp"))
-                .collect();
+            let left = names_in(&upper, |n| n.ends_with(".tmp"));
             assert!(
                 left.is_empty(),
                 "{case}: {left:?} left in the upper directory"

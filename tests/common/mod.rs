@@ -508,3 +508,13 @@ pub fn abort_fuse_connection(mnt: &Path) {
     }
     let _ = fs::write(dir.join(minor).join("abort"), b"1");
 }
+
+/// The names in directory `dir` that `keep` takes (as text): what a run
+/// left there, such as temporary files (`.tmp`) or staging directories.
+pub fn names_in(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| keep(n))
+        .collect()
+}
