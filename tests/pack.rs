@@ -757,7 +757,23 @@ fn refuses_names_that_would_not_restore_everywhere() {
         "-o",
         tmp.path().join("l.packet").to_str().unwrap(),
     ]);
-    r.fails(7, "non_utf8_name");
+    // Named so that it can be found: the byte escaped, not replaced.
+    let e = r.fails(7, "non_utf8_name");
+    assert_eq!(e["path"], "workspace/caf\\xe9", "{e}");
+    // A symlink target that is not UTF-8 is shown the same way.
+    let ws = tmp.path().join("latin1-link");
+    fs::create_dir_all(&ws).unwrap();
+    std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(b"d\xe9j\xe0"), ws.join("l")).unwrap();
+    let r = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        tmp.path().join("l.packet").to_str().unwrap(),
+    ]);
+    let e = r.fails(7, "non_utf8_target");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("`d\\xe9j\\xe0`"), "{e}");
 }
 
 #[test]

@@ -342,7 +342,7 @@ pub fn diagnose(actual: &[u8], expected: &[u8], offset: u64, member: &str) -> Er
     // encoding the format does not allow, named by its field below.
     let names_differ = actual[..100] != expected[..100] || actual[345..500] != expected[345..500];
     if names_differ && h.path_bytes() != want.path_bytes() {
-        let found = String::from_utf8_lossy(&h.path_bytes()).into_owned();
+        let found = super::path::shown(&h.path_bytes());
         return Error::MemberMismatch {
             offset,
             member,

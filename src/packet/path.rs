@@ -71,6 +71,21 @@ fn last_slash(path: &str) -> Option<usize> {
     path.bytes().rposition(|b| b == b'/')
 }
 
+/// `bytes` shown as text for a message or a result: UTF-8 as it is, each
+/// byte that is not UTF-8 as `\xHH` (`bad\xffname`, which a shell takes
+/// back as `$'bad\xffname'`), so that a user can find the name, where a
+/// lossy conversion would show a U+FFFD that matches nothing on disk.
+pub fn shown(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 /// Whether `c` is a control character (C0, DEL or C1): never allowed in a path.
 pub fn is_control(c: char) -> bool {
     c.is_control()
@@ -188,6 +203,14 @@ pub fn collision_key(path: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_not_utf8_are_shown_with_escapes() {
+        assert_eq!(shown("é/ü".as_bytes()), "é/ü");
+        assert_eq!(shown(b"caf\xe9"), "caf\\xe9");
+        // A cut sequence, a stray continuation byte, and UTF-8 after them.
+        assert_eq!(shown(b"a\xe2\x82/\x80\xc3\xa9"), "a\\xe2\\x82/\\x80\u{e9}");
+    }
 
     #[test]
     fn parents_names_and_parts_split_at_slashes_only() {

@@ -61,7 +61,7 @@ pub fn read_manifest_bytes(file: &File, limits: &Limits) -> Result<RawManifest> 
     let name = header.path_bytes();
     if &*name != MANIFEST_NAME.as_bytes() {
         return Err(Error::ManifestMissing {
-            found: String::from_utf8_lossy(&name).into_owned(),
+            found: super::path::shown(&name),
         });
     }
     let size = header.entry_size().map_err(|_| Error::NonCanonicalHeader {

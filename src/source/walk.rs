@@ -653,7 +653,7 @@ impl Walker<'_, '_> {
             }
             let Ok(name) = std::str::from_utf8(raw) else {
                 return Err(Error::Refused {
-                    path: format!("{ppath}/{}", String::from_utf8_lossy(raw)),
+                    path: format!("{ppath}/{}", crate::packet::path::shown(raw)),
                     kind: "non_utf8_name",
                     reason: "the name is not UTF-8; rename it (packets hold UTF-8 names so they \
                              restore on every platform)"
@@ -772,7 +772,7 @@ impl Walker<'_, '_> {
             let after = std::str::from_utf8(target.strip_prefix(r.as_slice())?).ok()?;
             rebase_after(after, depth)
         });
-        let shown = String::from_utf8_lossy(target);
+        let shown = crate::packet::path::shown(target);
         let decided = match rebased {
             Some(decided) => decided,
             None => match std::str::from_utf8(target) {
