@@ -84,6 +84,35 @@ fn open_beneath_by_components(
     openat(base, *last, flags, mode).map_err(io::Error::from)
 }
 
+/// Opens the directory `name` of the directory `dir` for reading, without
+/// following a symlink or entering another mount: `Ok(None)` when `name`
+/// is a mount point (of any file system, a bind mount included), which is
+/// then not touched at all, so a mount whose server hangs cannot hang the
+/// caller. Linux only (`openat2` with `RESOLVE_NO_XDEV`); elsewhere, and on
+/// kernels before 5.6, an `Unsupported` error: there is no way to open it
+/// knowing that it is not a mount.
+pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Option<OwnedFd>> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::fcntl::{OpenHow, ResolveFlag, openat2};
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            );
+        match openat2(dir, name, how) {
+            Ok(fd) => return Ok(Some(fd)),
+            Err(nix::errno::Errno::EXDEV) => return Ok(None),
+            Err(nix::errno::Errno::ENOSYS) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let _ = (dir, name);
+    Err(io::ErrorKind::Unsupported.into())
+}
+
 /// Where to create `rel` beneath `root`: `root` and `rel` itself when the
 /// OS takes the path whole, else the directory holding it (opened beneath
 /// `root` a component at a time) and its last name. The `OwnedFd`, when

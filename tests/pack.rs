@@ -325,6 +325,96 @@ fn other_names_of_excluded_files_are_excluded() {
     );
 }
 
+/// A hard link from a packed name to a file inside a directory left out
+/// for holding credentials (`.ssh`, `.aws`, codex's `secrets`) is left out
+/// too, though the walk never entered that directory, and so are such
+/// files seen again through bind mounts in the workspace; a mount inside
+/// such a directory is not entered to look.
+#[test]
+fn other_names_of_files_in_excluded_directories_are_excluded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let h = tmp.path().join("codex");
+    write(
+        &ws,
+        ".ssh/id_ed25519",
+        b"-----BEGIN OPENSSH PRIVATE KEY-----",
+    );
+    write(&ws, ".aws/sso/cache/token", b"aws-secret");
+    write(&h, "secrets/api", b"sk-secret");
+    write(&h, "history.jsonl", b"{}");
+    write(&ws, "pub/readme", b"public");
+    fs::hard_link(ws.join(".ssh/id_ed25519"), ws.join("key.txt")).unwrap();
+    fs::create_dir_all(ws.join("deep")).unwrap();
+    fs::hard_link(ws.join(".aws/sso/cache/token"), ws.join("deep/t")).unwrap();
+    fs::hard_link(h.join("secrets/api"), ws.join("api.txt")).unwrap();
+    // Public files with another name, seen again through a bind mount
+    // inside `.ssh`: not entered, so not taken for credentials.
+    fs::hard_link(ws.join("pub/readme"), ws.join("pub/readme2")).unwrap();
+    fs::create_dir_all(ws.join(".ssh/mnt")).unwrap();
+    let _bind = FsMount::bind(&ws.join("pub"), &ws.join(".ssh/mnt"));
+    // The harness's `secrets` and `auth.json` bind-mounted into the
+    // workspace, under names no workspace rule leaves out.
+    write(&h, "auth.json", b"{\"token\":\"sk-secret\"}");
+    write(&ws, "mounted/auth", b"");
+    let _bind_file = FsMount::bind(&h.join("auth.json"), &ws.join("mounted/auth"));
+    fs::create_dir_all(ws.join("mounted/s")).unwrap();
+    let _bind_dir = FsMount::bind(&h.join("secrets"), &ws.join("mounted/s"));
+    let pack = |extra: &[&str]| {
+        let out = tmp.path().join("p.packet");
+        let _ = fs::remove_file(&out);
+        let mut a = vec!["pack", "--workspace", ws.to_str().unwrap()];
+        a.extend(["--harness", h.to_str().unwrap(), "--harness-kind", "codex"]);
+        a.extend(["-o", out.to_str().unwrap()]);
+        a.extend(extra);
+        (run(a), out)
+    };
+    let (r, out) = pack(&[]);
+    let v = r.ok();
+    for (linked, of) in [
+        ("workspace/key.txt", "workspace/.ssh/id_ed25519"),
+        ("workspace/deep/t", "workspace/.aws/sso/cache/token"),
+        ("workspace/api.txt", "harness/secrets/api"),
+        ("workspace/mounted/auth", "harness/auth.json"),
+        ("workspace/mounted/s/api", "harness/secrets/api"),
+    ] {
+        assert_eq!(
+            exclusion(v, linked),
+            Some(serde_json::json!({"rule": "hard_link", "of": of})),
+            "{v}"
+        );
+    }
+    let listing = tar_listing(&out);
+    for gone in [
+        "key.txt",
+        "deep/t",
+        "api",
+        ".ssh",
+        ".aws",
+        "secrets",
+        "mounted/auth",
+    ] {
+        assert!(!listing.contains(gone), "{gone} packed:\n{listing}");
+    }
+    for kept in [
+        "workspace/pub/readme",
+        "workspace/pub/readme2",
+        "workspace/deep",
+        "workspace/mounted/s",
+    ] {
+        assert!(listing.lines().any(|l| l == kept), "{kept} missing");
+    }
+    // The names looked at in those directories count against the entry
+    // limit, and the refusal names the directory.
+    for i in 0..40 {
+        write(&ws, &format!(".ssh/known_hosts.{i}"), b"host");
+    }
+    let (r, out) = pack(&["--max-entries", "30"]);
+    let e = r.fails(5, "limit_exceeded");
+    assert_eq!(e["path"], "workspace/.ssh", "{e}");
+    assert!(!out.exists());
+}
+
 /// The reason `result` gives for excluding `path`, if it does.
 fn exclusion(result: &Value, path: &str) -> Option<Value> {
     result["excluded"]

@@ -171,6 +171,10 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
     fs::write(m.path("auth.pem"), b"pem").unwrap();
     // Another name of an excluded file is left out with it.
     fs::hard_link(m.path(".env"), m.path("config.txt")).unwrap();
+    // And one of a file in an excluded directory, which is not walked.
+    fs::create_dir(m.path(".ssh/old")).unwrap();
+    fs::write(m.path(".ssh/old/id_rsa"), b"old key").unwrap();
+    fs::hard_link(m.path(".ssh/old/id_rsa"), m.path("key.txt")).unwrap();
     nix::unistd::mkfifo(
         &m.path("pipe"),
         nix::sys::stat::Mode::from_bits_truncate(0o644),
@@ -185,12 +189,17 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
             "workspace/.env",
             "workspace/.ssh",
             "workspace/auth.pem",
-            "workspace/config.txt"
+            "workspace/config.txt",
+            "workspace/key.txt"
         ]
     );
     assert_eq!(
         v["excluded"][3]["reason"],
         serde_json::json!({"rule": "hard_link", "of": "workspace/.env"})
+    );
+    assert_eq!(
+        v["excluded"][4]["reason"],
+        serde_json::json!({"rule": "hard_link", "of": "workspace/.ssh/old/id_rsa"})
     );
     assert_eq!(v["dropped"][0]["path"], "workspace/pipe");
     let listing = tar_listing(&out);
@@ -199,6 +208,7 @@ fn credentials_written_on_the_mount_are_excluded_and_reported() {
             && !listing.contains(".ssh")
             && !listing.contains("pem")
             && !listing.contains("config.txt")
+            && !listing.contains("key")
             && !listing.contains("pipe")
     );
     m.umount();

@@ -592,6 +592,7 @@ impl Overlay {
         let mut report = ScanReport::default();
         let mut stack: Vec<(Ino, String, Part, usize)> = Vec::new();
         let mut linked_out = Vec::new();
+        let mut credential_dirs = Vec::new();
         for &r in lower.index.roots() {
             let path = lower.manifest().entries[r as usize].path.to_string();
             let Some(part) = Part::parse(&path) else {
@@ -631,6 +632,9 @@ impl Overlay {
                     Verdict::Exclude(reason) => {
                         if *kind == Kind::File && reason.is_credential() {
                             linked_out.push((*ino, path.clone()));
+                        }
+                        if *kind == Kind::Dir && reason.is_credential() {
+                            credential_dirs.push((*ino, path.clone()));
                         }
                         let kind = if *kind == Kind::Dir { "dir" } else { "file" };
                         report.excluded.push(Excluded { path, kind, reason });
@@ -713,6 +717,25 @@ impl Overlay {
                         };
                         report.dropped.push(Dropped { path, kind });
                     }
+                }
+            }
+        }
+        // The files with other names in a directory left out as holding
+        // credentials (`ln .ssh/id_ed25519 key.txt` on the mount): a
+        // packet has no hard links, so only files made or linked on the
+        // mount (nodes) can have them.
+        while let Some((dir, dpath)) = credential_dirs.pop() {
+            for (name, ino) in st.list(lower, dir, 0, usize::MAX)? {
+                let path = format!("{dpath}/{name}");
+                match st.get(lower, ino) {
+                    Some(Ref::Node(n)) if n.kind == Kind::File && n.nlink > 1 => {
+                        linked_out.push((ino, path));
+                    }
+                    Some(Ref::Node(n)) if n.kind == Kind::Dir => credential_dirs.push((ino, path)),
+                    Some(Ref::Lower(i)) if lower.kind(i) == Kind::Dir => {
+                        credential_dirs.push((ino, path));
+                    }
+                    _ => {}
                 }
             }
         }

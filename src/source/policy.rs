@@ -79,8 +79,9 @@ pub enum Reason {
         /// The part it is packed as.
         part: &'static str,
     },
-    /// Another name (a hard link) of a file excluded by a rule: the same
-    /// bytes under an innocent name.
+    /// Another name of a file excluded by a rule (a hard link, or the file
+    /// seen again through a bind mount): the same bytes under an innocent
+    /// name.
     HardLink {
         /// The excluded name it shares its content with.
         of: String,

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -141,6 +142,8 @@ pub struct FoundFile {
     pub ino: u64,
     /// The raw mtime seen, to detect modification while reading.
     pub seen_mtime_ns: i128,
+    /// It has other names (hard links).
+    pub linked: bool,
 }
 
 /// What the walk left out or changed, reported in results.
@@ -292,6 +295,7 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
     }
     let mut roots_read = true;
     let mut linked_out = Vec::new();
+    let mut credential_dirs = Vec::new();
     while !level.is_empty() {
         let outs: Vec<DirOut> = level
             .into_par_iter()
@@ -303,10 +307,17 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
             report.merge(o.report);
             level.extend(o.subdirs);
             linked_out.extend(o.linked_out);
+            credential_dirs.extend(o.credential_dirs);
         }
         if std::mem::take(&mut roots_read) {
             crate::barrier::wait(opts.barrier, "walked-roots");
         }
+    }
+    let linked = found
+        .iter()
+        .any(|f| matches!(&f.kind, FoundKind::File(file) if file.linked));
+    for dir in &credential_dirs {
+        linked_out.extend(walker.files_in(dir, linked)?);
     }
     report.exclude_other_names(&mut found, linked_out, |f| match &f.kind {
         FoundKind::File(file) => Some(((file.dev, file.ino), f.path.as_str())),
@@ -424,8 +435,18 @@ struct DirOut {
     found: Vec<Found>,
     report: ScanReport,
     subdirs: Vec<DirTask>,
-    /// Excluded files with other names (hard links), and their paths.
+    /// Files excluded as credentials, by identity, and their paths.
     linked_out: Vec<(sys::FileId, String)>,
+    /// Directories excluded as holding credentials.
+    credential_dirs: Vec<CredentialDir>,
+}
+
+/// A directory left out as holding credentials (`.ssh`, codex's
+/// `secrets`): not walked, but read for the identities of its files.
+struct CredentialDir {
+    root: usize,
+    rel: PathBuf,
+    path: String,
 }
 
 /// One name read from a directory, with its stat when needed.
@@ -480,6 +501,109 @@ impl Walker<'_, '_> {
             .iter()
             .find(|(root, p)| *root == id && *p != part)
             .map(|(_, p)| *p)
+    }
+
+    /// The identities and paths of the files in the directory `dir`, left
+    /// out as holding credentials, which the walk did not enter: so that
+    /// another name of one of them is left out too, a hard link from a
+    /// packed name to a key in `.ssh`, or `secrets/` bind-mounted into the
+    /// workspace. Only names and stats are read; no mount in it is entered
+    /// (one may hang), and where a mount cannot be known without entering
+    /// it (before Linux 5.6, or not Linux) nothing is read, and a warning
+    /// says so when a packed file has other names (`linked`). A directory
+    /// that cannot be read is warned of and passed over: this finds what
+    /// can be found. Names beyond the entry limit are refused, as the walk
+    /// refuses them.
+    fn files_in(
+        &self,
+        dir: &CredentialDir,
+        linked: bool,
+    ) -> Result<Vec<(sys::FileId, String)>, Error> {
+        let root = &self.roots[dir.root];
+        let warn = |path: &str, error: &io::Error| {
+            let unsupported = error.kind() == io::ErrorKind::Unsupported;
+            if unsupported && !linked {
+                tracing::debug!(%path, %error, "not looked in for other names of its files");
+                return;
+            }
+            tracing::warn!(
+                %path,
+                %error,
+                "cannot look in it for other names of its files; a hard link from a packed \
+                 name to one of them would be packed"
+            );
+        };
+        let parent = dir.rel.parent().unwrap_or(Path::new(""));
+        let name = dir.rel.file_name().unwrap_or_default();
+        let first = sys::open_beneath(
+            root.fd.as_fd(),
+            parent,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .and_then(|p| sys::open_dir_same_mount(p.as_fd(), name));
+        let mut stack = match first {
+            Ok(Some(fd)) => vec![(fd, dir.path.clone())],
+            Ok(None) => return Ok(Vec::new()),
+            Err(e) => {
+                warn(&dir.path, &e);
+                return Ok(Vec::new());
+            }
+        };
+        let (mut files, mut seen) = (Vec::new(), 0u64);
+        while let Some((fd, path)) = stack.pop() {
+            let names = fd.try_clone().and_then(|d| {
+                let mut d = Dir::from_fd(d)?;
+                d.iter()
+                    .map(|e| e.map(|e| (e.file_name().to_bytes().to_vec(), e.file_type())))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(io::Error::from)
+            });
+            let names = match names {
+                Ok(names) => names,
+                Err(e) => {
+                    warn(&path, &e);
+                    continue;
+                }
+            };
+            for (raw, ty) in names {
+                if raw == b"." || raw == b".." {
+                    continue;
+                }
+                let cpath = format!("{path}/{}", crate::packet::path::shown(&raw));
+                seen += 1;
+                if seen > self.opts.limits.max_entries {
+                    return Err(LimitKind::Entries
+                        .exceeded(seen, &self.opts.limits, Some(&dir.path))
+                        .into());
+                }
+                let name = OsStr::from_bytes(&raw);
+                // A directory (or a name of unknown type, which may be a
+                // mount point: opened before any stat) is opened and read.
+                if matches!(ty, Some(Type::Directory) | None) {
+                    match sys::open_dir_same_mount(fd.as_fd(), name) {
+                        Ok(Some(sub)) => {
+                            stack.push((sub, cpath));
+                            continue;
+                        }
+                        Ok(None) => continue,
+                        Err(e) if ty.is_some() => {
+                            warn(&cpath, &e);
+                            continue;
+                        }
+                        // Not a directory (a file, a symlink): stat'ed below.
+                        Err(_) => {}
+                    }
+                }
+                if matches!(ty, Some(Type::File) | None)
+                    && let Ok(st) = fstatat(fd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                    && sys::file_type(&st) == SFlag::S_IFREG
+                {
+                    files.push((sys::dev_ino(&st), cpath));
+                }
+            }
+        }
+        Ok(files)
     }
 
     /// Reads one directory: its entries, and the subdirectories to visit.
@@ -546,11 +670,18 @@ impl Walker<'_, '_> {
                 Verdict::Include => {}
                 Verdict::Exclude(reason) => {
                     tracing::debug!(path = %cpath, ?reason, "excluded");
-                    if let Some(st) = child.st.as_ref().filter(|st| st.st_nlink > 1)
+                    if let Some(st) = child.st.as_ref()
                         && child.ty == SFlag::S_IFREG
                         && reason.is_credential()
                     {
                         out.linked_out.push((sys::dev_ino(st), cpath.clone()));
+                    }
+                    if child.ty == SFlag::S_IFDIR && reason.is_credential() {
+                        out.credential_dirs.push(CredentialDir {
+                            root: task.root,
+                            rel: crel,
+                            path: cpath.clone(),
+                        });
                     }
                     out.report.excluded.push(Excluded {
                         path: cpath,
@@ -754,6 +885,7 @@ impl Walker<'_, '_> {
             dev: sys::dev_ino(st).0,
             ino: sys::dev_ino(st).1,
             seen_mtime_ns: seen,
+            linked: st.st_nlink > 1,
         })
     }
 
