@@ -16,6 +16,8 @@
 //! is to report it, and the run exits as it would have; a second signal
 //! ends it at once.
 
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
@@ -23,7 +25,44 @@ use nix::sys::signal::{SigSet, Signal};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 /// What to remove if interrupted, by registration number.
-static PENDING: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
+static PENDING: Mutex<Vec<(u64, Target)>> = Mutex::new(Vec::new());
+
+/// Something half-written.
+enum Target {
+    /// A file, or a directory and its contents, by path.
+    Path(PathBuf),
+    /// A file, by its name in a directory held open: found there wherever
+    /// the directory has been moved; and its path when registered, for
+    /// messages.
+    At(OwnedFd, OsString, PathBuf),
+}
+
+impl Target {
+    /// Removes it; what it is, for a message.
+    fn remove(&self) -> (String, std::io::Result<()>) {
+        match self {
+            Target::Path(path) => {
+                let gone = match std::fs::symlink_metadata(path) {
+                    Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+                    Ok(_) => std::fs::remove_file(path),
+                    Err(e) => Err(e),
+                };
+                (path.display().to_string(), gone)
+            }
+            Target::At(dir, name, shown) => {
+                let gone = nix::unistd::unlinkat(
+                    dir.as_fd(),
+                    name.as_os_str(),
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                );
+                (
+                    shown.display().to_string(),
+                    gone.map_err(std::io::Error::from),
+                )
+            }
+        }
+    }
+}
 static NEXT: AtomicU64 = AtomicU64::new(0);
 /// Set once the work is in place: a first signal then lets the run finish.
 static COMMITTED: AtomicBool = AtomicBool::new(false);
@@ -52,8 +91,19 @@ impl Drop for Pending {
 /// is interrupted while the returned registration lives. Without [`arm`],
 /// it costs a lock and does nothing else.
 pub fn remove_on_interrupt(path: &Path) -> Pending {
+    register(Target::Path(path.to_owned()))
+}
+
+/// Removes the file `name` of the directory `dir` (a handle of its own),
+/// `shown` in messages, if the process is interrupted while the returned
+/// registration lives, as [`remove_on_interrupt`] does.
+pub fn remove_on_interrupt_at(dir: OwnedFd, name: &OsStr, shown: &Path) -> Pending {
+    register(Target::At(dir, name.to_owned(), shown.to_owned()))
+}
+
+fn register(target: Target) -> Pending {
     let k = NEXT.fetch_add(1, Ordering::Relaxed);
-    PENDING.lock().push((k, path.to_owned()));
+    PENDING.lock().push((k, target));
     Pending(k)
 }
 
@@ -135,18 +185,13 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
             let pending = PENDING.lock();
             let (mut removed, mut left) = (0, 0);
             let mut unremoved = Vec::new();
-            for (_, path) in pending.iter() {
-                let gone = match std::fs::symlink_metadata(path) {
-                    Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
-                    Ok(_) => std::fs::remove_file(path),
-                    Err(e) => Err(e),
-                };
-                match gone {
-                    Ok(()) => removed += 1,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
+            for (_, target) in pending.iter() {
+                match target.remove() {
+                    (_, Ok(())) => removed += 1,
+                    (_, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    (path, Err(e)) => {
                         left += 1;
-                        unremoved.push((path.display().to_string(), e.to_string()));
+                        unremoved.push((path, e.to_string()));
                     }
                 }
             }

@@ -405,18 +405,32 @@ fn is_zero(b: &[u8]) -> bool {
 /// on NFS and some FUSE file systems), and elsewhere than Linux, it looks
 /// first and renames: something made at `to` in between is replaced.
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    rename_noreplace_at(nix::fcntl::AT_FDCWD, from, nix::fcntl::AT_FDCWD, to)
+}
+
+/// [`rename_noreplace`] of `from` in the directory `from_dir` to `to` in
+/// `to_dir`: the names are found in those directories wherever they have
+/// been moved since they were opened.
+pub fn rename_noreplace_at(
+    from_dir: BorrowedFd<'_>,
+    from: &Path,
+    to_dir: BorrowedFd<'_>,
+    to: &Path,
+) -> io::Result<()> {
+    use nix::fcntl::renameat;
     #[cfg(target_os = "linux")]
     {
-        use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
-        match renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE) {
+        use nix::fcntl::{RenameFlags, renameat2};
+        match renameat2(from_dir, from, to_dir, to, RenameFlags::RENAME_NOREPLACE) {
             Err(nix::errno::Errno::EINVAL) => {}
             r => return r.map_err(io::Error::from),
         }
     }
-    if std::fs::symlink_metadata(to).is_ok() {
+    let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
+    if nix::sys::stat::fstatat(to_dir, to, flags).is_ok() {
         return Err(io::Error::from_raw_os_error(libc::EEXIST));
     }
-    std::fs::rename(from, to)
+    renameat(from_dir, from, to_dir, to).map_err(io::Error::from)
 }
 
 /// The longest name a directory entry may have, in bytes (Linux and

@@ -2033,6 +2033,60 @@ fn an_output_made_during_the_pack_is_not_replaced() {
     }
 }
 
+/// The output's directory moved, or replaced by a symlink, while the
+/// packet is written: the packet is placed nowhere, and no temporary file
+/// is left in the directory, wherever it went, even after a signal.
+#[test]
+fn an_output_whose_directory_moves_is_placed_nowhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "a", b"a");
+    let bar = tmp.path().join("bar");
+    for what in ["moved", "symlink", "signal"] {
+        let dir = tmp.path().join(format!("out-{what}"));
+        let moved = tmp.path().join(format!("moved-{what}"));
+        let elsewhere = tmp.path().join(format!("elsewhere-{what}"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::create_dir_all(&elsewhere).unwrap();
+        let out = dir.join("p.packet");
+        barrier_at(&bar, "hashed");
+        let mut child = KillOnDrop(spawn_pack(&ws, &out, &bar));
+        wait_reached(&bar, "hashed");
+        fs::rename(&dir, &moved).unwrap();
+        match what {
+            "symlink" => std::os::unix::fs::symlink(&elsewhere, &dir).unwrap(),
+            "signal" => unsafe {
+                libc::kill(child.0.id() as i32, libc::SIGTERM);
+            },
+            _ => {}
+        }
+        fs::write(bar.join("hashed.go"), b"").unwrap();
+        let code = child.0.wait().unwrap().code();
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
+        let v: Value = serde_json::from_str(&stdout).unwrap();
+        let (want_code, want_kind) = match what {
+            "signal" => (143, "interrupted"),
+            _ => (7, "target_unusable"),
+        };
+        assert_eq!(
+            (code, v["kind"].as_str()),
+            (Some(want_code), Some(want_kind)),
+            "{what}: {v}"
+        );
+        if what == "signal" {
+            let message = v["message"].as_str().unwrap();
+            assert!(message.ends_with("removed (1 path)"), "{v}");
+        } else {
+            assert_eq!(v["path"], out.to_str().unwrap(), "{what}: {v}");
+        }
+        for d in [&moved, &elsewhere] {
+            let left = names_in(d, |_| true);
+            assert!(left.is_empty(), "{what}: {} holds {left:?}", d.display());
+        }
+    }
+}
+
 /// An output or target whose name is as long as a name may be (255 bytes)
 /// works: the temporary file and the staging directory beside it are named
 /// from a shortened name, cut at a character boundary.

@@ -8,13 +8,18 @@
 //! `file_sha256` ([`write_in_order`]; see [`in_order`]). Nothing is read
 //! back. The end marker is the zeros of the freshly sized file.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 
 use crate::packet::digest::Sha256;
 use crate::packet::error::{Error, Result};
@@ -25,14 +30,41 @@ pub mod in_order;
 pub use in_order::{Keep, hash_new, write_in_order};
 
 /// A packet being written: a temporary file in the destination's directory.
+///
+/// The directory is held open from the start, and the temporary file is
+/// named, renamed and removed relative to it, never by path: a directory
+/// moved while the packet is written (or a parent of it) keeps no
+/// temporary file behind, and the packet goes into place only if the
+/// destination's directory is still the one the run began in.
 pub struct Output {
-    tmp: tempfile::NamedTempFile,
+    file: File,
+    /// The destination's directory.
+    dir: OwnedFd,
+    /// The temporary file's name in `dir`.
+    name: OsString,
+    /// Its path when made, for messages.
+    tmp_path: PathBuf,
     dest: PathBuf,
     /// Whether anything was at `dest` when the output was made: where
     /// nothing was, nothing is replaced.
     existed: bool,
-    /// The temporary file is removed if the process is interrupted.
-    _pending: crate::interrupt::Pending,
+    /// The temporary file is in place (renamed): nothing to remove.
+    placed: bool,
+    /// The temporary file is removed if the process is interrupted (until
+    /// it is in place).
+    pending: Option<crate::interrupt::Pending>,
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if !self.placed {
+            let _ = nix::unistd::unlinkat(
+                self.dir.as_fd(),
+                self.name.as_os_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+        }
+    }
 }
 
 /// The output `dest` cannot be used, for `reason`.
@@ -71,25 +103,53 @@ impl Output {
         if let Some(why) = names_a_directory(dest) {
             return Err(unusable(dest, why));
         }
+        let cannot_create = |e: io::Error| {
+            // tempfile adds the random name it tried; the directory is
+            // what the user can act on.
+            let text = e.to_string();
+            let text = text.split(" at path ").next().unwrap_or_default();
+            let e = io::Error::new(e.kind(), text.to_owned());
+            Error::io_at(dir, "cannot create a temporary file here", e)
+        };
+        let dirfd = nix::fcntl::open(
+            dir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| cannot_create(e.into()))?;
+        let registered = dirfd.try_clone().map_err(cannot_create)?;
         // Made and registered as one step (see crate::interrupt).
         let _creating = crate::interrupt::creating();
-        let tmp = tempfile::Builder::new()
+        // tempfile picks the names (and tries again where one is taken);
+        // the file is made in the directory held open, not by path.
+        let made = tempfile::Builder::new()
             .prefix(&temp_prefix(&name))
             .suffix(".tmp")
-            .tempfile_in(dir)
-            .map_err(|e| {
-                // tempfile adds the random name it tried; the directory is
-                // what the user can act on.
-                let text = e.to_string();
-                let text = text.split(" at path ").next().unwrap_or_default();
-                let e = io::Error::new(e.kind(), text.to_owned());
-                Error::io_at(dir, "cannot create a temporary file here", e)
-            })?;
+            .make_in(dir, |path| {
+                let name = path.file_name().unwrap_or_default();
+                let flags = OFlag::O_RDWR
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC;
+                nix::fcntl::openat(dirfd.as_fd(), name, flags, Mode::from_bits_truncate(0o600))
+                    .map(File::from)
+                    .map_err(io::Error::from)
+            })
+            .map_err(cannot_create)?;
+        let (file, tmp_path) = made.keep().map_err(|e| cannot_create(e.error))?;
+        let name = tmp_path.file_name().unwrap_or_default().to_owned();
         Ok(Output {
-            _pending: crate::interrupt::remove_on_interrupt(tmp.path()),
-            tmp,
+            pending: Some(crate::interrupt::remove_on_interrupt_at(
+                registered, &name, &tmp_path,
+            )),
+            file,
+            dir: dirfd,
+            name,
+            tmp_path,
             dest: dest.to_owned(),
             existed: std::fs::symlink_metadata(dest).is_ok(),
+            placed: false,
         })
     }
 
@@ -100,7 +160,7 @@ impl Output {
 
     /// The temporary file (buffered handle).
     pub fn file(&self) -> &File {
-        self.tmp.as_file()
+        &self.file
     }
 
     /// `(dev, ino)` of the temporary file, so a walk can skip it.
@@ -108,7 +168,7 @@ impl Output {
         let m = self
             .file()
             .metadata()
-            .map_err(|e| Error::io_at(self.tmp.path(), "cannot stat the temporary file", e))?;
+            .map_err(|e| Error::io_at(&self.tmp_path, "cannot stat the temporary file", e))?;
         Ok((m.dev(), m.ino()))
     }
 
@@ -152,28 +212,39 @@ impl Output {
     /// directory. Returns the file as committed, for a reader reopening
     /// the destination to know it is this file, unmodified (a rebasing
     /// seal).
-    pub fn commit(self, mode: u32) -> Result<Committed> {
+    pub fn commit(mut self, mode: u32) -> Result<Committed> {
+        let dest = self.dest.clone();
+        // The destination's directory is still the one held: one moved or
+        // replaced meanwhile (a symlink put in its place, say) does not
+        // get the packet, wherever it now leads.
+        let dir = parent_dir(&dest);
+        let held = nix::sys::stat::fstat(self.dir.as_fd()).map(|st| crate::sys::dev_ino(&st));
+        let here = std::fs::metadata(dir).map(|m| (m.dev(), m.ino()));
+        if here.ok() != held.ok() {
+            return Err(unusable(
+                &dest,
+                "its directory was moved or replaced while the packet was written; nothing was \
+                 written there: name the output again",
+            ));
+        }
         // A packet replaced keeps its permissions: one made private stays so.
-        let mode = match std::fs::symlink_metadata(&self.dest) {
+        let mode = match std::fs::symlink_metadata(&dest) {
             Ok(m) if m.is_file() => m.permissions().mode() & 0o777,
             _ => mode,
         };
         let file = self.file();
         file.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(|e| Error::io_at(&self.dest, "cannot set the output's mode", e))?;
+            .map_err(|e| Error::io_at(&dest, "cannot set the output's mode", e))?;
         file.sync_all()
-            .map_err(|e| Error::io_at(&self.dest, "cannot fsync the output", e))?;
+            .map_err(|e| Error::io_at(&dest, "cannot fsync the output", e))?;
         // Size and mtime as written, before the rename (which moves the
         // ctime, not the mtime): a write after it shows as a new mtime.
         let written = file
             .metadata()
-            .map_err(|e| Error::io_at(&self.dest, "cannot stat the output", e))?;
-        let Output {
-            tmp,
-            dest,
-            existed,
-            _pending: pending,
-        } = self;
+            .map_err(|e| Error::io_at(&dest, "cannot stat the output", e))?;
+        let handle = file
+            .try_clone()
+            .map_err(|e| Error::io_at(&dest, "cannot hold the output", e))?;
         // Judged again at the last moment: something put at the output
         // while the packet was written is not replaced unless it may be
         // (nothing, an older packet, an empty file, a symlink).
@@ -183,17 +254,19 @@ impl Output {
                 format!("{reason} (put there while the packet was written)"),
             ));
         }
-        let (file, placed) = {
+        let to = Path::new(dest.file_name().unwrap_or_default());
+        let from = Path::new(&self.name);
+        let placed = {
             // An interrupt sees the output either not replaced (and removes
             // the temporary file) or replaced (and leaves it be).
             let _commit = crate::interrupt::creating();
-            let placed = if existed {
-                tmp.persist(&dest).map_err(|e| e.error)
+            let d = self.dir.as_fd();
+            let renamed = if self.existed {
+                nix::fcntl::renameat(d, from, d, to).map_err(io::Error::from)
             } else {
-                crate::sys::rename_noreplace(tmp.path(), &dest)
-                    .and_then(|()| tmp.keep().map(|(file, _)| file).map_err(|e| e.error))
+                crate::sys::rename_noreplace_at(d, from, d, to)
             };
-            let file = placed.map_err(|e| match e.kind() {
+            renamed.map_err(|e| match e.kind() {
                 io::ErrorKind::AlreadyExists => unusable(
                     &dest,
                     "appeared while the packet was written; it is left as it is: remove it, \
@@ -201,21 +274,19 @@ impl Output {
                 ),
                 _ => Error::io_at(&dest, "cannot rename the output into place", e),
             })?;
-            drop(pending);
+            self.placed = true;
+            self.pending = None;
             crate::interrupt::committed();
             // The ctime once in place, at once: a write since, its mtime
             // put back, shows as a new ctime.
-            let placed = file
+            handle
                 .metadata()
-                .map_err(|e| Error::io_at(&dest, "cannot stat the output", e))?;
-            (file, placed)
+                .map_err(|e| Error::io_at(&dest, "cannot stat the output", e))?
         };
-        let dir = parent_dir(&dest);
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io_at(dir, "cannot fsync the directory", e))?;
+        nix::unistd::fsync(self.dir.as_fd())
+            .map_err(|e| Error::io_at(dir, "cannot fsync the directory", e.into()))?;
         Ok(Committed {
-            file,
+            file: handle,
             written,
             placed,
         })
