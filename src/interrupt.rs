@@ -31,9 +31,10 @@ static PENDING: Mutex<Vec<(u64, Target)>> = Mutex::new(Vec::new());
 enum Target {
     /// A file, or a directory and its contents, by path.
     Path(PathBuf),
-    /// A file, by its name in a directory held open: found there wherever
-    /// the directory has been moved; and its path when registered, for
-    /// messages.
+    /// A file, or a directory and its contents (no mount inside is
+    /// entered), by its name in a directory held open: found there
+    /// wherever the directory has been moved; and its path when
+    /// registered, for messages.
     At(OwnedFd, OsString, PathBuf),
 }
 
@@ -50,15 +51,8 @@ impl Target {
                 (path.display().to_string(), gone)
             }
             Target::At(dir, name, shown) => {
-                let gone = nix::unistd::unlinkat(
-                    dir.as_fd(),
-                    name.as_os_str(),
-                    nix::unistd::UnlinkatFlags::NoRemoveDir,
-                );
-                (
-                    shown.display().to_string(),
-                    gone.map_err(std::io::Error::from),
-                )
+                let gone = crate::sys::remove_tree_at(dir.as_fd(), name);
+                (shown.display().to_string(), gone)
             }
         }
     }
@@ -94,7 +88,8 @@ pub fn remove_on_interrupt(path: &Path) -> Pending {
     register(Target::Path(path.to_owned()))
 }
 
-/// Removes the file `name` of the directory `dir` (a handle of its own),
+/// Removes the entry `name` (a file, or a directory and its contents) of
+/// the directory `dir` (a handle of its own),
 /// `shown` in messages, if the process is interrupted while the returned
 /// registration lives, as [`remove_on_interrupt`] does.
 pub fn remove_on_interrupt_at(dir: OwnedFd, name: &OsStr, shown: &Path) -> Pending {

@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
@@ -150,41 +151,70 @@ pub fn unpack(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // The staging directory is made in the target (when it exists) or
+    // beside it, and named, moved and removed relative to that directory
+    // held open, never by path: a directory moved during the run (or a
+    // parent of it) keeps nothing behind, and the tree goes into place
+    // only if the directory is still where the target says.
+    let (anchor_path, anchor_op) = if exists {
+        (
+            into.as_path(),
+            "cannot create a staging directory in the target",
+        )
+    } else {
+        (
+            parent,
+            "cannot create a staging directory beside the target",
+        )
+    };
+    let anchor: OwnedFd = nix::fcntl::open(
+        anchor_path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err(&shown, anchor_op)(e.into()))?;
+    let registered = anchor.try_clone().map_err(io_err(&shown, anchor_op))?;
     // Private (0700) until its entries are in place; removed on any error.
     // Beside a new target, renamed onto it; inside an existing (empty)
     // one, emptied into it, so that the directory keeps its owner, mode
     // and inode, and a mountpoint (a pod's volume) stays one.
-    let private = std::os::unix::fs::PermissionsExt::from_mode(0o700);
+    let prefix = if exists {
+        ".sessionfs-unpack.".to_owned()
+    } else {
+        format!(
+            ".{}.sessionfs-unpack.",
+            // Room for the rest (25 bytes with the random part).
+            crate::sys::name_part(&name, crate::sys::NAME_MAX - 25)
+        )
+    };
     // Made and registered as one step: an interrupt between the two would
     // leave it.
     let creating = crate::interrupt::creating();
-    let staging = if exists {
-        tempfile::Builder::new()
-            .prefix(".sessionfs-unpack.")
-            .permissions(private)
-            .tempdir_in(into)
-            .map_err(io_err(
-                &shown,
-                "cannot create a staging directory in the target",
-            ))?
-    } else {
-        tempfile::Builder::new()
-            .prefix(&format!(
-                ".{}.sessionfs-unpack.",
-                // Room for the rest (25 bytes with the random part).
-                crate::sys::name_part(&name, crate::sys::NAME_MAX - 25)
-            ))
-            .permissions(private)
-            .tempdir_in(parent)
-            .map_err(io_err(
-                &shown,
-                "cannot create a staging directory beside the target",
-            ))?
+    // tempfile picks the names (and tries again where one is taken); the
+    // directory is made in the one held open, not by path.
+    let made = tempfile::Builder::new()
+        .prefix(&prefix)
+        .make_in(anchor_path, |path| {
+            let name = path.file_name().unwrap_or_default();
+            mkdirat(anchor.as_fd(), name, Mode::from_bits_truncate(0o700))
+                .map_err(std::io::Error::from)
+        })
+        .map_err(io_err(&shown, anchor_op))?;
+    let (_, staging_path) = made
+        .keep()
+        .map_err(|e| io_err(&shown, anchor_op)(e.error))?;
+    let staging_name = staging_path.file_name().unwrap_or_default().to_owned();
+    let staging = StagingDir {
+        dir: anchor.as_fd(),
+        name: &staging_name,
+        placed: false,
     };
-    let pending = crate::interrupt::remove_on_interrupt(staging.path());
+    let pending =
+        crate::interrupt::remove_on_interrupt_at(registered, &staging_name, &staging_path);
     drop(creating);
-    let stage_fd: OwnedFd = nix::fcntl::open(
-        staging.path(),
+    let stage_fd: OwnedFd = nix::fcntl::openat(
+        anchor.as_fd(),
+        staging_name.as_os_str(),
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
@@ -220,29 +250,55 @@ pub fn unpack(
         // (the directory is private) and a refusal leaves nothing behind.
         writer.chown(stage_fd.as_fd(), &shown)?;
     }
+    // The directory held is still the one the target names: one moved or
+    // replaced meanwhile (by a symlink, say) does not get the tree.
+    let held = nix::sys::stat::fstat(anchor.as_fd()).map(|st| sys::dev_ino(&st));
+    let here = std::fs::metadata(anchor_path).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    });
+    if here.ok() != held.ok() {
+        let which = if exists {
+            "the target"
+        } else {
+            "the target's directory"
+        };
+        return Err(Error::Target {
+            path: shown,
+            reason: format!(
+                "{which} was moved or replaced while the packet was restored; nothing was \
+                 placed: unpack again"
+            ),
+        });
+    }
     // An interrupt sees the tree either not moved (and removes the staging
     // directory) or in place (and leaves it be).
     let commit = crate::interrupt::creating();
     if exists {
-        move_into(staging.path(), into).map_err(|e| Error::Target {
+        move_into(stage_fd.as_fd(), anchor.as_fd()).map_err(|e| Error::Target {
             path: shown.clone(),
             reason: format!("cannot move the restored tree into place: {e}"),
         })?;
     } else {
         // Not over a directory made there meanwhile (an empty one would be
         // replaced, its owner and mode lost): that one is someone's.
-        sys::rename_noreplace(staging.path(), into).map_err(|e| Error::Target {
-            path: shown.clone(),
-            reason: match e.raw_os_error() {
-                Some(libc::EEXIST | libc::ENOTEMPTY) => "was made by someone else while the \
-                    packet was restored; it is left as it is: unpack into it again (if it is \
-                    an empty directory) or into another one"
-                    .into(),
-                _ => format!("cannot move the restored tree into place: {e}"),
-            },
+        let to = Path::new(into.file_name().unwrap_or_default());
+        let from = Path::new(&staging_name);
+        sys::rename_noreplace_at(anchor.as_fd(), from, anchor.as_fd(), to).map_err(|e| {
+            Error::Target {
+                path: shown.clone(),
+                reason: match e.raw_os_error() {
+                    Some(libc::EEXIST | libc::ENOTEMPTY) => "was made by someone else while the \
+                        packet was restored; it is left as it is: unpack into it again (if it \
+                        is an empty directory) or into another one"
+                        .into(),
+                    _ => format!("cannot move the restored tree into place: {e}"),
+                },
+            }
         })?;
-        // The directory now lives at the target: keep TempDir from removing it.
-        let _ = staging.keep();
+        // The directory now lives at the target: not to be removed.
+        let mut staging = staging;
+        staging.placed = true;
         // Private until now, so that a staging directory a killed unpack
         // left is known by its mode; it becomes the target root.
         fchmod(stage_fd.as_fd(), Mode::from_bits_truncate(MODE_DIR))
@@ -258,18 +314,46 @@ pub fn unpack(
     })
 }
 
-/// Moves every entry of `staging` into `into` (its parent), none over an
-/// existing name; on a failure, moves back those already moved, so that
-/// `into` holds only the staging directory again (removed by the caller).
-fn move_into(staging: &Path, into: &Path) -> std::io::Result<()> {
-    let names: Vec<std::ffi::OsString> = std::fs::read_dir(staging)?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<std::io::Result<_>>()?;
-    let mut moved = Vec::new();
+/// The staging directory, by its name in the directory held: removed
+/// (with what is in it, but never through a mount) when dropped, unless
+/// it was `placed` at the target.
+struct StagingDir<'a> {
+    dir: std::os::fd::BorrowedFd<'a>,
+    name: &'a std::ffi::OsStr,
+    placed: bool,
+}
+
+impl Drop for StagingDir<'_> {
+    fn drop(&mut self) {
+        if !self.placed
+            && let Err(e) = sys::remove_tree_at(self.dir, self.name)
+        {
+            tracing::warn!(name = ?self.name, error = %e, "cannot remove the staging directory");
+        }
+    }
+}
+
+/// Moves every entry of the directory `staging` into `into` (its
+/// parent), none over an existing name; on a failure, moves back those
+/// already moved, so that `into` holds only the staging directory again
+/// (removed by the caller).
+fn move_into(
+    staging: std::os::fd::BorrowedFd<'_>,
+    into: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    let mut names = Vec::new();
+    for e in nix::dir::Dir::from_fd(staging.try_clone_to_owned()?)?.iter() {
+        let n = e?.file_name().to_bytes().to_vec();
+        if n != b"." && n != b".." {
+            names.push(std::ffi::OsString::from_vec(n));
+        }
+    }
+    let mut moved: Vec<&Path> = Vec::new();
     for n in &names {
-        if let Err(e) = sys::rename_noreplace(&staging.join(n), &into.join(n)) {
-            for m in moved.iter().rev() {
-                let _ = sys::rename_noreplace(&into.join(m), &staging.join(m));
+        let n = Path::new(n);
+        if let Err(e) = sys::rename_noreplace_at(staging, n, into, n) {
+            for &m in moved.iter().rev() {
+                let _ = sys::rename_noreplace_at(into, m, staging, m);
             }
             return Err(e);
         }

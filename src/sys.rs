@@ -113,6 +113,49 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Opti
     Err(io::ErrorKind::Unsupported.into())
 }
 
+/// Removes the entry `name` of the directory `dir`: a file, or a
+/// directory and everything in it, without following a symlink and, on
+/// Linux, without entering a mount (one inside is left, and the removal
+/// fails with `EBUSY`: what is mounted there is not the caller's to
+/// remove). The first error is returned once all else that can go is gone.
+pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    use nix::errno::Errno;
+    use nix::unistd::{UnlinkatFlags, unlinkat};
+    match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+        // A directory: EISDIR on Linux, EPERM elsewhere.
+        Err(Errno::EISDIR | Errno::EPERM) => {}
+        r => return r.map_err(io::Error::from),
+    }
+    let sub = match open_dir_same_mount(dir, name) {
+        Ok(Some(fd)) => fd,
+        Ok(None) => return Err(Errno::EBUSY.into()),
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => openat(
+            dir,
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?,
+        Err(e) => return Err(e),
+    };
+    let mut names = Vec::new();
+    for e in nix::dir::Dir::from_fd(sub.try_clone()?)?.iter() {
+        let n = e?.file_name().to_bytes().to_vec();
+        if n != b"." && n != b".." {
+            names.push(n);
+        }
+    }
+    let mut first = None;
+    for n in names {
+        if let Err(e) = remove_tree_at(sub.as_fd(), OsStr::from_bytes(&n)) {
+            first.get_or_insert(e);
+        }
+    }
+    match first {
+        Some(e) => Err(e),
+        None => unlinkat(dir, name, UnlinkatFlags::RemoveDir).map_err(io::Error::from),
+    }
+}
+
 /// Where to create `rel` beneath `root`: `root` and `rel` itself when the
 /// OS takes the path whole, else the directory holding it (opened beneath
 /// `root` a component at a time) and its last name. The `OwnedFd`, when

@@ -949,6 +949,61 @@ fn a_target_made_during_the_unpack_is_not_replaced() {
     assert_eq!(fs::metadata(&into).unwrap().ino(), before.ino());
 }
 
+/// The target's directory (for a new target) or the target itself (an
+/// existing empty one) moved, or replaced by a symlink, while the unpack
+/// ran: nothing is placed, and no staging directory is left where the
+/// directory went, even after a signal.
+#[test]
+fn an_unpack_whose_directory_moves_places_nothing() {
+    let f = fixture();
+    let p = f.write("ok.packet", &f.bytes);
+    for what in ["new moved", "existing moved", "new symlink", "new signal"] {
+        let tag = what.replace(' ', "-");
+        let dir = f.dir.join(format!("d-{tag}"));
+        let moved = f.dir.join(format!("moved-{tag}"));
+        let elsewhere = f.dir.join(format!("elsewhere-{tag}"));
+        fs::create_dir_all(&elsewhere).unwrap();
+        let existing = what.starts_with("existing");
+        // The directory that moves: the target's parent, or the target.
+        let into = if existing { dir.clone() } else { dir.join("t") };
+        fs::create_dir_all(&dir).unwrap();
+        let bar = f.dir.join(format!("bar-{tag}"));
+        let mut child = common::KillOnDrop(unpack_paused(&p, &into, &bar));
+        fs::rename(&dir, &moved).unwrap();
+        if what.ends_with("symlink") {
+            std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+        }
+        if what.ends_with("signal") {
+            unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+        }
+        for point in ["restored", "committed"] {
+            fs::write(bar.join(format!("{point}.go")), b"").unwrap();
+        }
+        let code = child.0.wait().unwrap().code();
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let (want_code, want_kind) = if what.ends_with("signal") {
+            (143, "interrupted")
+        } else {
+            (7, "target_unusable")
+        };
+        assert_eq!(
+            (code, v["kind"].as_str()),
+            (Some(want_code), Some(want_kind)),
+            "{what}: {v}"
+        );
+        if want_code == 7 {
+            let message = v["message"].as_str().unwrap();
+            assert!(message.contains("moved or replaced"), "{what}: {v}");
+        }
+        for d in [&moved, &elsewhere] {
+            let left = names_in(d, |_| true);
+            assert!(left.is_empty(), "{what}: {} holds {left:?}", d.display());
+        }
+    }
+}
+
 /// An unpack onto a full disk fails as `io`, naming where the entry was
 /// going (in the target, not the packet's path), and leaves nothing: no
 /// target, no staging directory, an existing target as it was.
