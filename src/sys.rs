@@ -84,32 +84,55 @@ fn open_beneath_by_components(
     openat(base, *last, flags, mode).map_err(io::Error::from)
 }
 
-/// Opens the directory `name` of the directory `dir` for reading, without
-/// following a symlink or entering another mount: `Ok(None)` when `name`
-/// is a mount point (of any file system, a bind mount included), which is
-/// then not touched at all, so a mount whose server hangs cannot hang the
-/// caller. Linux only (`openat2` with `RESOLVE_NO_XDEV`); elsewhere, and on
-/// kernels before 5.6, an `Unsupported` error: there is no way to open it
-/// knowing that it is not a mount.
-pub fn open_dir_same_mount(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Option<OwnedFd>> {
+/// Opens the directory `rel` beneath the directory `dir` for reading,
+/// without following a symlink or entering another mount: `Ok(None)` when
+/// `rel` is, or passes through, a mount point (of any file system, a bind
+/// mount included), which is then not touched at all, so a mount whose
+/// server hangs cannot hang the caller. Linux only (`openat2` with
+/// `RESOLVE_NO_XDEV`); elsewhere, and on kernels before 5.6, an
+/// `Unsupported` error: there is no way to open it knowing that it is not
+/// a mount.
+pub fn open_dir_same_mount(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<Option<OwnedFd>> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    open_same_mount(dir, rel, flags)
+}
+
+/// The stat of the entry `name` of the directory `dir` (a symlink's own),
+/// or `None` when it is a mount point (a file can be one, bind-mounted),
+/// which is then not touched: as [`open_dir_same_mount`], through an
+/// `O_PATH` handle. Elsewhere than Linux, a plain `fstatat`.
+pub fn stat_same_mount(dir: BorrowedFd<'_>, name: &Path) -> io::Result<Option<FileStat>> {
+    #[cfg(target_os = "linux")]
+    {
+        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        match open_same_mount(dir, name, flags) {
+            Ok(Some(fd)) => return Ok(Some(nix::sys::stat::fstat(fd.as_fd())?)),
+            Ok(None) => return Ok(None),
+            Err(e) if e.kind() != io::ErrorKind::Unsupported => return Err(e),
+            Err(_) => {}
+        }
+    }
+    let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
+    Ok(Some(nix::sys::stat::fstatat(dir, name, flags)?))
+}
+
+fn open_same_mount(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag) -> io::Result<Option<OwnedFd>> {
     #[cfg(target_os = "linux")]
     {
         use nix::fcntl::{OpenHow, ResolveFlag, openat2};
-        let how = OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .resolve(
-                ResolveFlag::RESOLVE_BENEATH
-                    | ResolveFlag::RESOLVE_NO_SYMLINKS
-                    | ResolveFlag::RESOLVE_NO_XDEV,
-            );
-        match openat2(dir, name, how) {
+        let how = OpenHow::new().flags(flags).resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_XDEV,
+        );
+        match openat2(dir, rel, how) {
             Ok(fd) => return Ok(Some(fd)),
             Err(nix::errno::Errno::EXDEV) => return Ok(None),
             Err(nix::errno::Errno::ENOSYS) => {}
             Err(e) => return Err(e.into()),
         }
     }
-    let _ = (dir, name);
+    let _ = (dir, rel, flags);
     Err(io::ErrorKind::Unsupported.into())
 }
 
@@ -126,7 +149,7 @@ pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
         Err(Errno::EISDIR | Errno::EPERM) => {}
         r => return r.map_err(io::Error::from),
     }
-    let sub = match open_dir_same_mount(dir, name) {
+    let sub = match open_dir_same_mount(dir, Path::new(name)) {
         Ok(Some(fd)) => fd,
         Ok(None) => return Err(Errno::EBUSY.into()),
         Err(e) if e.kind() == io::ErrorKind::Unsupported => openat(

@@ -404,15 +404,84 @@ fn other_names_of_files_in_excluded_directories_are_excluded() {
     ] {
         assert!(listing.lines().any(|l| l == kept), "{kept} missing");
     }
-    // The names looked at in those directories count against the entry
-    // limit, and the refusal names the directory.
-    for i in 0..40 {
+    // A credential left out by `--exclude` as well is a credential still.
+    write(&ws, "tls/server.pem", b"-----BEGIN PRIVATE KEY-----");
+    fs::hard_link(ws.join("tls/server.pem"), ws.join("cert.txt")).unwrap();
+    let (r, _) = pack(&["--exclude", ".ssh", "--exclude", "*.pem"]);
+    let v = r.ok();
+    for (linked, of) in [
+        ("workspace/key.txt", "workspace/.ssh/id_ed25519"),
+        ("workspace/cert.txt", "workspace/tls/server.pem"),
+    ] {
+        assert_eq!(
+            exclusion(v, linked),
+            Some(serde_json::json!({"rule": "hard_link", "of": of})),
+            "{v}"
+        );
+    }
+    // A file bind-mounted inside `.ssh` is not stat'ed through (its
+    // server may hang): the public file it shows stays packed.
+    write(&ws, ".ssh/shown", b"");
+    let _bind_in = FsMount::bind(&ws.join("pub/readme"), &ws.join(".ssh/shown"));
+    let (r, out) = pack(&[]);
+    assert!(exclusion(r.ok(), "workspace/pub/readme").is_none());
+    assert!(
+        tar_listing(&out)
+            .lines()
+            .any(|l| l == "workspace/pub/readme")
+    );
+    // Many subdirectories, read with few handles open.
+    for i in 0..100 {
+        fs::create_dir_all(ws.join(format!(".aws/d{i:03}"))).unwrap();
+    }
+    write(&ws, ".aws/d083/credentials", b"aws-secret");
+    fs::hard_link(ws.join(".aws/d083/credentials"), ws.join("notes.txt")).unwrap();
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("ulimit -n 64 && exec \"$@\"")
+        .arg("sh")
+        .arg(bin());
+    cmd.args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+        .arg(&out);
+    let o = cmd.output().unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        exclusion(&v, "workspace/notes.txt"),
+        Some(serde_json::json!({"rule": "hard_link", "of": "workspace/.aws/d083/credentials"})),
+        "{v}"
+    );
+    // The names looked at in all those directories count together against
+    // the entry limit, and the refusal names the directory it was reached
+    // in.
+    for i in 0..20 {
         write(&ws, &format!(".ssh/known_hosts.{i}"), b"host");
     }
-    let (r, out) = pack(&["--max-entries", "30"]);
+    let (r, out) = pack(&["--max-entries", "110"]);
     let e = r.fails(5, "limit_exceeded");
-    assert_eq!(e["path"], "workspace/.ssh", "{e}");
+    let at = e["path"].as_str().unwrap();
+    assert!(["workspace/.ssh", "workspace/.aws"].contains(&at), "{e}");
     assert!(!out.exists());
+    // The other part's root inside a credential directory is not read as
+    // one of its files: a harness in `.aws` is packed.
+    let ws2 = tmp.path().join("ws2");
+    write(&ws2, ".aws/h/config.toml", b"model = 1");
+    let out2 = tmp.path().join("p2.packet");
+    let mut a = vec!["pack", "--workspace", ws2.to_str().unwrap()];
+    let h2 = ws2.join(".aws/h");
+    a.extend([
+        "--harness",
+        h2.to_str().unwrap(),
+        "--harness-kind",
+        "generic",
+    ]);
+    a.extend(["-o", out2.to_str().unwrap()]);
+    let v = run(a).ok().clone();
+    assert!(exclusion(&v, "harness/config.toml").is_none(), "{v}");
+    assert!(
+        tar_listing(&out2)
+            .lines()
+            .any(|l| l == "harness/config.toml")
+    );
 }
 
 /// The reason `result` gives for excluding `path`, if it does.
@@ -864,6 +933,18 @@ fn refuses_names_that_would_not_restore_everywhere() {
     let e = r.fails(7, "non_utf8_target");
     let message = e["message"].as_str().unwrap();
     assert!(message.contains("`d\\xe9j\\xe0`"), "{e}");
+    // A path given that is not UTF-8 is named the same way.
+    let missing = tmp.path().join(std::ffi::OsStr::from_bytes(b"nop\xe9"));
+    let r = run([
+        std::ffi::OsStr::new("pack"),
+        std::ffi::OsStr::new("--workspace"),
+        missing.as_os_str(),
+        std::ffi::OsStr::new("-o"),
+        tmp.path().join("l.packet").as_os_str(),
+    ]);
+    let e = r.fails(6, "io");
+    let want = format!("{}/nop\\xe9", tmp.path().display());
+    assert_eq!(e["path"], want, "{e}");
 }
 
 #[test]

@@ -71,19 +71,29 @@ fn last_slash(path: &str) -> Option<usize> {
     path.bytes().rposition(|b| b == b'/')
 }
 
-/// `bytes` shown as text for a message or a result: UTF-8 as it is, each
-/// byte that is not UTF-8 as `\xHH` (`bad\xffname`, which a shell takes
-/// back as `$'bad\xffname'`), so that a user can find the name, where a
-/// lossy conversion would show a U+FFFD that matches nothing on disk.
+/// `bytes` shown as text for a message or a result: UTF-8 as it is; else
+/// each byte that is not UTF-8 as `\xHH` and each backslash doubled
+/// (`bad\xffname`, which a shell takes back as `$'bad\xffname'`), so
+/// that a user can find the name, where a lossy conversion would show a
+/// U+FFFD that matches nothing on disk.
 pub fn shown(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
     for chunk in bytes.utf8_chunks() {
-        out.push_str(chunk.valid());
+        out.push_str(&chunk.valid().replace('\\', "\\\\"));
         for b in chunk.invalid() {
             out.push_str(&format!("\\x{b:02x}"));
         }
     }
     out
+}
+
+/// A path of the machine shown as [`shown`] shows a name.
+pub fn shown_path(path: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    shown(path.as_os_str().as_bytes())
 }
 
 /// Whether `c` is a control character (C0, DEL or C1): never allowed in a path.
@@ -210,6 +220,9 @@ mod tests {
         assert_eq!(shown(b"caf\xe9"), "caf\\xe9");
         // A cut sequence, a stray continuation byte, and UTF-8 after them.
         assert_eq!(shown(b"a\xe2\x82/\x80\xc3\xa9"), "a\\xe2\\x82/\\x80\u{e9}");
+        // A backslash is doubled where escapes are used, and only there.
+        assert_eq!(shown(b"a\\x41"), "a\\x41");
+        assert_eq!(shown(b"a\\x41\xff"), "a\\\\x41\\xff");
     }
 
     #[test]

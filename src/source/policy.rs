@@ -64,6 +64,11 @@ pub enum Reason {
     Excluded {
         /// The pattern.
         pattern: String,
+        /// A credential rule would have left it out too (and no `--keep`
+        /// keeps it): it is a credential all the same, whose other names
+        /// are left out with it. Not reported.
+        #[serde(skip)]
+        credential: bool,
     },
     /// A SQLite side file whose database is excluded.
     SqliteSideFile {
@@ -89,10 +94,18 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Left out for holding credentials (a default or harness-kind rule),
-    /// rather than by the user's choice of paths.
+    /// Left out for holding credentials (a default or harness-kind rule,
+    /// whether or not a `--exclude` pattern matched it first), rather than
+    /// by the user's choice of paths.
     pub fn is_credential(&self) -> bool {
-        matches!(self, Reason::Credential { .. })
+        matches!(
+            self,
+            Reason::Credential { .. }
+                | Reason::Excluded {
+                    credential: true,
+                    ..
+                }
+        )
     }
 }
 
@@ -253,10 +266,14 @@ impl Policy {
 
     /// Judges the entry at packet path `path` (file name `name`).
     pub fn judge(&self, part: Part, path: &str, name: &str, is_dir: bool) -> Verdict {
-        if let Some(p) = self.exclude.find(path, name) {
-            return Verdict::Exclude(Reason::Excluded { pattern: p.into() });
-        }
         let default = self.default_rule(part, name, is_dir);
+        if let Some(p) = self.exclude.find(path, name) {
+            let credential = default.is_some() && self.keep.find(path, name).is_none();
+            return Verdict::Exclude(Reason::Excluded {
+                pattern: p.into(),
+                credential,
+            });
+        }
         match default {
             Some(_) if self.keep.find(path, name).is_some() => Verdict::Include,
             Some(DefaultRule::Exclude(what)) => Verdict::Exclude(Reason::Credential { what }),

@@ -48,7 +48,7 @@ impl Root {
         let meta = std::fs::metadata(dir).map_err(|e| io("cannot stat", e))?;
         if !meta.is_dir() {
             return Err(Error::NotADirectory {
-                path: dir.display().to_string(),
+                path: crate::packet::path::shown_path(dir),
             });
         }
         let fd = nix::fcntl::open(
@@ -316,8 +316,9 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
     let linked = found
         .iter()
         .any(|f| matches!(&f.kind, FoundKind::File(file) if file.linked));
+    let mut seen = 0;
     for dir in &credential_dirs {
-        linked_out.extend(walker.files_in(dir, linked)?);
+        linked_out.extend(walker.files_in(dir, linked, &mut seen)?);
     }
     report.exclude_other_names(&mut found, linked_out, |f| match &f.kind {
         FoundKind::File(file) => Some(((file.dev, file.ino), f.path.as_str())),
@@ -507,17 +508,20 @@ impl Walker<'_, '_> {
     /// out as holding credentials, which the walk did not enter: so that
     /// another name of one of them is left out too, a hard link from a
     /// packed name to a key in `.ssh`, or `secrets/` bind-mounted into the
-    /// workspace. Only names and stats are read; no mount in it is entered
-    /// (one may hang), and where a mount cannot be known without entering
-    /// it (before Linux 5.6, or not Linux) nothing is read, and a warning
-    /// says so when a packed file has other names (`linked`). A directory
-    /// that cannot be read is warned of and passed over: this finds what
-    /// can be found. Names beyond the entry limit are refused, as the walk
-    /// refuses them.
+    /// workspace. Only names and stats are read, with two handles open at
+    /// most; nothing on another mount is touched (one may hang): a mount
+    /// inside, or `dir` itself being one, is passed over, and where a
+    /// mount cannot be told without touching it (before Linux 5.6, or not
+    /// Linux) nothing is read, and a warning says so when a packed file has
+    /// other names (`linked`). The other part's root is not read as this
+    /// one's. A directory that cannot be read is warned of and passed over:
+    /// this finds what can be found. `seen` counts the names read in all
+    /// such directories, against the entry limit.
     fn files_in(
         &self,
         dir: &CredentialDir,
         linked: bool,
+        seen: &mut u64,
     ) -> Result<Vec<(sys::FileId, String)>, Error> {
         let root = &self.roots[dir.root];
         let warn = |path: &str, error: &io::Error| {
@@ -534,24 +538,48 @@ impl Walker<'_, '_> {
             );
         };
         let parent = dir.rel.parent().unwrap_or(Path::new(""));
-        let name = dir.rel.file_name().unwrap_or_default();
-        let first = sys::open_beneath(
+        let name = Path::new(dir.rel.file_name().unwrap_or_default());
+        let top = sys::open_beneath(
             root.fd.as_fd(),
             parent,
             OFlag::O_RDONLY | OFlag::O_DIRECTORY,
             Mode::empty(),
         )
         .and_then(|p| sys::open_dir_same_mount(p.as_fd(), name));
-        let mut stack = match first {
-            Ok(Some(fd)) => vec![(fd, dir.path.clone())],
-            Ok(None) => return Ok(Vec::new()),
+        let top = match top {
+            Ok(Some(fd)) => fd,
+            Ok(None) => {
+                tracing::debug!(path = %dir.path, "a mount point: not looked in");
+                return Ok(Vec::new());
+            }
             Err(e) => {
                 warn(&dir.path, &e);
                 return Ok(Vec::new());
             }
         };
-        let (mut files, mut seen) = (Vec::new(), 0u64);
-        while let Some((fd, path)) = stack.pop() {
+        let mut files = Vec::new();
+        // Directories to read, relative to `top`, each opened only when
+        // read.
+        let mut todo = vec![(PathBuf::new(), dir.path.clone())];
+        while let Some((rel, path)) = todo.pop() {
+            let fd = if rel.as_os_str().is_empty() {
+                top.try_clone().map(Some)
+            } else {
+                sys::open_dir_same_mount(top.as_fd(), &rel)
+            };
+            let fd = match fd {
+                Ok(Some(fd)) => fd,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn(&path, &e);
+                    continue;
+                }
+            };
+            if let Ok(st) = nix::sys::stat::fstat(fd.as_fd())
+                && self.other_part(sys::dev_ino(&st), root.part).is_some()
+            {
+                continue;
+            }
             let names = fd.try_clone().and_then(|d| {
                 let mut d = Dir::from_fd(d)?;
                 d.iter()
@@ -570,36 +598,29 @@ impl Walker<'_, '_> {
                 if raw == b"." || raw == b".." {
                     continue;
                 }
-                let cpath = format!("{path}/{}", crate::packet::path::shown(&raw));
-                seen += 1;
-                if seen > self.opts.limits.max_entries {
+                *seen += 1;
+                if *seen > self.opts.limits.max_entries {
                     return Err(LimitKind::Entries
-                        .exceeded(seen, &self.opts.limits, Some(&dir.path))
+                        .exceeded(*seen, &self.opts.limits, Some(&dir.path))
                         .into());
                 }
-                let name = OsStr::from_bytes(&raw);
-                // A directory (or a name of unknown type, which may be a
-                // mount point: opened before any stat) is opened and read.
-                if matches!(ty, Some(Type::Directory) | None) {
-                    match sys::open_dir_same_mount(fd.as_fd(), name) {
-                        Ok(Some(sub)) => {
-                            stack.push((sub, cpath));
-                            continue;
+                let cpath = format!("{path}/{}", crate::packet::path::shown(&raw));
+                let name = Path::new(OsStr::from_bytes(&raw));
+                let is_dir = match ty {
+                    Some(Type::Directory) => true,
+                    Some(Type::File) | None => match sys::stat_same_mount(fd.as_fd(), name) {
+                        Ok(Some(st)) if sys::file_type(&st) == SFlag::S_IFREG => {
+                            files.push((sys::dev_ino(&st), cpath.clone()));
+                            false
                         }
-                        Ok(None) => continue,
-                        Err(e) if ty.is_some() => {
-                            warn(&cpath, &e);
-                            continue;
-                        }
-                        // Not a directory (a file, a symlink): stat'ed below.
-                        Err(_) => {}
-                    }
-                }
-                if matches!(ty, Some(Type::File) | None)
-                    && let Ok(st) = fstatat(fd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
-                    && sys::file_type(&st) == SFlag::S_IFREG
-                {
-                    files.push((sys::dev_ino(&st), cpath));
+                        Ok(Some(st)) => sys::file_type(&st) == SFlag::S_IFDIR,
+                        // A mount point, or gone since the directory was read.
+                        Ok(None) | Err(_) => false,
+                    },
+                    Some(_) => false,
+                };
+                if is_dir {
+                    todo.push((rel.join(name), cpath));
                 }
             }
         }
