@@ -48,11 +48,11 @@ impl Target {
                     Ok(_) => std::fs::remove_file(path),
                     Err(e) => Err(e),
                 };
-                (path.display().to_string(), gone)
+                (crate::packet::path::shown_path(path), gone)
             }
             Target::At(dir, name, shown) => {
                 let gone = crate::sys::remove_tree_at(dir.as_fd(), name);
-                (shown.display().to_string(), gone)
+                (crate::packet::path::shown_path(shown), gone)
             }
         }
     }

@@ -132,7 +132,7 @@ pub fn unpack(
     if let Some(part) = opts.part {
         if !packet.manifest.has_part(part) {
             return Err(Error::Target {
-                path: opts.into.display().to_string(),
+                path: crate::packet::path::shown_path(&opts.into),
                 reason: format!("the packet has no {part} part to unpack"),
             });
         }
@@ -142,7 +142,7 @@ pub fn unpack(
     }
     let into = &lexical_target(&opts.into);
     let exists = check_target(into)?;
-    let shown = into.display().to_string();
+    let shown = crate::packet::path::shown_path(into);
     let parent = match into.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -468,7 +468,7 @@ fn lexical_target(into: &Path) -> PathBuf {
 /// hold only the staging directory of a killed unpack (removed); returns
 /// whether it exists.
 fn check_target(into: &Path) -> Result<bool, Error> {
-    let shown = into.display().to_string();
+    let shown = crate::packet::path::shown_path(into);
     let refuse = |reason: &str| Error::Target {
         path: shown.clone(),
         reason: reason.into(),

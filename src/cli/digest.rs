@@ -49,7 +49,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     Ok(Output::new(
         "sessionfs.digest-result/1",
         Result {
-            packet: a.packet.display().to_string(),
+            packet: crate::packet::path::shown_path(&a.packet),
             digest: raw.digest.to_string(),
         },
     ))

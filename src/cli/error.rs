@@ -183,7 +183,7 @@ impl CliError {
         if self.path.is_none() && self.relayed.is_none() {
             // No path yet means the message names no file either (an I/O
             // error on a known file carries it as its path).
-            let f = file.display().to_string();
+            let f = crate::packet::path::shown_path(file);
             self.message = format!("{f}: {}", self.message);
             self.path = Some(f);
         }

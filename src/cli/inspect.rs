@@ -64,7 +64,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let file = crate::packet::reader::open_file(&a.packet).map_err(at_packet(&a.packet))?;
     let raw = read_raw_manifest(&file, &limits).map_err(at_packet(&a.packet))?;
     let mut out = Result {
-        packet: a.packet.display().to_string(),
+        packet: crate::packet::path::shown_path(&a.packet),
         packet_schema: SCHEMA.into(),
         supported: true,
         digest: raw.digest.to_string(),

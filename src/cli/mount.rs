@@ -103,7 +103,7 @@ fn mount_error(kind: &str, message: String, path: &Path) -> CliError {
         Some(ErrorClass::Mount),
         kind,
         message,
-        Some(path.display().to_string()),
+        Some(crate::packet::path::shown_path(path)),
     )
 }
 
@@ -160,7 +160,7 @@ fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
                 upper.display(),
                 mp.display()
             ),
-            Some(upper.display().to_string()),
+            Some(crate::packet::path::shown_path(upper)),
         ));
     }
     Ok(())
@@ -224,7 +224,7 @@ pub fn run(a: Args) -> Result<Output, CliError> {
                 "{}: the packet has no {p} part to mount; mount without --part, or with the part it has",
                 a.packet.display()
             ),
-            Some(a.packet.display().to_string()),
+            Some(crate::packet::path::shown_path(&a.packet)),
         ));
     }
     let uid = a.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());

@@ -130,7 +130,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     Ok(Output::new(
         "sessionfs.pack-result/1",
         Result {
-            output: a.output.display().to_string(),
+            output: crate::packet::path::shown_path(&a.output),
             outcome,
             seconds: started.elapsed().as_secs_f64(),
         },

@@ -147,7 +147,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                     upper.display(),
                     crate::overlay::upper::HEADER
                 ),
-                Some(upper.display().to_string()),
+                Some(crate::packet::path::shown_path(upper)),
             ));
         }
         let packet = Packet::open(packet, &limits).map_err(at_packet(packet))?;
@@ -183,7 +183,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             Some(ErrorClass::Mount),
             "not_mounted",
             e.to_string(),
-            Some(mp.display().to_string()),
+            Some(crate::packet::path::shown_path(&mp)),
         )),
     }
 }
@@ -313,7 +313,7 @@ fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), Cl
                 path.display(),
                 mountpoint.display()
             ),
-            Some(path.display().to_string()),
+            Some(crate::packet::path::shown_path(path)),
         )),
         _ => Ok(()),
     }
@@ -330,7 +330,7 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
             Some(ErrorClass::Refused),
             "target_unusable",
             format!("{}: {why}", path.display()),
-            Some(path.display().to_string()),
+            Some(crate::packet::path::shown_path(path)),
         )
     };
     for path in std::iter::once(&req.output).chain(&req.receipt) {
@@ -410,7 +410,7 @@ fn write_receipt(path: &Path, o: &SealOutcome) -> std::result::Result<(), CliErr
             Some(ErrorClass::Io),
             "io",
             format!("{}: cannot write the receipt: {e}", path.display()),
-            Some(path.display().to_string()),
+            Some(crate::packet::path::shown_path(path)),
         )
     })
 }

@@ -33,7 +33,7 @@ pub fn run(a: Args) -> Result<Output, CliError> {
             Some(ErrorClass::Mount),
             "not_mounted",
             e.to_string(),
-            Some(a.mountpoint.display().to_string()),
+            Some(crate::packet::path::shown_path(&a.mountpoint)),
         )),
     }
 }

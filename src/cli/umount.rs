@@ -85,7 +85,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             Some(ErrorClass::Mount),
             kind,
             message,
-            Some(mp.display().to_string()),
+            Some(crate::packet::path::shown_path(mp)),
         )
     };
     if !is_fuse_mount(mp) {

@@ -56,7 +56,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     Ok(Output::new(
         "sessionfs.verify-result/1",
         Result {
-            packet: a.packet.display().to_string(),
+            packet: crate::packet::path::shown_path(&a.packet),
             valid: true,
             digest: packet.digest,
             file_sha256: report.file_sha256,

@@ -70,7 +70,7 @@ impl Drop for Output {
 /// The output `dest` cannot be used, for `reason`.
 fn unusable(dest: &Path, reason: impl Into<String>) -> Error {
     Error::TargetUnusable {
-        path: dest.display().to_string(),
+        path: crate::packet::path::shown_path(dest),
         reason: reason.into(),
     }
 }

@@ -153,7 +153,7 @@ impl Verifier {
         if identity(packet).map_err(|e| Error::packet_io(packet, e))? != self.at_open {
             tracing::error!(packet = %packet.path().display(), "the packet file changed while mounted");
             return Err(Error::PacketChanged {
-                packet: packet.path().display().to_string(),
+                packet: crate::packet::path::shown_path(packet.path()),
             });
         }
         Ok(())

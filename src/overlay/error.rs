@@ -171,7 +171,7 @@ impl Error {
     /// the read path's success case).
     pub fn packet_io(packet: &packet::reader::Packet, source: io::Error) -> Error {
         Error::PacketIo {
-            packet: packet.path().display().to_string(),
+            packet: crate::packet::path::shown_path(packet.path()),
             source,
         }
     }

@@ -1117,7 +1117,7 @@ fn new_lower(
                 .copied()
                 .find(|&i| &*packet.manifest.entries[i as usize].path == part.as_str())
                 .ok_or_else(|| Error::UpperRefused {
-                    path: packet.path().display().to_string(),
+                    path: crate::packet::path::shown_path(packet.path()),
                     reason: format!("the packet has no {part} part to mount"),
                 })?;
             Root::Part(i)

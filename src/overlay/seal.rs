@@ -365,7 +365,7 @@ impl Overlay {
             );
             renamed.append(&mut moved.renamed);
             rebased.map_err(|e| Error::Rebase {
-                output: opts.output.display().to_string(),
+                output: crate::packet::path::shown_path(&opts.output),
                 digest: digest.to_string(),
                 moved: moved.moved,
                 source: Box::new(e),
@@ -434,7 +434,7 @@ impl Overlay {
         // The file this seal wrote, as it left it: its chunks are trusted
         // below as written here, unverified.
         let refuse = |what: &str| Error::Refused {
-            path: output.display().to_string(),
+            path: crate::packet::path::shown_path(output),
             kind: "packet_changed",
             reason: format!(
                 "was {what} after this seal wrote it; the mount moves only onto the file \
@@ -505,7 +505,7 @@ impl Overlay {
         let rec = Record::Rebase {
             t: super::now(),
             packet: digest.to_string(),
-            output: output.display().to_string(),
+            output: crate::packet::path::shown_path(output),
             inos: given,
         };
         self.upper.append_durable(&rec)?;
@@ -1108,7 +1108,7 @@ impl ContentReader for SealReader<'_> {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
                         // Its length was checked when the seal began.
                         Error::PacketChanged {
-                            packet: packet.path().display().to_string(),
+                            packet: crate::packet::path::shown_path(packet.path()),
                         }
                     } else {
                         Error::packet_io(packet, e)

@@ -95,7 +95,7 @@ pub struct Opened {
 }
 
 fn io_at(path: &Path, what: &str) -> impl FnOnce(io::Error) -> Error + use<> {
-    let shown = path.display().to_string();
+    let shown = crate::packet::path::shown_path(path);
     let context = format!("{shown}: {what}");
     move |e| Error::Upper {
         path: Some(shown),
@@ -129,7 +129,7 @@ impl Upper {
                     "not a directory: name a new or empty directory, or a mount's upper directory"
                 };
                 return Err(Error::UpperRefused {
-                    path: root.display().to_string(),
+                    path: crate::packet::path::shown_path(root),
                     reason: what.into(),
                 });
             }
@@ -149,7 +149,7 @@ impl Upper {
                 Ok(lock) => lock,
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                     return Err(Error::UpperRefused {
-                        path: root.display().to_string(),
+                        path: crate::packet::path::shown_path(root),
                         reason: "in use by another sessionfs mount (the directory is locked)"
                             .into(),
                     });
@@ -167,7 +167,7 @@ impl Upper {
                 .is_none();
             if !empty {
                 return Err(Error::UpperRefused {
-                    path: root.display().to_string(),
+                    path: crate::packet::path::shown_path(root),
                     reason: format!("not empty and has no {HEADER}: not an upper directory"),
                 });
             }
@@ -183,7 +183,7 @@ impl Upper {
             }
             if h.part != part {
                 return Err(Error::UpperRefused {
-                    path: root.display().to_string(),
+                    path: crate::packet::path::shown_path(root),
                     reason: format!(
                         "made for a mount of {}, not of {}: its journal is relative to that root",
                         part_name(h.part),
@@ -206,7 +206,7 @@ impl Upper {
             .read_to_end(&mut bytes)
             .map_err(io_at(&root.join(JOURNAL), "cannot read the journal"))?;
         let parsed = journal::parse(&bytes).map_err(|reason| Error::UpperRefused {
-            path: root.join(JOURNAL).display().to_string(),
+            path: crate::packet::path::shown_path(&root.join(JOURNAL)),
             reason,
         })?;
         if parsed.valid_len < bytes.len() {
@@ -230,7 +230,7 @@ impl Upper {
         };
         if effective != digest.to_string() {
             return Err(Error::UpperMismatch {
-                path: root.display().to_string(),
+                path: crate::packet::path::shown_path(root),
                 upper: match rebased_to {
                     Some(out) => format!("{effective} (sealed with --rebase to {out})"),
                     None => effective,
@@ -686,12 +686,12 @@ fn read_header(dir: &OwnedFd, header_path: &Path) -> Result<Header> {
         .read_to_string(&mut text)
         .map_err(io_at(header_path, "cannot read"))?;
     let h: Header = serde_json::from_str(&text).map_err(|e| Error::UpperRefused {
-        path: header_path.display().to_string(),
+        path: crate::packet::path::shown_path(header_path),
         reason: format!("not a valid upper header: {e}"),
     })?;
     if h.schema != SCHEMA && h.schema != SCHEMA_FLAT {
         return Err(Error::UpperRefused {
-            path: header_path.display().to_string(),
+            path: crate::packet::path::shown_path(header_path),
             reason: format!(
                 "upper schema `{}` is not supported (this sessionfs uses {SCHEMA})",
                 h.schema

@@ -376,7 +376,7 @@ impl Error {
     /// An I/O error on the file or directory `file`, which the message
     /// starts with and the error's path names.
     pub fn io_at(file: &std::path::Path, context: &str, source: io::Error) -> Error {
-        let file = file.display().to_string();
+        let file = crate::packet::path::shown_path(file);
         Error::Io {
             context: format!("{file}: {context}"),
             file: Some(file),

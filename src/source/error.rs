@@ -63,7 +63,7 @@ impl Error {
     /// An I/O error on `path`.
     pub fn io(path: &Path, op: &'static str, source: io::Error) -> Error {
         Error::Io {
-            path: path.display().to_string(),
+            path: crate::packet::path::shown_path(path),
             op,
             source,
         }

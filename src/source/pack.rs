@@ -153,7 +153,7 @@ fn part_root_identities(
     let (w, h) = ((w.dev(), w.ino()), (h.dev(), h.ino()));
     if w == h {
         return Err(Error::Refused {
-            path: harness.display().to_string(),
+            path: crate::packet::path::shown_path(harness),
             kind: "parts_overlap",
             reason: "--workspace and --harness name the same directory; the harness part is \
                      the agent's home (such as ~/.codex), give it apart from the workspace"
@@ -188,7 +188,7 @@ pub fn pack(
     let other_parts = part_root_identities(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
     if let Some(reason) = crate::output::refuse_replacing(&opts.output) {
         return Err(Error::Refused {
-            path: opts.output.display().to_string(),
+            path: crate::packet::path::shown_path(&opts.output),
             kind: "target_unusable",
             reason,
         });
