@@ -371,19 +371,16 @@ fn other_names_of_files_in_excluded_directories_are_excluded() {
     };
     let (r, out) = pack(&[]);
     let v = r.ok();
-    for (linked, of) in [
-        ("workspace/key.txt", "workspace/.ssh/id_ed25519"),
-        ("workspace/deep/t", "workspace/.aws/sso/cache/token"),
-        ("workspace/api.txt", "harness/secrets/api"),
-        ("workspace/mounted/auth", "harness/auth.json"),
-        ("workspace/mounted/s/api", "harness/secrets/api"),
-    ] {
-        assert_eq!(
-            exclusion(v, linked),
-            Some(serde_json::json!({"rule": "hard_link", "of": of})),
-            "{v}"
-        );
-    }
+    assert_hard_links(
+        v,
+        &[
+            ("workspace/key.txt", "workspace/.ssh/id_ed25519"),
+            ("workspace/deep/t", "workspace/.aws/sso/cache/token"),
+            ("workspace/api.txt", "harness/secrets/api"),
+            ("workspace/mounted/auth", "harness/auth.json"),
+            ("workspace/mounted/s/api", "harness/secrets/api"),
+        ],
+    );
     let listing = tar_listing(&out);
     for gone in [
         "key.txt",
@@ -409,16 +406,13 @@ fn other_names_of_files_in_excluded_directories_are_excluded() {
     fs::hard_link(ws.join("tls/server.pem"), ws.join("cert.txt")).unwrap();
     let (r, _) = pack(&["--exclude", ".ssh", "--exclude", "*.pem"]);
     let v = r.ok();
-    for (linked, of) in [
-        ("workspace/key.txt", "workspace/.ssh/id_ed25519"),
-        ("workspace/cert.txt", "workspace/tls/server.pem"),
-    ] {
-        assert_eq!(
-            exclusion(v, linked),
-            Some(serde_json::json!({"rule": "hard_link", "of": of})),
-            "{v}"
-        );
-    }
+    assert_hard_links(
+        v,
+        &[
+            ("workspace/key.txt", "workspace/.ssh/id_ed25519"),
+            ("workspace/cert.txt", "workspace/tls/server.pem"),
+        ],
+    );
     // A file bind-mounted inside `.ssh` is not stat'ed through (its
     // server may hang): the public file it shows stays packed.
     write(&ws, ".ssh/shown", b"");
@@ -445,10 +439,9 @@ fn other_names_of_files_in_excluded_directories_are_excluded() {
         .arg(&out);
     let o = cmd.output().unwrap();
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(
-        exclusion(&v, "workspace/notes.txt"),
-        Some(serde_json::json!({"rule": "hard_link", "of": "workspace/.aws/d083/credentials"})),
-        "{v}"
+    assert_hard_links(
+        &v,
+        &[("workspace/notes.txt", "workspace/.aws/d083/credentials")],
     );
     // The names looked at in all those directories count together against
     // the entry limit, and the refusal names the directory it was reached
@@ -482,6 +475,17 @@ fn other_names_of_files_in_excluded_directories_are_excluded() {
             .lines()
             .any(|l| l == "harness/config.toml")
     );
+}
+
+/// `result` excludes each `(path, of)` as another name of `of`.
+fn assert_hard_links(result: &Value, links: &[(&str, &str)]) {
+    for (path, of) in links {
+        assert_eq!(
+            exclusion(result, path),
+            Some(serde_json::json!({"rule": "hard_link", "of": of})),
+            "{path}: {result}"
+        );
+    }
 }
 
 /// The reason `result` gives for excluding `path`, if it does.
@@ -1917,13 +1921,8 @@ fn a_signal_ends_a_run_whose_stderr_is_not_read() {
     wait_for("pack to block logging", || blocked_writing_a_pipe(pid));
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     wait_for("pack to end", || child.0.try_wait().unwrap().is_some());
-    assert_eq!(
-        child.0.try_wait().unwrap().and_then(|s| s.code()),
-        Some(143)
-    );
-    let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
-    let v: Value = serde_json::from_str(&stdout).unwrap();
+    let (code, v) = child.finished();
+    assert_eq!(code, Some(143));
     assert_eq!(v["kind"], "interrupted", "{v}");
     let left = names_in(tmp.path(), |n| n.ends_with(".tmp"));
     assert!(left.is_empty(), "{left:?}");
@@ -2093,10 +2092,7 @@ fn an_output_made_during_the_pack_is_not_replaced() {
         }
         let before = fs::symlink_metadata(&out).unwrap();
         fs::write(bar.join("hashed.go"), b"").unwrap();
-        let code = child.0.wait().unwrap().code();
-        let mut stdout = String::new();
-        std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
-        let v: Value = serde_json::from_str(&stdout).unwrap();
+        let (code, v) = child.finished();
         assert_eq!(
             (code, v["kind"].as_str()),
             (Some(7), Some("target_unusable")),
@@ -2142,10 +2138,7 @@ fn an_output_whose_directory_moves_is_placed_nowhere() {
             _ => {}
         }
         fs::write(bar.join("hashed.go"), b"").unwrap();
-        let code = child.0.wait().unwrap().code();
-        let mut stdout = String::new();
-        std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
-        let v: Value = serde_json::from_str(&stdout).unwrap();
+        let (code, v) = child.finished();
         let (want_code, want_kind) = match what {
             "signal" => (143, "interrupted"),
             _ => (7, "target_unusable"),

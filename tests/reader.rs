@@ -979,10 +979,7 @@ fn an_unpack_whose_directory_moves_places_nothing() {
         for point in ["restored", "committed"] {
             fs::write(bar.join(format!("{point}.go")), b"").unwrap();
         }
-        let code = child.0.wait().unwrap().code();
-        let mut stdout = String::new();
-        std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut stdout).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let (code, v) = child.finished();
         let (want_code, want_kind) = if what.ends_with("signal") {
             (143, "interrupted")
         } else {

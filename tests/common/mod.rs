@@ -482,6 +482,17 @@ impl Drop for KillOnDrop {
     }
 }
 
+impl KillOnDrop {
+    /// Waits for the command to end: its exit code and the one JSON
+    /// object it printed.
+    pub fn finished(&mut self) -> (Option<i32>, Value) {
+        let code = self.0.wait().unwrap().code();
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(&mut self.0.stdout.take().unwrap(), &mut stdout).unwrap();
+        (code, serde_json::from_str(&stdout).unwrap())
+    }
+}
+
 /// Aborts the FUSE connection of the mount at `mnt` (through fusectl,
 /// mounted if it is not): every request waiting on it fails, so that a
 /// test that found the mount deadlocked can end instead of hanging (a
