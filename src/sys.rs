@@ -513,6 +513,14 @@ pub fn name_part(name: &str, room: usize) -> &str {
     &name[..end]
 }
 
+/// File system types (as mountinfo names them) kept on this machine's
+/// own storage or memory: an operation on them does not wait on a server
+/// (FUSE, NFS, SMB, 9p and virtiofs may).
+pub const LOCAL_FILE_SYSTEMS: &[&str] = &[
+    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "ramfs", "overlay", "squashfs",
+    "erofs", "vfat", "exfat",
+];
+
 /// A mount, as `/proc/self/mountinfo` shows it.
 #[derive(Debug)]
 pub struct Mount {

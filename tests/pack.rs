@@ -454,6 +454,25 @@ fn other_names_of_files_in_excluded_directories_are_excluded() {
     let at = e["path"].as_str().unwrap();
     assert!(["workspace/.ssh", "workspace/.aws"].contains(&at), "{e}");
     assert!(!out.exists());
+    // A credential directory that is a mount point of a local file system
+    // (a container's `-v ~/.ssh:/workspace/.ssh`) is read: a key in it
+    // mounted again under another name is left out.
+    let ws3 = tmp.path().join("ws3");
+    fs::create_dir_all(ws3.join(".ssh")).unwrap();
+    let _ssh = FsMount::tmpfs(&ws3.join(".ssh"), "1m");
+    write(
+        &ws3,
+        ".ssh/id_ed25519",
+        b"-----BEGIN OPENSSH PRIVATE KEY-----",
+    );
+    write(&ws3, "deploy_key", b"");
+    let _key = FsMount::bind(&ws3.join(".ssh/id_ed25519"), &ws3.join("deploy_key"));
+    let out3 = tmp.path().join("p3.packet");
+    let a = ["pack", "--workspace", ws3.to_str().unwrap(), "-o"];
+    let v = run(a.into_iter().chain([out3.to_str().unwrap()]))
+        .ok()
+        .clone();
+    assert_hard_links(&v, &[("workspace/deploy_key", "workspace/.ssh/id_ed25519")]);
     // The other part's root inside a credential directory is not read as
     // one of its files: a harness in `.aws` is packed.
     let ws2 = tmp.path().join("ws2");

@@ -442,6 +442,25 @@ struct DirOut {
     credential_dirs: Vec<CredentialDir>,
 }
 
+/// The directory `rel` of `root`, opened, when it is the mount point of a
+/// file system on this machine's own storage, which cannot hang (a
+/// container's `-v ~/.ssh:/workspace/.ssh`); `None` for any other (FUSE,
+/// NFS, SMB, 9p: their servers may hang), or where the mount table cannot
+/// be read.
+fn local_mount(root: &Root, rel: &Path) -> Option<OwnedFd> {
+    let point = std::fs::canonicalize(&root.dir).ok()?.join(rel);
+    let mounts = sys::mounts()?;
+    let top = mounts
+        .iter()
+        .rev()
+        .find(|m| m.point == point.as_os_str().as_bytes())?;
+    if !sys::LOCAL_FILE_SYSTEMS.contains(&top.fstype.as_str()) {
+        return None;
+    }
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
+    sys::open_beneath(root.fd.as_fd(), rel, flags, Mode::empty()).ok()
+}
+
 /// A directory left out as holding credentials (`.ssh`, codex's
 /// `secrets`): not walked, but read for the identities of its files.
 struct CredentialDir {
@@ -510,7 +529,8 @@ impl Walker<'_, '_> {
     /// packed name to a key in `.ssh`, or `secrets/` bind-mounted into the
     /// workspace. Only names and stats are read, with two handles open at
     /// most; nothing on another mount is touched (one may hang): a mount
-    /// inside, or `dir` itself being one, is passed over, and where a
+    /// inside is passed over, and so is `dir` itself when it is a mount
+    /// point, unless of a local file system ([`local_mount`]); where a
     /// mount cannot be told without touching it (before Linux 5.6, or not
     /// Linux) nothing is read, and a warning says so when a packed file has
     /// other names (`linked`). The other part's root is not read as this
@@ -548,10 +568,13 @@ impl Walker<'_, '_> {
         .and_then(|p| sys::open_dir_same_mount(p.as_fd(), name));
         let top = match top {
             Ok(Some(fd)) => fd,
-            Ok(None) => {
-                tracing::debug!(path = %dir.path, "a mount point: not looked in");
-                return Ok(Vec::new());
-            }
+            Ok(None) => match local_mount(root, &dir.rel) {
+                Some(fd) => fd,
+                None => {
+                    tracing::debug!(path = %dir.path, "a mount point: not looked in");
+                    return Ok(Vec::new());
+                }
+            },
             Err(e) => {
                 warn(&dir.path, &e);
                 return Ok(Vec::new());
