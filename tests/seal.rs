@@ -76,6 +76,61 @@ proptest! {
     }
 }
 
+/// A directory moved on the mount is reported as its new path added and
+/// its old one deleted (its files as renamed); another name of a file
+/// (a hard link) is added, the file itself not renamed.
+#[test]
+fn receipts_report_moved_directories_and_new_links() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, m) = sample_mount(tmp.path());
+    fs::hard_link(m.path("src/main.rs"), m.path("a-link.rs")).unwrap();
+    fs::rename(m.path("src/lib"), m.path("src/lib2")).unwrap();
+    let out = tmp.path().join("s.packet");
+    let receipt = tmp.path().join("receipt.json");
+    let v = seal(&m, &out, &["--receipt", receipt.to_str().unwrap()]);
+    let r: Value = serde_json::from_slice(&fs::read(&receipt).unwrap()).unwrap();
+    let changes: Vec<(String, String)> = r["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let path = match c["op"].as_str().unwrap() {
+                "renamed" => format!("{} -> {}", c["from"], c["to"]),
+                _ => c["path"].to_string(),
+            };
+            (c["op"].as_str().unwrap().to_owned(), path.replace('"', ""))
+        })
+        .collect();
+    let want = [
+        ("added", "workspace/a-link.rs"),
+        ("deleted", "workspace/src/lib"),
+        ("added", "workspace/src/lib2"),
+        (
+            "renamed",
+            "workspace/src/lib/mod.rs -> workspace/src/lib2/mod.rs",
+        ),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(op, p)| (op.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(changes, want, "{r}");
+    assert_eq!(
+        (
+            v["added"].as_u64(),
+            v["removed"].as_u64(),
+            v["renamed"].as_u64(),
+            v["changed"].as_u64()
+        ),
+        (Some(2), Some(1), Some(1), Some(0)),
+        "{v}"
+    );
+    m.umount();
+}
+
 #[test]
 fn renames_are_cheap_and_editor_saves_leave_no_trace() {
     // "a file renamed on the mount keeps its digest and its bytes are

@@ -835,14 +835,27 @@ fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Change> {
         .map(|(i, e)| (&*e.path, i))
         .collect();
     let sha = |e: &Entry| e.file().map(|f| f.sha256);
-    let mut accounted = vec![false; old.entries.len()];
-    let mut changes = Vec::new();
-    for (it, e) in items.iter().zip(&new.entries) {
-        let origin = match &it.kind {
+    let origin_of = |it: &Item| {
+        match &it.kind {
             ItemKind::File(f) => f.origin,
             _ => it.origin,
         }
-        .map(|i| i as usize);
+        .map(|i| i as usize)
+    };
+    // A lower entry still at its path is accounted for there, whatever
+    // comes before it in path order: another name of it (a hard link made
+    // on the mount) is new, not the entry renamed.
+    let mut accounted = vec![false; old.entries.len()];
+    for (it, e) in items.iter().zip(&new.entries) {
+        if let Some(o) = origin_of(it)
+            && old_by_path.get(&*e.path) == Some(&o)
+        {
+            accounted[o] = true;
+        }
+    }
+    let mut changes = Vec::new();
+    for (it, e) in items.iter().zip(&new.entries) {
+        let origin = origin_of(it);
         let same_path = old_by_path.get(&*e.path).copied();
         match (origin, same_path) {
             // From the lower entry at the same path.
@@ -857,8 +870,9 @@ fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Change> {
                 }
             }
             // A lower entry moved here (directories are not reported: their
-            // contents are).
-            (Some(o), _) if !e.is_dir() => {
+            // contents are), unless it is accounted for at its own path or
+            // by an earlier name.
+            (Some(o), _) if !e.is_dir() && !accounted[o] => {
                 accounted[o] = true;
                 changes.push(Change::Renamed {
                     from: old.entries[o].path.to_string(),
@@ -886,10 +900,9 @@ fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Change> {
                     });
                 }
             }
+            // New: a directory moved here (its old path, gone, is
+            // deleted), or another name of a file accounted for.
             (_, None) => {
-                if let Some(o) = origin {
-                    accounted[o] = true;
-                }
                 changes.push(Change::Added {
                     path: e.path.to_string(),
                     kind: e.type_name(),
