@@ -405,10 +405,40 @@ fn destinations_are_checked_before_anything_is_written() {
             .contains("is not a sessionfs packet")
     );
     assert_eq!(fs::read(&notes).unwrap(), b"notes");
+    // Nor a receipt over it; an older receipt may be replaced.
+    let e = run(["seal", mp, "-o", o, "--receipt", notes.to_str().unwrap()]);
+    let message = e.fails(7, "target_unusable")["message"].as_str().unwrap();
+    assert!(message.contains("is not a sessionfs receipt"), "{message}");
+    assert_eq!(fs::read(&notes).unwrap(), b"notes");
+    assert!(!out.exists());
+    // Nothing goes into the upper directory: not over its journal, not
+    // beside it.
+    let journal = upper.join("journal");
+    let journal_before = fs::read(&journal).unwrap();
+    for (output, receipt) in [
+        (o.to_owned(), journal.display().to_string()),
+        (
+            upper.join("out.packet").display().to_string(),
+            String::new(),
+        ),
+        (upper.join("data/x").display().to_string(), String::new()),
+    ] {
+        let mut a = vec!["seal", mp, "-o", output.as_str()];
+        if !receipt.is_empty() {
+            a.extend(["--receipt", receipt.as_str()]);
+        }
+        let e = run(a);
+        let message = e.fails(7, "target_unusable")["message"].as_str().unwrap();
+        assert!(message.contains("upper directory"), "{message}");
+    }
+    assert_eq!(fs::read(&journal).unwrap(), journal_before);
+    assert!(!out.exists() && !upper.join("out.packet").exists());
     // Still the same mount, serving the same packet, with the change.
     assert_eq!(m.status()["digest"], m.result["digest"]);
     assert_eq!(fs::read(m.path("new.txt")).unwrap(), b"new");
-    run(["seal", mp, "-o", o]).ok();
+    let receipt = tmp.path().join("r.json");
+    run(["seal", mp, "-o", o, "--receipt", receipt.to_str().unwrap()]).ok();
+    run(["seal", mp, "-o", o, "--receipt", receipt.to_str().unwrap()]).ok();
     m.umount();
     let missing = tmp.path().join("no-such-upper");
     run([

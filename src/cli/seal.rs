@@ -347,9 +347,31 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
         if let Some(why) = crate::output::names_a_directory(path) {
             return Err(refuse(path, why.into()));
         }
+        // The upper directory holds the session's changes, and nothing
+        // else: a file written there could replace its journal or a
+        // file's data, or be taken for one.
+        if let (Ok(dir), Ok(upper)) = (
+            std::fs::canonicalize(dir),
+            std::fs::canonicalize(overlay.upper_dir()),
+        ) && dir.starts_with(&upper)
+        {
+            return Err(refuse(
+                path,
+                format!(
+                    "is in the mount's upper directory ({}), which holds the session's \
+                     changes and nothing else: write it elsewhere",
+                    upper.display()
+                ),
+            ));
+        }
     }
     if let Some(why) = crate::output::refuse_replacing(&req.output) {
         return Err(refuse(&req.output, why));
+    }
+    if let Some(receipt) = &req.receipt
+        && let Some(why) = crate::output::refuse_replacing_receipt(receipt)
+    {
+        return Err(refuse(receipt, why));
     }
     if let Some(receipt) = &req.receipt
         && (receipt == &req.output || same_file(receipt, &req.output))

@@ -341,6 +341,39 @@ pub fn names_a_directory(dest: &Path) -> Option<&'static str> {
 /// file, another symlink (replaced, not followed) or nothing at all may be
 /// replaced; so may a file that cannot be read, as before this check.
 pub fn refuse_replacing(dest: &Path) -> Option<String> {
+    // Every packet begins with the manifest's ustar header.
+    let packet = |head: &[u8]| {
+        head.len() == BLOCK as usize && {
+            let h = tar::Header::from_byte_slice(head);
+            h.as_ustar().is_some() && h.path_bytes().as_ref() == MANIFEST_NAME.as_bytes()
+        }
+    };
+    refuse_replacing_unless(dest, packet, "packet")
+}
+
+/// [`refuse_replacing`] for a seal's receipt: what it may replace is an
+/// older receipt (a JSON object whose first key is its schema), not a
+/// notes file, nor a mount's journal.
+pub fn refuse_replacing_receipt(dest: &Path) -> Option<String> {
+    let receipt = |head: &[u8]| {
+        let packed: Vec<u8> = head
+            .iter()
+            .copied()
+            .filter(|b| !b.is_ascii_whitespace())
+            .collect();
+        packed.starts_with(br#"{"schema":"sessionfs.receipt/"#)
+    };
+    refuse_replacing_unless(dest, receipt, "receipt")
+}
+
+/// Why a `what` (packet, receipt) may not replace what is at `dest`, if it
+/// may not: as [`refuse_replacing`] says, a non-empty file being one only
+/// if `ours` takes its first block.
+fn refuse_replacing_unless(
+    dest: &Path,
+    ours: impl Fn(&[u8]) -> bool,
+    what_is_written: &str,
+) -> Option<String> {
     use std::io::Read;
     use std::os::unix::fs::FileTypeExt;
     let m = std::fs::symlink_metadata(dest).ok()?;
@@ -373,8 +406,8 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
     };
     if let Some(what) = what {
         return Some(format!(
-            "is {what}, not a file: the packet would replace it; name a regular file \
-             (to learn a tree's digest only, pack to a temporary file)"
+            "is {what}, not a file: the {what_is_written} would replace it; name a regular \
+             file (to learn a tree's digest only, pack to a temporary file)"
         ));
     }
     if !m.is_file() || m.len() == 0 {
@@ -384,15 +417,11 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
     File::open(dest)
         .and_then(|f| f.take(BLOCK).read_to_end(&mut head))
         .ok()?;
-    // Every packet begins with the manifest's ustar header.
-    let packet = head.len() == BLOCK as usize && {
-        let h = tar::Header::from_byte_slice(&head);
-        h.as_ustar().is_some() && h.path_bytes().as_ref() == MANIFEST_NAME.as_bytes()
-    };
-    (!packet).then(|| {
-        "exists and is not a sessionfs packet: writing the packet would replace it; name \
-         another output, or remove that file first if it is to go"
-            .to_owned()
+    (!ours(&head)).then(|| {
+        format!(
+            "exists and is not a sessionfs {what_is_written}: writing the {what_is_written} \
+             would replace it; name another file, or remove that one first if it is to go"
+        )
     })
 }
 
