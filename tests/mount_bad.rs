@@ -540,3 +540,51 @@ fn commands_on_a_path_nothing_serves_say_so() {
     }
     assert!(!out.exists());
 }
+
+/// A directory inside a mount is not a mount: `umount` of it says so and
+/// leaves the mount be, and another mount may be made on it. A mountpoint
+/// named through a symlink is mounted, shown and unmounted where the link
+/// leads.
+#[test]
+fn mounts_are_known_by_the_mount_table() {
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let outer = mount_workspace(tmp.path(), &p);
+    let inner_dir = outer.path("inner");
+    fs::create_dir(&inner_dir).unwrap();
+    let r = run(["umount", inner_dir.to_str().unwrap()]);
+    r.fails(8, "not_mounted");
+    assert!(is_mounted(&outer.mnt));
+    let inner = Mounted::new(&p, &inner_dir, &tmp.path().join("upper-inner"), &[]);
+    assert_eq!(
+        fs::read(inner.path("workspace/small.txt")).unwrap(),
+        fs::read(outer.path("small.txt")).unwrap()
+    );
+    inner.umount();
+    assert!(is_mounted(&outer.mnt));
+    outer.umount();
+    // Through a symlink.
+    let real = tmp.path().join("real-mp");
+    fs::create_dir(&real).unwrap();
+    let link = tmp.path().join("link-mp");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let upper = tmp.path().join("upper-link");
+    let l = link.to_str().unwrap();
+    let r = run([
+        "mount",
+        p.to_str().unwrap(),
+        l,
+        "--upper",
+        upper.to_str().unwrap(),
+    ]);
+    assert_eq!(r.ok()["mountpoint"], real.to_str().unwrap());
+    assert!(is_mounted(&real));
+    assert_eq!(
+        run(["status", l]).ok()["mountpoint"],
+        real.to_str().unwrap()
+    );
+    run(["umount", l]).ok();
+    assert!(!is_mounted(&real));
+}

@@ -118,7 +118,7 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
             mp,
         ));
     }
-    if super::umount::is_fuse_mount(mp) {
+    if super::umount::is_sessionfs_mount(mp) {
         return Err(mount_error(
             "already_mounted",
             format!(
@@ -190,8 +190,14 @@ fn canonical_prefix(p: &Path) -> Option<PathBuf> {
     })
 }
 
-pub fn run(a: Args) -> Result<Output, CliError> {
+pub fn run(mut a: Args) -> Result<Output, CliError> {
     let started = std::time::Instant::now();
+    // A mountpoint named through a symlink is mounted where the link
+    // leads, and known by that path (to unmount it, in status and
+    // mount.json), as the kernel and the mount table know it.
+    if let Ok(real) = std::fs::canonicalize(&a.mountpoint) {
+        a.mountpoint = real;
+    }
     let limits = a.limits.limits()?;
     check_mountpoint(&a.mountpoint)?;
     check_upper_apart(&a.upper, &a.mountpoint)?;

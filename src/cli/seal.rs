@@ -297,7 +297,7 @@ fn load_roots(upper: &Path) -> HashMap<Part, Vec<String>> {
 fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), CliError> {
     use std::os::unix::fs::MetadataExt;
     // Only a served mount has a device of its own to compare with.
-    if !super::umount::is_fuse_mount(mountpoint) {
+    if !super::umount::is_sessionfs_mount(mountpoint) {
         return Ok(());
     }
     let (Some(dir), Ok(mount)) = (path.parent(), std::fs::metadata(mountpoint)) else {

@@ -47,15 +47,51 @@ pub fn is_fuse_mount(p: &Path) -> bool {
     }
 }
 
+/// Whether the topmost mount at `p` is a sessionfs mount (a dead one
+/// counts): from the mount table, by its type (`fuse`, or `fuse.sessionfs`
+/// through fusermount3) and its source (`sessionfs:<digest>`), so that
+/// another FUSE file system (fuse-overlayfs, sshfs) mounted there, or a
+/// directory inside a mount, is not taken for one. Where the table cannot
+/// be read (not Linux), any FUSE mount counts.
+pub fn is_sessionfs_mount(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(mounts) = crate::sys::mounts() else {
+        return is_fuse_mount(p);
+    };
+    let Some(real) = real_path(p) else {
+        return false;
+    };
+    mounts
+        .iter()
+        .rev()
+        .find(|m| m.point == real.as_os_str().as_bytes())
+        .is_some_and(|m| {
+            (m.fstype == "fuse" || m.fstype == "fuse.sessionfs")
+                && m.source.starts_with(b"sessionfs:")
+        })
+}
+
+/// The real path of `p`, as the mount table has it, without touching a
+/// dead mount (its stat fails): resolved whole, or through its parent.
+fn real_path(p: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(p).ok().or_else(|| {
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
+    })
+}
+
 fn wait_gone(p: &Path, limit: Duration) -> bool {
     let start = Instant::now();
     while start.elapsed() < limit {
-        if !is_fuse_mount(p) {
+        if !is_sessionfs_mount(p) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    !is_fuse_mount(p)
+    !is_sessionfs_mount(p)
 }
 
 /// Whether process `pid` has exited (a zombie has: its files are closed).
@@ -79,7 +115,9 @@ fn lock_free(dir: &Path) -> bool {
 }
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
-    let mp = &a.mountpoint;
+    // Named through a symlink, the mount is unmounted where it is.
+    let real = real_path(&a.mountpoint).unwrap_or_else(|| a.mountpoint.clone());
+    let mp = &real;
     let fail = |kind: &str, message: String| {
         CliError::new(
             Some(ErrorClass::Mount),
@@ -88,7 +126,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             Some(crate::packet::path::shown_path(mp)),
         )
     };
-    if !is_fuse_mount(mp) {
+    if !is_sessionfs_mount(mp) {
         return Err(fail(
             "not_mounted",
             format!("{}: no sessionfs mount here", mp.display()),
@@ -122,7 +160,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             "daemon"
         }
         // The daemon may have unmounted and exited without answering.
-        Err(_) if !is_fuse_mount(mp) => "daemon",
+        Err(_) if !is_sessionfs_mount(mp) => "daemon",
         Err(e) => {
             tracing::warn!("{e}; unmounting without the daemon");
             let flag = if a.lazy { "-uz" } else { "-u" };
