@@ -588,3 +588,51 @@ fn mounts_are_known_by_the_mount_table() {
     run(["umount", l]).ok();
     assert!(!is_mounted(&real));
 }
+
+/// An upper directory whose disk is full fails changes with `ENOSPC`, as
+/// the disk does, whether the data or the journal runs out of room; the
+/// mount keeps serving, and what was recorded survives a remount.
+#[test]
+fn a_full_upper_disk_is_enospc() {
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let disk = tmp.path().join("disk");
+    fs::create_dir(&disk).unwrap();
+    let _tmpfs = FsMount::tmpfs(&disk, "256k");
+    let m = Mounted::new(
+        &p,
+        &tmp.path().join("mnt"),
+        &disk.join("upper"),
+        &["--part", "workspace"],
+    );
+    let e = fs::write(m.path("fill"), vec![7u8; 400 << 10]).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    let mut made = 0;
+    let e = loop {
+        match fs::create_dir(m.path(&format!("a-directory-with-a-long-name-{made:04}"))) {
+            Ok(()) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < 100_000, "the disk never filled");
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "after {made}: {e}");
+    assert_eq!(fs::read(m.path("small.txt")).unwrap(), b"small\n");
+    m.umount();
+    let m = Mounted::new(
+        &p,
+        &tmp.path().join("mnt"),
+        &disk.join("upper"),
+        &["--part", "workspace"],
+    );
+    assert!(
+        m.path(&format!("a-directory-with-a-long-name-{:04}", made - 1))
+            .is_dir()
+    );
+    assert!(
+        !m.path(&format!("a-directory-with-a-long-name-{made:04}"))
+            .exists()
+    );
+    m.umount();
+}

@@ -289,23 +289,23 @@ impl Upper {
         &self.root
     }
 
-    /// Appends one record with a single `write`. On failure the journal is
-    /// cut back to its previous length, so no partial line remains.
+    /// Appends one record. On failure the journal is cut back to its
+    /// previous length, so no partial line remains (a crash midway leaves
+    /// a cut-short last line, which replay drops). A short write is
+    /// followed by another for the rest, so that a full disk fails with
+    /// its own error (`ENOSPC`, which the application is told), not as a
+    /// bare short write.
     pub fn append(&self, rec: &Record) -> Result<()> {
         let line = rec.to_line();
         let mut j = self.journal.lock();
         let (file, len) = &mut *j;
-        match (&*file).write(&line) {
-            Ok(n) if n == line.len() => {
-                *len += n as u64;
+        match (&*file).write_all(&line) {
+            Ok(()) => {
+                *len += line.len() as u64;
                 Ok(())
             }
-            other => {
+            Err(e) => {
                 let _ = file.set_len(*len);
-                let e = match other {
-                    Ok(_) => io::Error::new(io::ErrorKind::WriteZero, "short write"),
-                    Err(e) => e,
-                };
                 Err(io_at(
                     &self.root.join(JOURNAL),
                     "cannot append to the journal",
