@@ -221,6 +221,7 @@ impl Verifier {
         let end = f.size.min(offset.saturating_add(len));
         let csize = chunk_size(f);
         let mut pos = offset;
+        let mut trusted = false;
         while pos < end {
             let k = pos / csize;
             let take_end = end.min((k + 1) * csize).min(f.size);
@@ -235,6 +236,7 @@ impl Verifier {
                 packet
                     .read_content_at(i as usize, pos, &mut out[at..])
                     .map_err(|e| Error::packet_io(packet, e))?;
+                trusted = true;
             } else {
                 // A reader moving forward will want the next chunk: the disk
                 // fetches it while this one is hashed. (Not for a reader
@@ -250,6 +252,13 @@ impl Verifier {
                 }
             }
             pos = take_end;
+        }
+        // Bytes of chunks verified earlier were read without hashing: the
+        // packet is checked again after reading them, so that a write to
+        // it that landed between the first check and the read is caught
+        // (a write moves the file's times before it copies its bytes).
+        if trusted {
+            self.check_unchanged(packet)?;
         }
         Ok(())
     }
