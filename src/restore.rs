@@ -42,6 +42,16 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// `--part` names a part the packet does not have.
+    #[error(
+        "{path}: the packet has no {part} part to unpack; unpack without --part, or with the part it has"
+    )]
+    PartMissing {
+        /// The packet.
+        path: String,
+        /// The part asked for.
+        part: Part,
+    },
     /// The operating system refused an operation.
     #[error("{path}: {op}: {source}")]
     Io {
@@ -61,6 +71,7 @@ impl Error {
         match self {
             Error::Packet(e) => e.kind(),
             Error::Target { .. } => "target_unusable",
+            Error::PartMissing { .. } => "part_missing",
             Error::Io { .. } => "io",
         }
     }
@@ -69,7 +80,7 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Packet(e) => e.class(),
-            Error::Target { .. } => ErrorClass::Refused,
+            Error::Target { .. } | Error::PartMissing { .. } => ErrorClass::Refused,
             Error::Io { .. } => ErrorClass::Io,
         }
     }
@@ -78,7 +89,9 @@ impl Error {
     pub fn path(&self) -> Option<&str> {
         match self {
             Error::Packet(e) => e.path(),
-            Error::Target { path, .. } | Error::Io { path, .. } => Some(path),
+            Error::Target { path, .. }
+            | Error::PartMissing { path, .. }
+            | Error::Io { path, .. } => Some(path),
         }
     }
 }
@@ -131,9 +144,9 @@ pub fn unpack(
     let root_name = opts.part.map_or("", Part::as_str);
     if let Some(part) = opts.part {
         if !packet.manifest.has_part(part) {
-            return Err(Error::Target {
-                path: crate::packet::path::shown_path(&opts.into),
-                reason: format!("the packet has no {part} part to unpack"),
+            return Err(Error::PartMissing {
+                path: crate::packet::path::shown_path(packet.path()),
+                part,
             });
         }
     }

@@ -404,7 +404,7 @@ fn upper_directories_and_mountpoints_are_checked() {
     mount_fails(&p, &mnt7, &u8, &["--threads", "100000"], 2, "usage");
     assert!(!u8.exists());
     // A part the packet lacks: refused before the upper directory is made.
-    mount_fails(&p, &mnt7, &u8, &["--part", "harness"], 7, "upper_refused");
+    mount_fails(&p, &mnt7, &u8, &["--part", "harness"], 7, "part_missing");
     assert!(!u8.exists());
 }
 
@@ -498,6 +498,28 @@ fn a_damaged_journal_is_refused_naming_the_line() {
     assert_eq!(fs::read(m.path("b")).unwrap(), b"b");
     m.umount();
     assert_eq!(fs::read_to_string(&journal).unwrap(), text);
+    // A record that parses but does not apply names the journal and the
+    // record.
+    let mut lines: Vec<&str> = text.lines().collect();
+    let unlink = r#"{"op":"unlink","t":1,"parent":1,"name":"nothing"}"#;
+    lines.push(unlink);
+    fs::write(&journal, lines.join("\n") + "\n").unwrap();
+    let r = run([
+        "mount",
+        p.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "--upper",
+        upper.to_str().unwrap(),
+        "--part",
+        "workspace",
+    ]);
+    let e = r.fails(7, "upper_damaged");
+    assert_eq!(e["path"], journal.to_str().unwrap(), "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains(": record ") && message.ends_with("unlink of a missing name"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -1053,12 +1053,9 @@ fn a_lazy_unmount_detaches_and_serves_open_files_until_closed() {
     let mut open = fs::File::open(m.path("README.md")).unwrap();
     let mnt = m.mnt.to_str().unwrap().to_owned();
     let busy = run(["umount", &mnt]);
-    assert!(
-        busy.fails(8, "busy")["hint"]
-            .as_str()
-            .unwrap()
-            .contains("--lazy")
-    );
+    let e = busy.fails(8, "busy");
+    assert!(e["hint"].as_str().unwrap().contains("--lazy"), "{e}");
+    assert_eq!(e["path"], mnt.as_str(), "{e}");
     assert!(is_fuse(&m.mnt));
     let r = run(["umount", &mnt, "--lazy"]);
     assert_eq!(r.ok()["unmounted"], true);

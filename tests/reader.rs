@@ -842,7 +842,7 @@ fn unpack_targets() {
         "--part",
         "harness",
     ])
-    .fails(7, "target_unusable");
+    .fails(7, "part_missing");
 }
 
 /// Starts `unpack p --into into` with its test barrier in `bar`, and

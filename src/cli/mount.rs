@@ -225,7 +225,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     if let Some(p) = part.filter(|p| !packet.manifest.has_part(*p)) {
         return Err(CliError::new(
             Some(ErrorClass::Refused),
-            "upper_refused",
+            "part_missing",
             format!(
                 "{}: the packet has no {p} part to mount; mount without --part, or with the part it has",
                 a.packet.display()

@@ -138,11 +138,16 @@ pub fn serve(
                                 "{}: cannot unmount: files on it are open or a process works in it; close them, or use `sessionfs umount --lazy`",
                                 mountpoint.display()
                             ),
+                            Some(&mountpoint),
                         ),
-                        Err(e) => error("io", &format!("cannot unmount: {e}")),
+                        Err(e) => error(
+                            "io",
+                            &format!("{}: cannot unmount: {e}", mountpoint.display()),
+                            Some(&mountpoint),
+                        ),
                     }
                 }
-                _ => handler(&overlay, req, notify).unwrap_or_else(|| error("usage", "unknown control request")),
+                _ => handler(&overlay, req, notify).unwrap_or_else(|| error("usage", "unknown control request", None)),
             })
         })?;
     }
@@ -271,14 +276,19 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
     }
 }
 
-/// A control-protocol error object.
-pub fn error(kind: &str, message: &str) -> Value {
+/// A control-protocol error object, naming `path` when there is one.
+pub fn error(kind: &str, message: &str, path: Option<&Path>) -> Value {
     let exit = match kind {
         "usage" => 2,
         "busy" => 8,
         _ => 6,
     };
-    json!({"schema": "sessionfs.error/1", "kind": kind, "message": message, "exit_code": exit})
+    let mut e =
+        json!({"schema": "sessionfs.error/1", "kind": kind, "message": message, "exit_code": exit});
+    if let Some(path) = path {
+        e["path"] = crate::packet::path::shown_path(path).into();
+    }
+    e
 }
 
 fn status(o: &Overlay, mountpoint: &Path) -> Value {

@@ -109,8 +109,10 @@ pub enum Error {
         packet: String,
     },
     /// The journal does not apply to this packet (a damaged upper directory).
-    #[error("journal record {index} does not apply: {reason}")]
+    #[error("{journal}: record {index} does not apply: {reason}")]
     Replay {
+        /// The journal.
+        journal: String,
         /// Record number, from 1.
         index: usize,
         /// Why.
@@ -203,7 +205,8 @@ impl Error {
             | Error::PacketIo { packet: path, .. }
             | Error::Refused { path, .. }
             | Error::UpperRefused { path, .. }
-            | Error::UpperMismatch { path, .. } => Some(path),
+            | Error::UpperMismatch { path, .. }
+            | Error::Replay { journal: path, .. } => Some(path),
             Error::Upper { path, .. } => path.as_deref(),
             _ => None,
         }

@@ -221,13 +221,16 @@ impl Overlay {
         tracing::debug!(elapsed = ?t.elapsed(), "lower index built");
         let lower = std::sync::Arc::new(lower);
         let mut state = State::new(lower.clone(), inos);
+        let journal = crate::packet::path::shown_path(&upper_dir.join(upper::JOURNAL));
         for (k, rec) in records.iter().enumerate() {
             state.apply(&lower, rec).map_err(|e| match e {
                 Error::Replay { reason, .. } => Error::Replay {
+                    journal: journal.clone(),
                     index: k + 1,
                     reason,
                 },
                 Error::NotFound | Error::NotDir => Error::Replay {
+                    journal: journal.clone(),
                     index: k + 1,
                     reason: "it names an inode or directory that does not exist".into(),
                 },

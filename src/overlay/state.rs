@@ -666,6 +666,7 @@ pub struct Applied {
 
 fn replay(reason: &str) -> Error {
     Error::Replay {
+        journal: String::new(),
         index: 0,
         reason: reason.into(),
     }
