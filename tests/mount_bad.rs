@@ -580,6 +580,11 @@ fn mounts_are_known_by_the_mount_table() {
     r.fails(8, "not_mounted");
     assert!(is_mounted(&outer.mnt));
     let inner = Mounted::new(&p, &inner_dir, &tmp.path().join("upper-inner"), &[]);
+    // The parts recorded are the packet's (it has no harness).
+    let info = fs::read(tmp.path().join("upper-inner/mount.json")).unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info).unwrap();
+    assert!(info["roots"]["workspace"].is_array(), "{info}");
+    assert!(info["roots"]["harness"].is_null(), "{info}");
     assert_eq!(
         fs::read(inner.path("workspace/small.txt")).unwrap(),
         fs::read(outer.path("small.txt")).unwrap()

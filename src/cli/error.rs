@@ -102,7 +102,7 @@ impl CliError {
             ),
             Some(ErrorClass::Io) => (
                 exit::IO,
-                "check that the path exists, is accessible, and the disk has room; nothing was changed",
+                "check that the path exists, is accessible, and the disk has room; nothing was changed, unless the message says what was",
             ),
             Some(ErrorClass::Refused) => (
                 exit::REFUSED,

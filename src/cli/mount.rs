@@ -256,6 +256,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         Some(p) => [(p, crate::source::walk::root_spellings(&a.mountpoint))].into(),
         None => [Part::Workspace, Part::Harness]
             .into_iter()
+            .filter(|p| overlay.lower().packet.manifest.has_part(*p))
             .map(|p| {
                 (
                     p,
