@@ -591,6 +591,18 @@ fn mounts_are_known_by_the_mount_table() {
     );
     inner.umount();
     assert!(is_mounted(&outer.mnt));
+    // Asked by another user, whose runtime directory holds no socket for
+    // it: not reached, but known to be there.
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(bin())
+        .args(["status", outer.mnt.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["kind"], "not_mounted", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("a sessionfs mount is there"), "{e}");
     outer.umount();
     // Through a symlink.
     let real = tmp.path().join("real-mp");

@@ -179,12 +179,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     match answer {
         Ok(v) if v["schema"] == "sessionfs.error/1" => Err(CliError::relayed(v)),
         Ok(v) => Ok(Output::raw(v)),
-        Err(e) => Err(CliError::new(
-            Some(ErrorClass::Mount),
-            "not_mounted",
-            e.to_string(),
-            Some(crate::packet::path::shown_path(&mp)),
-        )),
+        Err(e) => Err(super::umount::unreachable(&mp, &e)),
     }
 }
 

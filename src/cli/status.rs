@@ -6,7 +6,6 @@ use std::time::Duration;
 use super::Output;
 use super::error::CliError;
 use crate::fuse::control;
-use crate::packet::error::ErrorClass;
 
 /// Show what a running mount serves (packet, digest, upper directory,
 /// daemon pid) and its counters (lookups, reads, writes, copy-ups, bytes
@@ -29,11 +28,6 @@ pub fn run(a: Args) -> Result<Output, CliError> {
     ) {
         Ok(v) if v["schema"] == "sessionfs.error/1" => Err(CliError::relayed(v)),
         Ok(v) => Ok(Output::raw(v)),
-        Err(e) => Err(CliError::new(
-            Some(ErrorClass::Mount),
-            "not_mounted",
-            e.to_string(),
-            Some(crate::packet::path::shown_path(&a.mountpoint)),
-        )),
+        Err(e) => Err(super::umount::unreachable(&a.mountpoint, &e)),
     }
 }

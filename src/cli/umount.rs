@@ -71,6 +71,26 @@ pub fn is_sessionfs_mount(p: &Path) -> bool {
         })
 }
 
+/// The error for mountpoint `mp` when its daemon cannot be reached
+/// (`error`, from its control socket): `not_mounted`, saying so when a
+/// sessionfs mount is there all the same (another user's daemon, whose
+/// socket is in that user's runtime directory, or one that died).
+pub fn unreachable(mp: &Path, error: &std::io::Error) -> CliError {
+    let mut message = error.to_string();
+    if is_sessionfs_mount(mp) {
+        message.push_str(
+            "; a sessionfs mount is there all the same: its daemon runs as another user (ask \
+             as that user) or has exited (`sessionfs umount` detaches the mount)",
+        );
+    }
+    CliError::new(
+        Some(ErrorClass::Mount),
+        "not_mounted",
+        message,
+        Some(crate::packet::path::shown_path(mp)),
+    )
+}
+
 /// The real path of `p`, as the mount table has it, without touching a
 /// dead mount (its stat fails): resolved whole, or through its parent.
 fn real_path(p: &Path) -> Option<PathBuf> {
