@@ -554,6 +554,15 @@ pub fn mounts() -> Option<Vec<Mount>> {
     Some(mounts.collect())
 }
 
+/// The topmost of `mounts` (as [`mounts`] lists them) mounted at `point`,
+/// a real path.
+pub fn top_mount_at<'m>(mounts: &'m [Mount], point: &Path) -> Option<&'m Mount> {
+    mounts
+        .iter()
+        .rev()
+        .find(|m| m.point == point.as_os_str().as_bytes())
+}
+
 /// A mountinfo path field: spaces, tabs, newlines and backslashes are
 /// written as octal escapes (`\040`).
 fn unescape_mountinfo(s: &str) -> Vec<u8> {

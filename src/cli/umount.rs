@@ -54,21 +54,15 @@ pub fn is_fuse_mount(p: &Path) -> bool {
 /// directory inside a mount, is not taken for one. Where the table cannot
 /// be read (not Linux), any FUSE mount counts.
 pub fn is_sessionfs_mount(p: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
     let Some(mounts) = crate::sys::mounts() else {
         return is_fuse_mount(p);
     };
     let Some(real) = real_path(p) else {
         return false;
     };
-    mounts
-        .iter()
-        .rev()
-        .find(|m| m.point == real.as_os_str().as_bytes())
-        .is_some_and(|m| {
-            (m.fstype == "fuse" || m.fstype == "fuse.sessionfs")
-                && m.source.starts_with(b"sessionfs:")
-        })
+    crate::sys::top_mount_at(&mounts, &real).is_some_and(|m| {
+        (m.fstype == "fuse" || m.fstype == "fuse.sessionfs") && m.source.starts_with(b"sessionfs:")
+    })
 }
 
 /// The error for mountpoint `mp` when its daemon cannot be reached

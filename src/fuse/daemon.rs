@@ -228,14 +228,11 @@ impl Ours {
 /// `/proc/self/mountinfo`, so the mount itself is not touched (a FUSE
 /// request to a mount whose daemon is busy could wait).
 fn sessionfs_mount_at(mountpoint: &Path, source: &str) -> Option<String> {
-    use std::os::unix::ffi::OsStrExt;
-    let want = mountpoint.as_os_str().as_bytes();
-    let top = crate::sys::mounts()?
-        .into_iter()
-        .rfind(|m| m.point == want)?;
+    let mounts = crate::sys::mounts()?;
+    let top = crate::sys::top_mount_at(&mounts, mountpoint)?;
     // `fuse` when mounted directly, `fuse.sessionfs` by fusermount3.
     let fuse = top.fstype == "fuse" || top.fstype.starts_with("fuse.");
-    (fuse && top.source == source.as_bytes()).then_some(top.dev)
+    (fuse && top.source == source.as_bytes()).then(|| top.dev.clone())
 }
 
 /// Unmounts now, failing with EBUSY when files are open on the mount, or

@@ -450,10 +450,7 @@ struct DirOut {
 fn local_mount(root: &Root, rel: &Path) -> Option<OwnedFd> {
     let point = std::fs::canonicalize(&root.dir).ok()?.join(rel);
     let mounts = sys::mounts()?;
-    let top = mounts
-        .iter()
-        .rev()
-        .find(|m| m.point == point.as_os_str().as_bytes())?;
+    let top = sys::top_mount_at(&mounts, &point)?;
     if !sys::LOCAL_FILE_SYSTEMS.contains(&top.fstype.as_str()) {
         return None;
     }
