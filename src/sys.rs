@@ -364,8 +364,16 @@ pub fn mtime_ns(st: &FileStat) -> i128 {
 
 /// The memory this process may use, at most: the machine's physical
 /// memory, or less where its cgroup (v2 `memory.max`, v1
-/// `memory.limit_in_bytes`) sets a lower limit, as in a pod.
+/// `memory.limit_in_bytes`) sets a lower limit, as in a pod, or where its
+/// address space is limited (`ulimit -v`, which every mapping counts
+/// against: code, thread stacks, the allocator's arenas).
 pub fn memory_limit() -> u64 {
+    let address_space = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_AS)
+        .map_or(u64::MAX, |(soft, _)| soft);
+    physical_or_cgroup_limit().min(address_space)
+}
+
+fn physical_or_cgroup_limit() -> u64 {
     #[cfg(target_os = "linux")]
     let phys = {
         use nix::unistd::{SysconfVar, sysconf};

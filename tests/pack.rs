@@ -507,6 +507,39 @@ fn assert_hard_links(result: &Value, links: &[(&str, &str)]) {
     }
 }
 
+/// The memory pack holds small files in between its passes is bounded by
+/// the address space it may use (`ulimit -v`) as by a cgroup's limit: a
+/// budget of 256 MiB under `ulimit -v 800000` made the allocator abort
+/// the run, with no result.
+#[test]
+fn the_hold_is_bounded_by_the_address_space() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    for i in 0..40 {
+        write(&ws, &format!("f{i:02}"), &vec![i as u8; 1 << 20]);
+    }
+    let out = tmp.path().join("p.packet");
+    let hold_max = |limit: &str| {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{limit} exec \"$@\""))
+            .arg("sh")
+            .arg(bin())
+            .args(["-vv", "pack", "--workspace", ws.to_str().unwrap(), "-o"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{limit}: {o:?}");
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        let at = stderr.find("hold_max=").expect("hold_max logged");
+        stderr[at..].split_whitespace().next().unwrap().to_owned()
+    };
+    // 40 files of 1 MiB: held under the default budget, not under a
+    // sixteenth of 469 MiB of address space.
+    assert_eq!(hold_max(""), "hold_max=Some(1048576)");
+    assert_eq!(hold_max("ulimit -v 480000 &&"), "hold_max=None");
+}
+
 /// The reason `result` gives for excluding `path`, if it does.
 fn exclusion(result: &Value, path: &str) -> Option<Value> {
     result["excluded"]

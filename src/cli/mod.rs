@@ -158,7 +158,7 @@ pub fn main() -> ExitCode {
             "io",
             format!(
                 "cannot start the worker threads: {e}; raise the limit on processes \
-                 (`ulimit -u`, or the container's pids.max)"
+                 (`ulimit -u`, or the container's pids.max) or on address space (`ulimit -v`)"
             ),
             None,
         ));

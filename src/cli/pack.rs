@@ -66,7 +66,8 @@ pub struct Args {
     /// Memory for the content of small files, read once and kept from the
     /// hashing pass to the writing pass instead of read again (suffixes
     /// KiB, MiB, GiB). Default: 256 MiB, or a sixteenth of the memory this
-    /// process may use (its cgroup's limit) where that is less; never more
+    /// process may use (its cgroup's limit, its `ulimit -v`) where that is
+    /// less; never more
     /// than half of it. 0 reads every file twice.
     #[arg(long, value_name = "SIZE", env = "SESSIONFS_PACK_HOLD", value_parser = parse_size)]
     hold_memory: Option<u64>,

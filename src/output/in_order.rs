@@ -408,7 +408,7 @@ fn write_pieces<S: Contents>(
         if let Some(e) = not_started {
             return Err(S::Error::from(Error::io(
                 "cannot start a thread to write the packet (a limit on processes, `ulimit -u` \
-                 or the container's pids.max, was reached)",
+                 or the container's pids.max, or on address space, `ulimit -v`, was reached)",
                 e,
             )));
         }
