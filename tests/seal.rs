@@ -785,6 +785,60 @@ fn files_opened_before_any_change_survive_unlink_and_rebase() {
     m.umount();
 }
 
+/// The orchestrator's loop: every turn seals with `--rebase` onto the
+/// path of the packet the mount serves. The rename over that path moves
+/// the served file's ctime; the mount takes it for its own seal's doing,
+/// not for a change to its packet: while a reader reads lower content
+/// through it (its page cache dropped each time), every seal moves the
+/// mount on and no read fails.
+#[test]
+fn rebase_onto_the_served_path_while_reading() {
+    use std::os::unix::fs::FileExt;
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, m) = sample_mount(tmp.path());
+    let big = m.path("data/big.bin");
+    let want = fs::read(&big).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (big, want, stop) = (big.clone(), want.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let f = fs::File::open(&big).unwrap();
+                nix::fcntl::posix_fadvise(
+                    &f,
+                    0,
+                    0,
+                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+                )
+                .unwrap();
+                let mut got = vec![0u8; want.len()];
+                f.read_exact_at(&mut got, 0)
+                    .unwrap_or_else(|e| panic!("read {reads} failed: {e}"));
+                assert!(got == want, "read {reads} returned other bytes");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let p = packet.to_str().unwrap();
+    for turn in 0..4 {
+        fs::write(m.path(&format!("turn-{turn}.txt")), b"turn").unwrap();
+        let v = seal(&m, &packet, &["--rebase"]);
+        assert_eq!(v["rebased"], true, "{v}");
+        assert_eq!(m.status()["digest"], v["digest"], "turn {turn}");
+        run(["verify", p]).ok();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().unwrap();
+    assert!(reads > 0);
+    assert_eq!(fs::read(&big).unwrap(), want);
+    m.umount();
+}
+
 #[test]
 fn rebase_continues_on_the_new_packet() {
     // "--rebase: after a successful seal the mount continues on the new

@@ -46,7 +46,10 @@ pub struct Verifier {
     /// First bit of each entry (files only).
     base: Vec<u64>,
     bits: Vec<AtomicU64>,
-    at_open: Identity,
+    /// The packet file's identity at open, moved on only by a rename of
+    /// this daemon's own seal over the packet's path (which moves the old
+    /// file's ctime): see [`Self::around_own_rename`].
+    at_open: parking_lot::RwLock<Identity>,
     /// Bytes hashed to verify chunks.
     pub hashed: AtomicU64,
     /// Chunks verified.
@@ -109,7 +112,7 @@ impl Verifier {
         Ok(Verifier {
             base,
             bits,
-            at_open: identity(packet)?,
+            at_open: parking_lot::RwLock::new(identity(packet)?),
             hashed: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
             hashing: (0..HASH_STRIPES)
@@ -127,7 +130,7 @@ impl Verifier {
         packet
             .file()
             .metadata()
-            .is_ok_and(|m| committed.is(&m) && identity_of(&m) == self.at_open)
+            .is_ok_and(|m| committed.is(&m) && identity_of(&m) == *self.at_open.read())
     }
 
     /// Marks every chunk verified: for a packet this daemon just wrote from
@@ -150,13 +153,32 @@ impl Verifier {
     /// one the chunks were verified in (its size, mtime or ctime moved):
     /// nothing verified before can be trusted then.
     pub fn check_unchanged(&self, packet: &Packet) -> Result<()> {
-        if identity(packet).map_err(|e| Error::packet_io(packet, e))? != self.at_open {
+        let at_open = *self.at_open.read();
+        if identity(packet).map_err(|e| Error::packet_io(packet, e))? != at_open {
             tracing::error!(packet = %packet.path().display(), "the packet file changed while mounted");
             return Err(Error::PacketChanged {
                 packet: crate::packet::path::shown_path(packet.path()),
             });
         }
         Ok(())
+    }
+
+    /// Runs `rename`, a seal's commit of a packet over the path of this
+    /// one (`seal -o SERVED --rebase`), with reads of the packet held back
+    /// meanwhile: the rename moves this file's ctime (its link count
+    /// drops), which is then taken as its new identity if its size and
+    /// mtime are unchanged, so that the mount goes on serving it, and
+    /// moving onto the new packet, instead of taking the rename for a
+    /// change and failing every read.
+    pub fn around_own_rename<R>(&self, packet: &Packet, rename: impl FnOnce() -> R) -> R {
+        let mut at_open = self.at_open.write();
+        let r = rename();
+        if let Ok(now) = identity(packet)
+            && (now.len, now.mtime) == (at_open.len, at_open.mtime)
+        {
+            *at_open = now;
+        }
+        r
     }
 
     fn is_verified(&self, bit: u64) -> bool {

@@ -350,7 +350,21 @@ impl Overlay {
         output.sync_data()?;
         crate::barrier::wait(opts.barrier.as_deref(), "synced");
         phase("synced");
-        let written = output.commit(opts.mode)?;
+        // Over the packet this mount serves (`--rebase` onto the same
+        // path), the rename is the seal's own change to it.
+        let over_served = {
+            use std::os::unix::fs::MetadataExt;
+            let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+            let served = lower.packet.file().metadata().map(id).ok();
+            served.is_some() && std::fs::metadata(&opts.output).map(id).ok() == served
+        };
+        let written = if over_served {
+            lower
+                .verifier
+                .around_own_rename(&lower.packet, || output.commit(opts.mode))?
+        } else {
+            output.commit(opts.mode)?
+        };
         crate::barrier::wait(opts.barrier.as_deref(), "committed");
         phase("committed");
         if opts.rebase {
