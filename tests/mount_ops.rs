@@ -1111,3 +1111,28 @@ fn status_gives_absolute_paths_whatever_the_mount_was_given() {
         }
     }
 }
+
+/// `isatty` on a file of the mount (every Python `open` asks it) is
+/// answered `ENOTTY`, and costs the daemon's log nothing.
+#[test]
+fn ioctls_are_not_a_tty_and_log_nothing() {
+    use std::os::fd::AsRawFd;
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let log = PathBuf::from(m.result["log"].as_str().unwrap());
+    let before = fs::metadata(&log).map_or(0, |l| l.len());
+    for _ in 0..50 {
+        let f = fs::File::open(m.path("README.md")).unwrap();
+        assert_eq!(unsafe { libc::isatty(f.as_raw_fd()) }, 0);
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTTY), "{e}");
+    }
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    let grown = text.len() as u64 - before.min(text.len() as u64);
+    assert!(!text.contains("Not Implemented"), "{text}");
+    assert!(grown < 1024, "the log grew by {grown} bytes");
+    m.umount();
+}

@@ -619,6 +619,23 @@ impl Filesystem for SessionFs {
         }
     }
 
+    /// No ioctl is supported: `ENOTTY`, as a file that is not a terminal
+    /// answers `isatty` (`TCGETS`, which every Python `open` asks), and
+    /// without fuser's default warning, which logged three lines per call.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
