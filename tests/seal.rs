@@ -839,6 +839,27 @@ fn rebase_onto_the_served_path_while_reading() {
     m.umount();
 }
 
+/// An absolute symlink into the mount is stored rebased (relative); after
+/// `--rebase` the mount shows it as stored, its target and its size
+/// alike, not a target the kernel cached before.
+#[test]
+fn a_rebased_symlink_reads_as_stored_after_a_rebase() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, m) = sample_mount(tmp.path());
+    let link = m.path("abs");
+    std::os::unix::fs::symlink(m.path("src"), &link).unwrap();
+    assert_eq!(fs::read_link(&link).unwrap(), m.path("src"));
+    let out = tmp.path().join("s.packet");
+    seal(&m, &out, &["--rebase"]);
+    assert_eq!(fs::read_link(&link).unwrap(), Path::new("src"));
+    assert_eq!(fs::symlink_metadata(&link).unwrap().len(), 3);
+    assert!(link.join("main.rs").is_file());
+    m.umount();
+}
+
 #[test]
 fn rebase_continues_on_the_new_packet() {
     // "--rebase: after a successful seal the mount continues on the new

@@ -93,6 +93,8 @@ pub fn serve(
         let _ = match stale {
             // Attributes only (offset -1): content does not change on a rebase.
             Stale::Attr(ino) => notifier.inval_inode(fuser::INodeNo(ino), -1, 0),
+            // Offset 0, length 0: the whole page cache too.
+            Stale::Content(ino) => notifier.inval_inode(fuser::INodeNo(ino), 0, 0),
             Stale::Entry(dir, name) => notifier.inval_entry(fuser::INodeNo(dir), name.as_ref()),
         };
     }));

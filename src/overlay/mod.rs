@@ -161,6 +161,8 @@ pub struct Options {
 pub enum Stale<'a> {
     /// An inode's attributes.
     Attr(Ino),
+    /// An inode's attributes and cached content (a symlink's target).
+    Content(Ino),
     /// The name `.1` in directory `.0`: it now names another inode.
     Entry(Ino, &'a str),
 }

@@ -195,7 +195,9 @@ struct Moved {
 
 enum ItemKind {
     Dir,
-    Symlink(String),
+    /// Its target as stored, and whether that differs from the target on
+    /// the mount (an absolute one rebased).
+    Symlink(String, bool),
     File(FileItem),
 }
 
@@ -256,7 +258,7 @@ impl Overlay {
         for it in &items {
             let kind = match &it.kind {
                 ItemKind::Dir => EntryKind::Dir,
-                ItemKind::Symlink(t) => EntryKind::Symlink(t.as_str().into()),
+                ItemKind::Symlink(t, _) => EntryKind::Symlink(t.as_str().into()),
                 ItemKind::File(f) => {
                     let (sha256, chunks) =
                         match f.reuse.and_then(|i| old.entries[i as usize].file()) {
@@ -581,6 +583,13 @@ impl Overlay {
                 f(Stale::Attr(ino));
             }
             f(Stale::Attr(super::ino::ROOT));
+            // A symlink whose target the seal rewrote now reads as the
+            // packet stores it: the kernel's cached target goes too.
+            for it in items {
+                if let ItemKind::Symlink(_, true) = it.kind {
+                    f(Stale::Content(it.ino));
+                }
+            }
         }
         for &k in &renumbered {
             let Some((dir, name)) = items[k].path.rsplit_once('/') else {
@@ -706,10 +715,11 @@ impl Overlay {
                                 });
                             }
                         };
+                        let rewritten = stored != target;
                         items.push(Item {
                             path,
                             ino: *ino,
-                            kind: ItemKind::Symlink(stored),
+                            kind: ItemKind::Symlink(stored, rewritten),
                             origin,
                         });
                     }
