@@ -481,15 +481,18 @@ fn a_damaged_journal_is_refused_naming_the_line() {
     let text = fs::read_to_string(&journal).unwrap();
     let damaged = text.replacen("\"op\"", "\"oops\"", 1);
     fs::write(&journal, damaged).unwrap();
-    let r = run([
-        "mount",
-        p.to_str().unwrap(),
-        mnt.to_str().unwrap(),
-        "--upper",
-        upper.to_str().unwrap(),
-        "--part",
-        "workspace",
-    ]);
+    let mount_again = || {
+        run([
+            "mount",
+            p.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "--upper",
+            upper.to_str().unwrap(),
+            "--part",
+            "workspace",
+        ])
+    };
+    let r = mount_again();
     let e = r.fails(7, "upper_refused");
     assert!(e["message"].as_str().unwrap().contains("line 1"), "{e}");
     // A torn last line (a crash mid-append) is dropped, not refused.
@@ -504,15 +507,7 @@ fn a_damaged_journal_is_refused_naming_the_line() {
     let unlink = r#"{"op":"unlink","t":1,"parent":1,"name":"nothing"}"#;
     lines.push(unlink);
     fs::write(&journal, lines.join("\n") + "\n").unwrap();
-    let r = run([
-        "mount",
-        p.to_str().unwrap(),
-        mnt.to_str().unwrap(),
-        "--upper",
-        upper.to_str().unwrap(),
-        "--part",
-        "workspace",
-    ]);
+    let r = mount_again();
     let e = r.fails(7, "upper_damaged");
     assert_eq!(e["path"], journal.to_str().unwrap(), "{e}");
     let message = e["message"].as_str().unwrap();
