@@ -265,12 +265,7 @@ pub fn unpack(
     }
     // The directory held is still the one the target names: one moved or
     // replaced meanwhile (by a symlink, say) does not get the tree.
-    let held = nix::sys::stat::fstat(anchor.as_fd()).map(|st| sys::dev_ino(&st));
-    let here = std::fs::metadata(anchor_path).map(|m| {
-        use std::os::unix::fs::MetadataExt;
-        (m.dev(), m.ino())
-    });
-    if here.ok() != held.ok() {
+    if !sys::is_at(anchor.as_fd(), anchor_path) {
         let which = if exists {
             "the target"
         } else {

@@ -136,6 +136,16 @@ fn open_same_mount(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag) -> io::Result<
     Err(io::ErrorKind::Unsupported.into())
 }
 
+/// Whether the directory held open as `dir` is still the one at `path`
+/// (same device and inode): not moved, nor replaced (by a symlink to
+/// another, say) since it was opened.
+pub fn is_at(dir: BorrowedFd<'_>, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let held = nix::sys::stat::fstat(dir).map(|st| dev_ino(&st));
+    let here = std::fs::metadata(path).map(|m| (m.dev(), m.ino()));
+    matches!((held, here), (Ok(a), Ok(b)) if a == b)
+}
+
 /// Removes the entry `name` of the directory `dir`: a file, or a
 /// directory and everything in it, without following a symlink and, on
 /// Linux, without entering a mount (one inside is left, and the removal

@@ -319,7 +319,6 @@ fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), Cl
 /// (overwriting it would pull the packet from under the mount, and leave
 /// the upper directory tied to a packet that no longer exists).
 fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(), CliError> {
-    use std::os::unix::fs::MetadataExt;
     let refuse = |path: &Path, why: String| {
         CliError::new(
             Some(ErrorClass::Refused),
@@ -376,13 +375,8 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
             "is also the output: name the receipt another file".into(),
         ));
     }
-    // The open file, not its path: the daemon may have been started elsewhere.
-    let served = overlay.lower().packet.file().metadata().ok();
-    let is_served = |p: &Path| {
-        served.as_ref().is_some_and(|s| {
-            std::fs::metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == (s.dev(), s.ino()))
-        })
-    };
+    let lower = overlay.lower();
+    let is_served = |p: &Path| lower.serves(p);
     if is_served(&req.output) && !req.rebase {
         return Err(refuse(
             &req.output,

@@ -218,9 +218,7 @@ impl Output {
         // replaced meanwhile (a symlink put in its place, say) does not
         // get the packet, wherever it now leads.
         let dir = parent_dir(&dest);
-        let held = nix::sys::stat::fstat(self.dir.as_fd()).map(|st| crate::sys::dev_ino(&st));
-        let here = std::fs::metadata(dir).map(|m| (m.dev(), m.ino()));
-        if here.ok() != held.ok() {
+        if !crate::sys::is_at(self.dir.as_fd(), dir) {
             return Err(unusable(
                 &dest,
                 "its directory was moved or replaced while the packet was written; nothing was \

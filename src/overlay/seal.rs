@@ -354,13 +354,7 @@ impl Overlay {
         phase("synced");
         // Over the packet this mount serves (`--rebase` onto the same
         // path), the rename is the seal's own change to it.
-        let over_served = {
-            use std::os::unix::fs::MetadataExt;
-            let id = |m: std::fs::Metadata| (m.dev(), m.ino());
-            let served = lower.packet.file().metadata().map(id).ok();
-            served.is_some() && std::fs::metadata(&opts.output).map(id).ok() == served
-        };
-        let written = if over_served {
+        let written = if lower.serves(&opts.output) {
             lower
                 .verifier
                 .around_own_rename(&lower.packet, || output.commit(opts.mode))?

@@ -42,6 +42,16 @@ pub struct Lower {
 }
 
 impl Lower {
+    /// Whether `path` names the packet file this layer reads: the open
+    /// file, by device and inode, not the path it was opened by (the
+    /// daemon may have been started elsewhere).
+    pub fn serves(&self, path: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+        let served = self.packet.file().metadata().map(id).ok();
+        served.is_some() && std::fs::metadata(path).map(id).ok() == served
+    }
+
     /// The manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.packet.manifest
