@@ -289,24 +289,22 @@ fn other_names_of_excluded_files_are_excluded() {
         "{v}"
     );
     assert_eq!(v["clamped_mtimes"], serde_json::json!([]), "{v}");
-    let listing = tar_listing(&out);
-    for gone in [
-        "config.json",
-        "settings",
-        "auth.json",
-        ".env",
-        "cache.db",
-        "server.key",
-    ] {
-        assert!(!listing.contains(gone), "{gone} packed:\n{listing}");
-    }
-    for kept in [
-        "workspace/notes.txt",
-        "workspace/copies/notes.txt",
-        "workspace/app2/lib.js",
-    ] {
-        assert!(listing.lines().any(|l| l == kept), "{kept} missing");
-    }
+    assert_packed(
+        &out,
+        &[
+            "config.json",
+            "settings",
+            "auth.json",
+            ".env",
+            "cache.db",
+            "server.key",
+        ],
+        &[
+            "workspace/notes.txt",
+            "workspace/copies/notes.txt",
+            "workspace/app2/lib.js",
+        ],
+    );
     // The result is in path order, whatever order the walk met them in.
     let paths = excluded_paths(v);
     let mut sorted = paths.clone();
@@ -381,26 +379,24 @@ fn other_names_of_files_in_excluded_directories_are_excluded() {
             ("workspace/mounted/s/api", "harness/secrets/api"),
         ],
     );
-    let listing = tar_listing(&out);
-    for gone in [
-        "key.txt",
-        "deep/t",
-        "api",
-        ".ssh",
-        ".aws",
-        "secrets",
-        "mounted/auth",
-    ] {
-        assert!(!listing.contains(gone), "{gone} packed:\n{listing}");
-    }
-    for kept in [
-        "workspace/pub/readme",
-        "workspace/pub/readme2",
-        "workspace/deep",
-        "workspace/mounted/s",
-    ] {
-        assert!(listing.lines().any(|l| l == kept), "{kept} missing");
-    }
+    assert_packed(
+        &out,
+        &[
+            "key.txt",
+            "deep/t",
+            "api",
+            ".ssh",
+            ".aws",
+            "secrets",
+            "mounted/auth",
+        ],
+        &[
+            "workspace/pub/readme",
+            "workspace/pub/readme2",
+            "workspace/deep",
+            "workspace/mounted/s",
+        ],
+    );
     // A credential left out by `--exclude` as well is a credential still.
     write(&ws, "tls/server.pem", b"-----BEGIN PRIVATE KEY-----");
     fs::hard_link(ws.join("tls/server.pem"), ws.join("cert.txt")).unwrap();
@@ -494,6 +490,18 @@ fn other_names_of_files_in_excluded_directories_are_excluded() {
             .lines()
             .any(|l| l == "harness/config.toml")
     );
+}
+
+/// The packet `out` holds no member whose path contains one of `gone`,
+/// and holds each of `kept`.
+fn assert_packed(out: &Path, gone: &[&str], kept: &[&str]) {
+    let listing = tar_listing(out);
+    for gone in gone {
+        assert!(!listing.contains(gone), "{gone} packed:\n{listing}");
+    }
+    for kept in kept {
+        assert!(listing.lines().any(|l| l == *kept), "{kept} missing");
+    }
 }
 
 /// `result` excludes each `(path, of)` as another name of `of`.
