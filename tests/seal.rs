@@ -785,6 +785,47 @@ fn files_opened_before_any_change_survive_unlink_and_rebase() {
     m.umount();
 }
 
+/// A file made again at a path keeps the number of the file it replaces,
+/// under the next generation. A rebase makes it a lower entry; it must
+/// keep that generation there: the kernel, still holding it for an open
+/// descriptor, takes the number coming back with another generation (in
+/// `ls -l`'s `READDIRPLUS`) for a new file, drops its inode as stale, and
+/// every write through the descriptor fails with `EIO` (found by a stress
+/// run of writers across `seal --rebase`).
+#[test]
+fn a_file_made_again_keeps_its_generation_across_a_rebase() {
+    use std::os::unix::fs::FileExt;
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, m) = sample_mount(tmp.path());
+    let f = m.path("src/again.txt");
+    fs::write(&f, b"first\n").unwrap();
+    let first = fs::metadata(&f).unwrap().ino();
+    // The number is free again once the kernel has forgotten the removed
+    // file, which it says in a `FORGET` of its own time.
+    wait_for("the removed file's number to be handed out again", || {
+        fs::remove_file(&f).unwrap();
+        fs::write(&f, b"again\n").unwrap();
+        fs::metadata(&f).unwrap().ino() == first
+    });
+    let held = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    seal(&m, &tmp.path().join("turn1.packet"), &["--rebase"]);
+    let ls = std::process::Command::new("ls")
+        .arg("-la")
+        .arg(m.path("src"))
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "{ls:?}");
+    held.write_all_at(b"AGAIN", 0).unwrap();
+    held.sync_all().unwrap();
+    drop(held);
+    assert_eq!(fs::read(&f).unwrap(), b"AGAIN\n");
+    assert_eq!(fs::metadata(&f).unwrap().ino(), first);
+    m.umount();
+}
+
 /// The orchestrator's loop: every turn seals with `--rebase` onto the
 /// path of the packet the mount serves. The rename over that path moves
 /// the served file's ctime; the mount takes it for its own seal's doing,

@@ -298,7 +298,7 @@ impl Overlay {
     fn attr_of(&self, st: &State, ino: Ino) -> Result<Attr> {
         match st.get(&st.lower, ino).ok_or(Error::NotFound)? {
             Ref::Node(n) => self.node_attr(&st.lower, ino, n),
-            Ref::Lower(i) => Ok(lower_attr(&st.lower, ino, i)),
+            Ref::Lower(i) => Ok(lower_attr(&st.lower, ino, i, st.lower_generation(ino))),
         }
     }
 
@@ -844,7 +844,7 @@ impl Overlay {
             let (content, mtime, atime) = match st.get(&lower, ino).ok_or(Error::NotFound)? {
                 Ref::Node(n) => (n.content, n.mtime, n.atime),
                 Ref::Lower(i) => {
-                    let a = lower_attr(&lower, ino, i);
+                    let a = lower_attr(&lower, ino, i, st.lower_generation(ino));
                     (Content::Lower(i), a.mtime, a.atime)
                 }
             };
@@ -1057,7 +1057,7 @@ fn set_file_times(f: &File, atime: Option<Nanos>, mtime: Option<Nanos>) -> Resul
 }
 
 /// Attributes of a pristine lower entry.
-fn lower_attr(lower: &Lower, ino: Ino, i: index::Idx) -> Attr {
+fn lower_attr(lower: &Lower, ino: Ino, i: index::Idx, generation: u64) -> Attr {
     let e = &lower.manifest().entries[i as usize];
     let t = lower.dir_time;
     let (kind, size, perm, time, nlink) = match &e.kind {
@@ -1073,7 +1073,7 @@ fn lower_attr(lower: &Lower, ino: Ino, i: index::Idx) -> Attr {
     };
     Attr {
         ino,
-        generation: 1,
+        generation,
         kind,
         size,
         blocks: size.div_ceil(512),

@@ -545,6 +545,7 @@ impl Overlay {
             }
             fresh.next_data = st.next_data;
             fresh.applied = st.applied;
+            fresh.carry_generations(&mut st);
             *st = fresh;
             moved.moved = true;
             // The kernel's references carry over: paths keep their numbers

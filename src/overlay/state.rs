@@ -145,7 +145,10 @@ pub struct State {
     pub nodes: HashMap<Ino, Node>,
     /// Inode numbers in use.
     pub inos: InoAllocator,
-    /// Last generation handed out per reused number.
+    /// Last generation handed out per reused number. A rebase carries it
+    /// over: the kernel keeps an inode it holds across the rebase, and a
+    /// number it knows coming back with another generation makes it drop
+    /// that inode as stale, failing every open descriptor of it with `EIO`.
     gens: HashMap<Ino, u64>,
     /// Next data file id.
     pub next_data: u64,
@@ -346,7 +349,8 @@ impl State {
             std::collections::hash_map::Entry::Occupied(o) => Ok(o.into_mut()),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let i = lower.idx(ino).ok_or(Error::NotFound)?;
-                let n = lower.node(i, lower.parent_ino(i));
+                let mut n = lower.node(i, lower.parent_ino(i));
+                n.generation = self.gens.get(&ino).copied().unwrap_or(1);
                 // (`lower` is always `self.lower`; `get` keeps a mix-up from
                 // panicking.)
                 if let Some(c) = self.refs.get(i as usize) {
@@ -409,6 +413,18 @@ impl State {
         }
         parts.reverse();
         parts.join("/")
+    }
+
+    /// The generation of lower entry `ino`: 1, unless the number was
+    /// handed out on this mount before a rebase made it a lower entry.
+    pub fn lower_generation(&self, ino: Ino) -> u64 {
+        self.gens.get(&ino).copied().unwrap_or(1)
+    }
+
+    /// Takes over the generations of the state a rebase replaces (see
+    /// `gens`).
+    pub fn carry_generations(&mut self, from: &mut State) {
+        self.gens = std::mem::take(&mut from.gens);
     }
 
     /// A number and generation for a new inode at `dir`/`name`.
