@@ -372,6 +372,15 @@ pub fn mtime_ns(st: &FileStat) -> i128 {
     i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec)
 }
 
+/// The kernel's page size (4096 where it cannot be asked).
+pub fn page_size() -> u64 {
+    use nix::unistd::{SysconfVar, sysconf};
+    match sysconf(SysconfVar::PAGE_SIZE) {
+        Ok(Some(n)) if n > 0 => n as u64,
+        _ => 4096,
+    }
+}
+
 /// The memory this process may use, at most: the machine's physical
 /// memory, or less where its cgroup (v2 `memory.max`, v1
 /// `memory.limit_in_bytes`) sets a lower limit, as in a pod, or where its

@@ -15,6 +15,7 @@ pub mod ino;
 pub mod journal;
 pub mod node;
 pub mod seal;
+pub mod split;
 pub mod state;
 pub mod upper;
 
@@ -178,6 +179,10 @@ pub struct Overlay {
     /// metadata, content), exclusively by a seal: a seal sees one state
     /// while readers keep going.
     mutations: RwLock<()>,
+    /// Writes the kernel may have cut in two, which a seal waits out.
+    splits: split::Splits,
+    /// The kernel's page size, where it cuts writes.
+    page: u64,
     /// How the mount was made (kept for rebases).
     opts: Options,
     /// Tells the kernel an inode's attributes changed (see `set_invalidator`).
@@ -261,6 +266,8 @@ impl Overlay {
             upper: up,
             state: RwLock::new(state),
             mutations: RwLock::new(()),
+            splits: split::Splits::default(),
+            page: crate::sys::page_size(),
             stats: Stats::default(),
             opts,
             invalidate: Mutex::new(None),
@@ -1000,6 +1007,7 @@ impl Overlay {
             .data(id)?
             .write_all_at(data, offset)
             .map_err(Error::upper("write"))?;
+        self.splits.wrote(ino, offset, data.len() as u64, self.page);
         Ok(data.len() as u32)
     }
 

@@ -23,6 +23,7 @@ use super::index::Idx;
 use super::ino::Ino;
 use super::journal::Record;
 use super::node::{Content, Kind};
+use super::split;
 use super::state::{Lower, Ref};
 use super::{Overlay, Stale};
 use crate::output::{
@@ -219,6 +220,26 @@ impl Overlay {
         sealed
     }
 
+    /// Holds changes at a moment no `write` call is half sent: a request
+    /// the kernel may have cut off a write is waited out until the rest
+    /// arrives, or [`split::SETTLE`] has passed (see `split`). A writer
+    /// that keeps leaving such requests open holds a seal up at most five
+    /// times that long.
+    fn hold_changes(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        use std::time::{Duration, Instant};
+        let give_up = Instant::now() + 5 * split::SETTLE;
+        loop {
+            let hold = self.mutations.write();
+            let now = Instant::now();
+            let wait = self.splits.unsettled(now);
+            if wait.is_zero() || now >= give_up {
+                return hold;
+            }
+            drop(hold);
+            std::thread::sleep(wait.min(Duration::from_micros(200)));
+        }
+    }
+
     /// [`Overlay::seal`], holding changes; the names a rebase gave other
     /// numbers go to `renamed` (their directory's number and the name).
     fn seal_holding(
@@ -227,7 +248,7 @@ impl Overlay {
         progress: &(dyn Fn(u64) + Sync),
         renamed: &mut Vec<(Ino, String)>,
     ) -> Result<SealOutcome> {
-        let _hold = self.mutations.write();
+        let _hold = self.hold_changes();
         let t0 = std::time::Instant::now();
         let phase = |name: &str| {
             tracing::debug!(phase = name, ms = t0.elapsed().as_millis() as u64, "seal")
