@@ -842,6 +842,47 @@ fn files_opened_before_any_change_survive_unlink_and_rebase() {
     m.umount();
 }
 
+/// A number the kernel still holds stays taken across a rebase, whatever
+/// the entry: a directory removed while open is in no packet, yet until the
+/// kernel forgets it its number must go to no new entry. Before, the rebase
+/// let it go: a directory made again at that path took the number, the
+/// kernel's late `FORGET` of the old one was counted against the new one,
+/// which was then dropped and its number handed out while open, and the
+/// kernel failed every use of the open directory with `EIO` (found by a
+/// stress run of writers across `seal --rebase`).
+#[test]
+fn numbers_the_kernel_holds_stay_taken_across_a_rebase() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, m) = sample_mount(tmp.path());
+    let d = m.path("held");
+    fs::create_dir(&d).unwrap();
+    let old = fs::File::open(&d).unwrap();
+    fs::remove_dir(&d).unwrap();
+    seal(&m, &tmp.path().join("turn1.packet"), &["--rebase"]);
+    fs::create_dir(&d).unwrap();
+    let new = fs::File::open(&d).unwrap();
+    let new_ino = new.metadata().unwrap().ino();
+    assert_ne!(
+        old.metadata().unwrap().ino(),
+        new_ino,
+        "a number the kernel holds was handed out again"
+    );
+    drop(old);
+    // Once the daemon has had the old directory's `FORGET`, the new one,
+    // removed while open, must stay known to it.
+    std::thread::sleep(Duration::from_millis(300));
+    fs::remove_dir(&d).unwrap();
+    fs::create_dir(&d).unwrap();
+    let md = new.metadata().unwrap();
+    assert_eq!((md.ino(), md.nlink()), (new_ino, 0));
+    assert_ne!(fs::metadata(&d).unwrap().ino(), new_ino);
+    drop(new);
+    m.umount();
+}
+
 /// A file made again at a path keeps the number of the file it replaces,
 /// under the next generation. A rebase makes it a lower entry; it must
 /// keep that generation there: the kernel, still holding it for an open

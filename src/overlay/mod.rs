@@ -1097,7 +1097,7 @@ fn lower_attr(lower: &Lower, ino: Ino, i: index::Idx, generation: u64) -> Attr {
 }
 
 /// A symlink node's target (its own, or its lower entry's).
-fn target_of<'a>(lower: &'a Lower, n: &'a Node) -> &'a str {
+pub(crate) fn target_of<'a>(lower: &'a Lower, n: &'a Node) -> &'a str {
     if let Some(t) = &n.target {
         return t;
     }

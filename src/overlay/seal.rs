@@ -511,17 +511,25 @@ impl Overlay {
         // record may fail but making it durable (rolled back if it fails)
         // and tidying the upper directory once the mount has moved.
         let given_map: hashbrown::HashMap<String, Ino> = given.iter().cloned().collect();
-        // Unlinked files the kernel still holds (open or mapped) live on,
-        // on their own data files, under numbers no name may take.
-        let open_unlinked: Vec<Ino> = {
+        // Numbers the kernel holds that no entry of the new packet has (an
+        // entry removed while open or mapped, or whose `FORGET` has not come
+        // yet; one the seal left out): their nodes live on in the new view,
+        // in no directory, files on their own data files, until the kernel
+        // forgets them. Their numbers go to no new entry meanwhile: the
+        // kernel drops an inode whose number comes back with another
+        // generation, failing its descriptors with `EIO`, and would count
+        // its late `FORGET` against the new entry.
+        let in_packet: HashSet<Ino> = items.iter().map(|it| it.ino).collect();
+        let held: Vec<(Ino, Kind)> = {
             let st = self.state.read_recursive();
-            st.nodes
-                .iter()
-                .filter(|(_, n)| n.nlink == 0 && n.lookups.get() > 0 && n.kind == Kind::File)
-                .map(|(i, _)| *i)
+            st.kernel_refs()
+                .into_iter()
+                .filter(|(ino, _)| !in_packet.contains(ino))
+                .filter_map(|(ino, _)| Some((ino, st.kind(&st.lower, ino)?)))
                 .collect()
         };
-        let (lower, inos) = super::new_lower(packet, self.opts, &given_map, &open_unlinked)?;
+        let reserved: Vec<Ino> = held.iter().map(|&(ino, _)| ino).collect();
+        let (lower, inos) = super::new_lower(packet, self.opts, &given_map, &reserved)?;
         if !lower.verifier.opened_as(&lower.packet, written.0) {
             return Err(refuse("modified"));
         }
@@ -530,8 +538,10 @@ impl Overlay {
         let lower = Arc::new(lower);
         phase("indexed");
         let mut fresh = super::state::State::new(lower, inos);
-        for &ino in &open_unlinked {
-            self.copy_up_held(ino, None)?;
+        for &(ino, kind) in &held {
+            if kind == Kind::File {
+                self.copy_up_held(ino, None)?;
+            }
         }
         let rec = Record::Rebase {
             t: super::now(),
@@ -544,23 +554,45 @@ impl Overlay {
         phase("recorded");
         let (old_inos, old_data, kept_data) = {
             let mut st = self.state.write();
+            let old_lower = st.lower.clone();
+            let mut carried: HashSet<Ino> = HashSet::new();
+            for &(ino, _) in &held {
+                // (A lower entry is materialized, taking the kernel's count.)
+                let Ok(n) = st.node_mut(&old_lower, ino) else {
+                    continue;
+                };
+                // A file's content the old packet holds goes with the old
+                // packet: one held since `copy_up` above is only kept from
+                // its number's next user, never served.
+                if matches!(n.content, Content::Lower(_)) {
+                    continue;
+                }
+                if n.kind == Kind::Symlink && n.target.is_none() {
+                    n.target = Some(super::target_of(&old_lower, n).into());
+                }
+                n.lower = None;
+                n.nlink = 0;
+                if n.kind == Kind::Dir {
+                    n.children = Some(BTreeMap::new());
+                    n.subdirs = 0;
+                }
+                carried.insert(ino);
+            }
             let old_inos: Vec<Ino> = st.nodes.keys().copied().collect();
             let mut old_data: Vec<u64> = Vec::new();
             let mut kept_data: Vec<u64> = Vec::new();
             let refs = st.kernel_refs();
             for (ino, n) in &st.nodes {
                 if let Content::Upper(id) = n.content {
-                    if open_unlinked.contains(ino) {
+                    if carried.contains(ino) {
                         kept_data.push(id);
                     } else {
                         old_data.push(id);
                     }
                 }
             }
-            for &ino in &open_unlinked {
-                if let Some(mut n) = st.nodes.remove(&ino) {
-                    n.lower = None;
-                    fresh.inos.claim(ino);
+            for &ino in &carried {
+                if let Some(n) = st.nodes.remove(&ino) {
                     fresh.nodes.insert(ino, n);
                 }
             }
@@ -571,10 +603,16 @@ impl Overlay {
             moved.moved = true;
             // The kernel's references carry over: paths keep their numbers
             // (the moved nodes brought their own).
-            let carried: HashSet<Ino> = open_unlinked.iter().copied().collect();
             for (ino, count) in refs {
                 if !carried.contains(&ino) {
                     st.add_ref(ino, count as i64);
+                }
+            }
+            // One the kernel forgot since it was counted goes now.
+            for &ino in &carried {
+                if let Some(id) = st.drop_if_unused(ino) {
+                    kept_data.retain(|&k| k != id);
+                    old_data.push(id);
                 }
             }
             (old_inos, old_data, kept_data)
