@@ -842,6 +842,86 @@ fn files_opened_before_any_change_survive_unlink_and_rebase() {
     m.umount();
 }
 
+/// What a packet leaves out stays on the mount across `--rebase`, and
+/// after a remount: credentials made on the mount (a harness's refreshed
+/// token, a `.env`), their other names, FIFOs, and lower entries a seal
+/// `--exclude`s, with their content, numbers, modes and times, in no
+/// packet. Before, the rebase dropped them all from the running mount.
+#[test]
+fn what_a_packet_leaves_out_stays_on_the_mount_across_a_rebase() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, m) = sample_mount(tmp.path());
+    fs::write(m.path(".env"), b"TOKEN=1\n").unwrap();
+    fs::create_dir(m.path(".ssh")).unwrap();
+    fs::write(m.path(".ssh/id_ed25519"), b"key\n").unwrap();
+    fs::hard_link(m.path(".ssh/id_ed25519"), m.path("key.txt")).unwrap();
+    nix::unistd::mkfifo(
+        &m.path("pipe"),
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+    )
+    .unwrap();
+    set_mtime(&m.path(".ssh"), 1_600_000_000_000_000_001);
+    let names = [
+        ".env",
+        ".ssh",
+        ".ssh/id_ed25519",
+        "key.txt",
+        "pipe",
+        "README.md",
+    ];
+    let look = |m: &Mounted| -> Vec<(u64, u32, u32, i64, i64, Vec<u8>)> {
+        names
+            .iter()
+            .map(|n| {
+                let md = fs::symlink_metadata(m.path(n)).unwrap();
+                let content = if md.is_file() {
+                    fs::read(m.path(n)).unwrap()
+                } else {
+                    Vec::new()
+                };
+                (
+                    md.ino(),
+                    md.mode(),
+                    md.nlink() as u32,
+                    md.mtime(),
+                    md.mtime_nsec(),
+                    content,
+                )
+            })
+            .collect()
+    };
+    let before = look(&m);
+    let out = tmp.path().join("turn1.packet");
+    let v = seal(&m, &out, &["--rebase", "--exclude", "README.md"]);
+    assert_eq!(v["rebased"], true);
+    let listing = tar_listing(&out);
+    for n in names {
+        assert!(
+            !listing.contains(&format!("workspace/{n}\n")),
+            "{n} in {listing}"
+        );
+    }
+    assert_eq!(look(&m), before, "the mount changed across the rebase");
+    // The next turn: they stay there, and out of its packet, again.
+    fs::write(m.path(".env"), b"TOKEN=2\n").unwrap();
+    let out2 = tmp.path().join("turn2.packet");
+    seal(&m, &out2, &["--rebase", "--exclude", "README.md"]);
+    assert!(!tar_listing(&out2).contains(".env"));
+    let after = look(&m);
+    assert_eq!(after[0].5, b"TOKEN=2\n");
+    assert_eq!(after[1..], before[1..]);
+    // A remount replays them from the journal.
+    let (mnt, upper) = (m.mnt.clone(), m.upper.clone());
+    m.umount();
+    let m = Mounted::new(&out2, &mnt, &upper, &["--part", "workspace"]);
+    assert_eq!(look(&m), after);
+    drop(packet);
+    m.umount();
+}
+
 /// A number the kernel still holds stays taken across a rebase, whatever
 /// the entry: a directory removed while open is in no packet, yet until the
 /// kernel forgets it its number must go to no new entry. Before, the rebase

@@ -520,15 +520,22 @@ impl Overlay {
         // generation, failing its descriptors with `EIO`, and would count
         // its late `FORGET` against the new entry.
         let in_packet: HashSet<Ino> = items.iter().map(|it| it.ino).collect();
+        // What the packet leaves out stays on the mount (see `left_out`).
+        let left_out = self.left_out(items, &in_packet)?;
+        let kept: HashSet<Ino> = left_out.iter().map(|&(_, _, ino)| ino).collect();
         let held: Vec<(Ino, Kind)> = {
             let st = self.state.read_recursive();
             st.kernel_refs()
                 .into_iter()
-                .filter(|(ino, _)| !in_packet.contains(ino))
+                .filter(|(ino, _)| !in_packet.contains(ino) && !kept.contains(ino))
                 .filter_map(|(ino, _)| Some((ino, st.kind(&st.lower, ino)?)))
                 .collect()
         };
-        let reserved: Vec<Ino> = held.iter().map(|&(ino, _)| ino).collect();
+        let reserved: Vec<Ino> = held
+            .iter()
+            .map(|&(ino, _)| ino)
+            .chain(kept.iter().copied())
+            .collect();
         let (lower, inos) = super::new_lower(packet, self.opts, &given_map, &reserved)?;
         if !lower.verifier.opened_as(&lower.packet, written.0) {
             return Err(refuse("modified"));
@@ -543,13 +550,22 @@ impl Overlay {
                 self.copy_up_held(ino, None)?;
             }
         }
-        let rec = Record::Rebase {
-            t: super::now(),
+        let t = super::now();
+        let mut recs = vec![Record::Rebase {
+            t,
             packet: digest.to_string(),
             output: crate::packet::path::shown_path(output),
             inos: given,
-        };
-        self.upper.append_durable(&rec)?;
+        }];
+        recs.extend(self.remake(&left_out, t)?);
+        let carried_data: HashSet<u64> = recs
+            .iter()
+            .filter_map(|r| match r {
+                Record::Mknode { data, .. } => *data,
+                _ => None,
+            })
+            .collect();
+        self.upper.append_durable(&recs)?;
         crate::barrier::wait(bar, "rebase-recorded");
         phase("recorded");
         let (old_inos, old_data, kept_data) = {
@@ -584,7 +600,7 @@ impl Overlay {
             let refs = st.kernel_refs();
             for (ino, n) in &st.nodes {
                 if let Content::Upper(id) = n.content {
-                    if carried.contains(ino) {
+                    if carried.contains(ino) || carried_data.contains(&id) {
                         kept_data.push(id);
                     } else {
                         old_data.push(id);
@@ -601,6 +617,15 @@ impl Overlay {
             fresh.carry_generations(&mut st);
             *st = fresh;
             moved.moved = true;
+            // Checked as they were made, from this very state: applying
+            // them cannot fail but on a bug, which the journal, already
+            // durable, would show at the next mount anyway.
+            let new_lower = st.lower.clone();
+            for r in &recs[1..] {
+                if let Err(e) = st.apply(&new_lower, r) {
+                    tracing::error!(error = %e, "an entry left out of the packet was not kept");
+                }
+            }
             // The kernel's references carry over: paths keep their numbers
             // (the moved nodes brought their own).
             for (ino, count) in refs {
@@ -622,7 +647,7 @@ impl Overlay {
         // mount replays from its last rebase record. The old data files
         // are of no use either way, and the kernel's attributes of the old
         // nodes are out of date either way.
-        let compacted = self.upper.compact(&rec, &digest);
+        let compacted = self.upper.compact(&recs, &digest);
         if compacted.is_ok() {
             crate::barrier::wait(bar, "rebase-compacted");
             phase("compacted");
@@ -658,6 +683,131 @@ impl Overlay {
         compacted?;
         tracing::info!(%digest, "rebased onto the sealed packet");
         Ok(())
+    }
+
+    /// The names of the merged view a packet of `items` leaves out
+    /// (credentials, FIFOs and other special files, `--exclude`d entries,
+    /// the other names of an excluded file), with everything under them,
+    /// parents first: `(directory, name, number)`. A rebase keeps them on
+    /// the mount, never in a packet. (A left-out name of a file the packet
+    /// holds under another name is not among them: it cannot keep the
+    /// file's number.) Files whose content the old packet holds are copied
+    /// up, so that they outlive it.
+    fn left_out(
+        &self,
+        items: &[Item],
+        in_packet: &HashSet<Ino>,
+    ) -> Result<Vec<(Ino, String, Ino)>> {
+        let mut out = Vec::new();
+        {
+            let st = self.state.read_recursive();
+            let lower = &*st.lower;
+            let mut stack: Vec<(Ino, String, Ino)> = Vec::new();
+            for it in items.iter().filter(|it| matches!(it.kind, ItemKind::Dir)) {
+                for (name, ino) in st.list(lower, it.ino, 0, usize::MAX)? {
+                    if in_packet.contains(&ino) {
+                        continue;
+                    }
+                    stack.push((it.ino, name.to_string(), ino));
+                    while let Some((dir, name, ino)) = stack.pop() {
+                        if st.kind(lower, ino) == Some(Kind::Dir) {
+                            for (n, i) in st.list(lower, ino, 0, usize::MAX)? {
+                                if !in_packet.contains(&i) {
+                                    stack.push((ino, n.to_string(), i));
+                                }
+                            }
+                        }
+                        out.push((dir, name, ino));
+                    }
+                }
+            }
+        }
+        for &(_, _, ino) in &out {
+            let lower_content = {
+                let st = self.state.read_recursive();
+                match st.get(&st.lower, ino) {
+                    Some(Ref::Node(n)) => matches!(n.content, Content::Lower(_)),
+                    Some(Ref::Lower(i)) => st.lower.kind(i) == Kind::File,
+                    None => false,
+                }
+            };
+            if lower_content {
+                self.copy_up_held(ino, None)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The records that make `left_out` again, at time `t`, over a lower
+    /// layer that lacks them: a node each, with its number, generation,
+    /// owner, mode and data file (a file's times are its data file's), a
+    /// link for a file's next name, and last the times of the other kinds.
+    fn remake(
+        &self,
+        left_out: &[(Ino, String, Ino)],
+        t: super::journal::Nanos,
+    ) -> Result<Vec<Record>> {
+        let st = self.state.read_recursive();
+        let lower = &*st.lower;
+        let mut made: HashSet<Ino> = HashSet::new();
+        let mut recs = Vec::new();
+        // Last: making an entry sets its directory's times.
+        let mut times = Vec::new();
+        for (dir, name, ino) in left_out {
+            if !made.insert(*ino) {
+                recs.push(Record::Link {
+                    t,
+                    ino: *ino,
+                    parent: *dir,
+                    name: name.clone(),
+                });
+                continue;
+            }
+            let a = self.attr_of(&st, *ino)?;
+            let (data, target) = match st.get(lower, *ino).ok_or(Error::NotFound)? {
+                Ref::Node(n) => match n.content {
+                    Content::Upper(id) => (Some(id), None),
+                    // Copied up by `left_out`; not otherwise.
+                    Content::Lower(_) => continue,
+                    Content::None if n.kind == Kind::Symlink => {
+                        (None, Some(super::target_of(lower, n).to_string()))
+                    }
+                    Content::None => (None, None),
+                },
+                Ref::Lower(i) => match &lower.manifest().entries[i as usize].kind {
+                    EntryKind::Symlink(target) => (None, Some(target.to_string())),
+                    EntryKind::Dir => (None, None),
+                    EntryKind::File(_) => continue,
+                },
+            };
+            recs.push(Record::Mknode {
+                t,
+                ino: *ino,
+                generation: a.generation,
+                parent: *dir,
+                name: name.clone(),
+                kind: a.kind,
+                perm: a.perm,
+                uid: a.uid,
+                gid: a.gid,
+                rdev: a.rdev,
+                data,
+                target,
+            });
+            if data.is_none() {
+                times.push(Record::Setattr {
+                    t,
+                    ino: *ino,
+                    perm: None,
+                    uid: None,
+                    gid: None,
+                    atime: Some(a.atime),
+                    mtime: Some(a.mtime),
+                });
+            }
+        }
+        recs.append(&mut times);
+        Ok(recs)
     }
 
     /// Walks the merged view (both parts, whichever is mounted), applying
