@@ -558,6 +558,14 @@ impl Overlay {
             inos: given,
         }];
         recs.extend(self.remake(&left_out, t)?);
+        // Made in the new view first: a record it refuses is never written,
+        // so the journal replays at the next mount.
+        {
+            let new_lower = fresh.lower.clone();
+            for r in &recs[1..] {
+                fresh.apply(&new_lower, r)?;
+            }
+        }
         let carried_data: HashSet<u64> = recs
             .iter()
             .filter_map(|r| match r {
@@ -613,19 +621,10 @@ impl Overlay {
                 }
             }
             fresh.next_data = st.next_data;
-            fresh.applied = st.applied;
+            fresh.applied += st.applied;
             fresh.carry_generations(&mut st);
             *st = fresh;
             moved.moved = true;
-            // Checked as they were made, from this very state: applying
-            // them cannot fail but on a bug, which the journal, already
-            // durable, would show at the next mount anyway.
-            let new_lower = st.lower.clone();
-            for r in &recs[1..] {
-                if let Err(e) = st.apply(&new_lower, r) {
-                    tracing::error!(error = %e, "an entry left out of the packet was not kept");
-                }
-            }
             // The kernel's references carry over: paths keep their numbers
             // (the moved nodes brought their own).
             for (ino, count) in refs {
@@ -754,7 +753,7 @@ impl Overlay {
         // Last: making an entry sets its directory's times.
         let mut times = Vec::new();
         for (dir, name, ino) in left_out {
-            if !made.insert(*ino) {
+            if made.contains(ino) {
                 recs.push(Record::Link {
                     t,
                     ino: *ino,
@@ -780,6 +779,7 @@ impl Overlay {
                     EntryKind::File(_) => continue,
                 },
             };
+            made.insert(*ino);
             recs.push(Record::Mknode {
                 t,
                 ino: *ino,

@@ -424,7 +424,10 @@ impl State {
     /// Takes over the generations of the state a rebase replaces (see
     /// `gens`).
     pub fn carry_generations(&mut self, from: &mut State) {
-        self.gens = std::mem::take(&mut from.gens);
+        for (ino, g) in std::mem::take(&mut from.gens) {
+            let e = self.gens.entry(ino).or_insert(g);
+            *e = (*e).max(g);
+        }
     }
 
     /// A number and generation for a new inode at `dir`/`name`.
