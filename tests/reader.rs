@@ -974,7 +974,15 @@ fn an_unpack_whose_directory_moves_places_nothing() {
             std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
         }
         if what.ends_with("signal") {
+            let staging = names_in(&moved, |n| n.contains("sessionfs-unpack"));
+            assert_eq!(staging.len(), 1, "{staging:?}");
             unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+            // Taken once the signal's thread has removed the staging
+            // directory; released before, the unpack may end first
+            // (`target_unusable`) on a busy machine.
+            wait_for("the signal to be taken", || {
+                names_in(&moved, |n| n.contains("sessionfs-unpack")).is_empty()
+            });
         }
         for point in ["restored", "committed"] {
             fs::write(bar.join(format!("{point}.go")), b"").unwrap();
