@@ -537,6 +537,23 @@ impl Overlay {
             .chain(kept.iter().copied())
             .collect();
         let (lower, inos) = super::new_lower(packet, self.opts, &given_map, &reserved)?;
+        // A renumbered name's new number depends on the numbers reserved
+        // here, which a remount does not reserve: the record keeps it, so
+        // that the journal replays to these very numbers.
+        for &k in &renumbered {
+            let path = items[k].path.as_str();
+            let at = lower
+                .manifest()
+                .entries
+                .binary_search_by(|e| e.path.as_bytes().cmp(path.as_bytes()));
+            if let Ok(i) = at {
+                let ino = lower.ino(i as Idx);
+                if super::ino::candidate(path, 0) != ino {
+                    given.push((path.to_owned(), ino));
+                }
+            }
+        }
+        given.sort();
         if !lower.verifier.opened_as(&lower.packet, written.0) {
             return Err(refuse("modified"));
         }
@@ -559,8 +576,11 @@ impl Overlay {
         }];
         recs.extend(self.remake(&left_out, t)?);
         // Made in the new view first: a record it refuses is never written,
-        // so the journal replays at the next mount.
+        // so the journal replays at the next mount. (With the generations
+        // handed out so far: a directory these records materialize must
+        // keep the one the kernel knows.)
         {
+            fresh.adopt_generations(&self.state.read_recursive());
             let new_lower = fresh.lower.clone();
             for r in &recs[1..] {
                 fresh.apply(&new_lower, r)?;

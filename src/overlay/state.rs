@@ -422,9 +422,17 @@ impl State {
     }
 
     /// Takes over the generations of the state a rebase replaces (see
-    /// `gens`).
+    /// `gens`), the later of two for a number.
     pub fn carry_generations(&mut self, from: &mut State) {
         for (ino, g) in std::mem::take(&mut from.gens) {
+            let e = self.gens.entry(ino).or_insert(g);
+            *e = (*e).max(g);
+        }
+    }
+
+    /// [`State::carry_generations`], leaving `from` as it is.
+    pub fn adopt_generations(&mut self, from: &State) {
+        for (&ino, &g) in &from.gens {
             let e = self.gens.entry(ino).or_insert(g);
             *e = (*e).max(g);
         }
