@@ -858,6 +858,8 @@ fn what_a_packet_leaves_out_stays_on_the_mount_across_a_rebase() {
     fs::create_dir(m.path(".ssh")).unwrap();
     fs::write(m.path(".ssh/id_ed25519"), b"key\n").unwrap();
     fs::hard_link(m.path(".ssh/id_ed25519"), m.path("key.txt")).unwrap();
+    // Another name of a file the packet holds, left out by `--exclude`.
+    fs::hard_link(m.path("src/main.rs"), m.path("main.rs.log")).unwrap();
     nix::unistd::mkfifo(
         &m.path("pipe"),
         nix::sys::stat::Mode::from_bits_truncate(0o640),
@@ -871,6 +873,8 @@ fn what_a_packet_leaves_out_stays_on_the_mount_across_a_rebase() {
         "key.txt",
         "pipe",
         "README.md",
+        "main.rs.log",
+        "src/main.rs",
     ];
     let look = |m: &Mounted| -> Vec<(u64, u32, u32, i64, i64, Vec<u8>)> {
         names
@@ -895,10 +899,15 @@ fn what_a_packet_leaves_out_stays_on_the_mount_across_a_rebase() {
     };
     let before = look(&m);
     let out = tmp.path().join("turn1.packet");
-    let v = seal(&m, &out, &["--rebase", "--exclude", "README.md"]);
+    let v = seal(
+        &m,
+        &out,
+        &["--rebase", "--exclude", "README.md", "--exclude", "*.log"],
+    );
     assert_eq!(v["rebased"], true);
     let listing = tar_listing(&out);
-    for n in names {
+    assert!(listing.contains("workspace/src/main.rs\n"), "{listing}");
+    for n in names.iter().filter(|n| **n != "src/main.rs") {
         assert!(
             !listing.contains(&format!("workspace/{n}\n")),
             "{n} in {listing}"
@@ -908,7 +917,11 @@ fn what_a_packet_leaves_out_stays_on_the_mount_across_a_rebase() {
     // The next turn: they stay there, and out of its packet, again.
     fs::write(m.path(".env"), b"TOKEN=2\n").unwrap();
     let out2 = tmp.path().join("turn2.packet");
-    seal(&m, &out2, &["--rebase", "--exclude", "README.md"]);
+    seal(
+        &m,
+        &out2,
+        &["--rebase", "--exclude", "README.md", "--exclude", "*.log"],
+    );
     assert!(!tar_listing(&out2).contains(".env"));
     let after = look(&m);
     assert_eq!(after[0].5, b"TOKEN=2\n");

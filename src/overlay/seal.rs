@@ -522,7 +522,11 @@ impl Overlay {
         let in_packet: HashSet<Ino> = items.iter().map(|it| it.ino).collect();
         // What the packet leaves out stays on the mount (see `left_out`).
         let left_out = self.left_out(items, &in_packet)?;
-        let kept: HashSet<Ino> = left_out.iter().map(|&(_, _, ino)| ino).collect();
+        let kept: HashSet<Ino> = left_out
+            .iter()
+            .map(|&(_, _, ino)| ino)
+            .filter(|ino| !in_packet.contains(ino))
+            .collect();
         let held: Vec<(Ino, Kind)> = {
             let st = self.state.read_recursive();
             st.kernel_refs()
@@ -574,7 +578,7 @@ impl Overlay {
             output: crate::packet::path::shown_path(output),
             inos: given,
         }];
-        recs.extend(self.remake(&left_out, t)?);
+        recs.extend(self.remake(&left_out, &in_packet, t)?);
         // Made in the new view first: a record it refuses is never written,
         // so the journal replays at the next mount. (With the generations
         // handed out so far: a directory these records materialize must
@@ -708,10 +712,10 @@ impl Overlay {
     /// (credentials, FIFOs and other special files, `--exclude`d entries,
     /// the other names of an excluded file), with everything under them,
     /// parents first: `(directory, name, number)`. A rebase keeps them on
-    /// the mount, never in a packet. (A left-out name of a file the packet
-    /// holds under another name is not among them: it cannot keep the
-    /// file's number.) Files whose content the old packet holds are copied
-    /// up, so that they outlive it.
+    /// the mount, never in a packet; a left-out name of a file the packet
+    /// holds under another name comes with that file's number, to be
+    /// linked to it. Files whose content the old packet holds are copied
+    /// up (and synced), so that they outlive it.
     fn left_out(
         &self,
         items: &[Item],
@@ -722,26 +726,42 @@ impl Overlay {
             let st = self.state.read_recursive();
             let lower = &*st.lower;
             let mut stack: Vec<(Ino, String, Ino)> = Vec::new();
+            // Another name of a file the packet holds (a hard link made on
+            // the mount, `--exclude`d): kept as a link to it.
+            let linked = |path: &str, ino: Ino| {
+                matches!(st.get(lower, ino), Some(Ref::Node(n)) if n.kind == Kind::File && n.nlink > 1)
+                    && items
+                        .binary_search_by(|x| x.path.as_bytes().cmp(path.as_bytes()))
+                        .is_err()
+            };
             for it in items.iter().filter(|it| matches!(it.kind, ItemKind::Dir)) {
                 for (name, ino) in st.list(lower, it.ino, 0, usize::MAX)? {
                     if in_packet.contains(&ino) {
+                        if linked(&format!("{}/{name}", it.path), ino) {
+                            out.push((it.ino, name.to_string(), ino));
+                        }
                         continue;
                     }
                     stack.push((it.ino, name.to_string(), ino));
                     while let Some((dir, name, ino)) = stack.pop() {
+                        out.push((dir, name, ino));
                         if st.kind(lower, ino) == Some(Kind::Dir) {
                             for (n, i) in st.list(lower, ino, 0, usize::MAX)? {
-                                if !in_packet.contains(&i) {
+                                if in_packet.contains(&i) {
+                                    out.push((ino, n.to_string(), i));
+                                } else {
                                     stack.push((ino, n.to_string(), i));
                                 }
                             }
                         }
-                        out.push((dir, name, ino));
                     }
                 }
             }
         }
-        for &(_, _, ino) in &out {
+        // Files copied up here outlive the old packet, which this seal may
+        // have replaced: made durable before the record that refers to
+        // them.
+        for &(_, _, ino) in out.iter().filter(|(_, _, ino)| !in_packet.contains(ino)) {
             let lower_content = {
                 let st = self.state.read_recursive();
                 match st.get(&st.lower, ino) {
@@ -751,7 +771,11 @@ impl Overlay {
                 }
             };
             if lower_content {
-                self.copy_up_held(ino, None)?;
+                let id = self.copy_up_held(ino, None)?;
+                let f = self.upper.data(id)?;
+                f.sync_all()
+                    .map_err(Error::upper("fsync a file kept out of the packet"))?;
+                self.upper.sync_data_name(id)?;
             }
         }
         Ok(out)
@@ -760,10 +784,12 @@ impl Overlay {
     /// The records that make `left_out` again, at time `t`, over a lower
     /// layer that lacks them: a node each, with its number, generation,
     /// owner, mode and data file (a file's times are its data file's), a
-    /// link for a file's next name, and last the times of the other kinds.
+    /// link for a file's next name (or a name of a file in the packet), and
+    /// last the times of the other kinds.
     fn remake(
         &self,
         left_out: &[(Ino, String, Ino)],
+        in_packet: &HashSet<Ino>,
         t: super::journal::Nanos,
     ) -> Result<Vec<Record>> {
         let st = self.state.read_recursive();
@@ -773,7 +799,7 @@ impl Overlay {
         // Last: making an entry sets its directory's times.
         let mut times = Vec::new();
         for (dir, name, ino) in left_out {
-            if made.contains(ino) {
+            if made.contains(ino) || in_packet.contains(ino) {
                 recs.push(Record::Link {
                     t,
                     ino: *ino,
