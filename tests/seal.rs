@@ -27,6 +27,39 @@ fn seal(m: &Mounted, out: &Path, extra: &[&str]) -> Value {
     run(&args).ok().clone()
 }
 
+/// Makes `path` (with `make`), removes it and makes it again until it has
+/// the number it had first, which is free again once the kernel has
+/// forgotten the removed entry (a `FORGET` of the kernel's own time):
+/// the entry then has that number under its next generation. Returns the
+/// number.
+#[track_caller]
+fn made_again(
+    path: &Path,
+    make: impl Fn(&Path) -> std::io::Result<()>,
+    remove: impl Fn(&Path) -> std::io::Result<()>,
+) -> u64 {
+    make(path).unwrap();
+    let first = fs::metadata(path).unwrap().ino();
+    wait_for("a removed entry's number to be handed out again", || {
+        remove(path).unwrap();
+        make(path).unwrap();
+        fs::metadata(path).unwrap().ino() == first
+    });
+    first
+}
+
+/// `ls -la` of `paths`, which has the kernel send `READDIRPLUS` (entries
+/// with their numbers and generations) for the directories.
+#[track_caller]
+fn list_long(paths: &[&Path]) {
+    let ls = std::process::Command::new("ls")
+        .arg("-la")
+        .args(paths)
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "{ls:?}");
+}
+
 /// Copies the mount's file mtimes onto the model, so both record the same.
 fn copy_mtimes(from: &Path, to: &Path) {
     for (rel, desc) in snapshot(to) {
@@ -984,27 +1017,12 @@ fn a_directory_holding_a_left_out_entry_keeps_its_generation() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, m) = sample_mount(tmp.path());
     let d = m.path("build");
-    fs::create_dir(&d).unwrap();
-    let first = fs::metadata(&d).unwrap().ino();
-    wait_for(
-        "the removed directory's number to be handed out again",
-        || {
-            fs::remove_dir(&d).unwrap();
-            fs::create_dir(&d).unwrap();
-            fs::metadata(&d).unwrap().ino() == first
-        },
-    );
+    let first = made_again(&d, |p| fs::create_dir(p), |p| fs::remove_dir(p));
     fs::write(d.join(".env"), b"T=x\n").unwrap();
     fs::write(d.join("f"), b"hi\n").unwrap();
     let held = fs::File::open(&d).unwrap();
     seal(&m, &tmp.path().join("turn1.packet"), &["--rebase"]);
-    let ls = std::process::Command::new("ls")
-        .arg("-la")
-        .arg(&m.mnt)
-        .arg(&d)
-        .output()
-        .unwrap();
-    assert!(ls.status.success(), "{ls:?}");
+    list_long(&[&m.mnt, &d]);
     assert_eq!(held.metadata().unwrap().ino(), first);
     assert_eq!(fs::read(d.join(".env")).unwrap(), b"T=x\n");
     drop(held);
@@ -1068,23 +1086,10 @@ fn a_file_made_again_keeps_its_generation_across_a_rebase() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, m) = sample_mount(tmp.path());
     let f = m.path("src/again.txt");
-    fs::write(&f, b"first\n").unwrap();
-    let first = fs::metadata(&f).unwrap().ino();
-    // The number is free again once the kernel has forgotten the removed
-    // file, which it says in a `FORGET` of its own time.
-    wait_for("the removed file's number to be handed out again", || {
-        fs::remove_file(&f).unwrap();
-        fs::write(&f, b"again\n").unwrap();
-        fs::metadata(&f).unwrap().ino() == first
-    });
+    let first = made_again(&f, |p| fs::write(p, b"again\n"), |p| fs::remove_file(p));
     let held = fs::OpenOptions::new().write(true).open(&f).unwrap();
     seal(&m, &tmp.path().join("turn1.packet"), &["--rebase"]);
-    let ls = std::process::Command::new("ls")
-        .arg("-la")
-        .arg(m.path("src"))
-        .output()
-        .unwrap();
-    assert!(ls.status.success(), "{ls:?}");
+    list_long(&[&m.path("src")]);
     held.write_all_at(b"AGAIN", 0).unwrap();
     held.sync_all().unwrap();
     drop(held);
