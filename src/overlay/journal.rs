@@ -129,6 +129,12 @@ pub enum Record {
         /// keep their numbers across the rebase.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         inos: Vec<(String, Ino)>,
+        /// The records that make again, over the new packet, what it
+        /// leaves out of the merged view (credentials, special files,
+        /// `--exclude`d entries), applied in order after it: in the same
+        /// line, so that a crash never keeps the rebase without them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        kept: Vec<Record>,
     },
 }
 
@@ -246,5 +252,45 @@ mod tests {
         let err = parse(b"{\"op\":\"unlink\",\"t\":1,\"parent\":1,\"name\":\"a\",\"x\":1}\n")
             .unwrap_err();
         assert!(err.contains("line 1"), "{err}");
+    }
+
+    /// A rebase carries the records that keep what its packet leaves out
+    /// in its own line: cut anywhere, the whole rebase is a torn tail.
+    #[test]
+    fn a_rebase_and_what_it_keeps_are_one_line() {
+        let keep = Record::Mknode {
+            t: 5,
+            ino: 42,
+            generation: 3,
+            parent: 1,
+            name: ".env".into(),
+            kind: Kind::File,
+            perm: 0o600,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            data: Some(9),
+            target: None,
+        };
+        let rebase = Record::Rebase {
+            t: 5,
+            packet: "sha256:00".into(),
+            output: "/o.packet".into(),
+            inos: vec![("workspace/b".into(), 7)],
+            kept: vec![keep.clone(), keep],
+        };
+        let line = rebase.to_line();
+        assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1);
+        assert_eq!(parse(&line).unwrap().records, vec![rebase.clone()]);
+        for cut in [line.len() / 3, line.len() - 2] {
+            let p = parse(&line[..cut]).unwrap();
+            assert!(p.records.is_empty() && p.valid_len == 0, "cut at {cut}");
+        }
+        // Journals written before `kept` existed still read.
+        let old = b"{\"op\":\"rebase\",\"t\":1,\"packet\":\"sha256:00\",\"output\":\"o\"}\n";
+        assert!(matches!(
+            &parse(old).unwrap().records[..],
+            [Record::Rebase { kept, .. }] if kept.is_empty()
+        ));
     }
 }

@@ -215,30 +215,34 @@ impl Overlay {
         let opened = upper::Upper::open(upper_dir, &packet.digest, opts.part)?;
         let mut records = opened.records.as_slice();
         // A journal that starts with a rebase keeps the inode numbers the
-        // entries had before it.
-        let given: hashbrown::HashMap<String, Ino> = match records.first() {
-            Some(Record::Rebase { inos, .. }) => {
-                let g = inos.iter().cloned().collect();
-                records = &records[1..];
-                g
-            }
-            _ => hashbrown::HashMap::new(),
-        };
+        // entries had before it, and the entries its packet left out.
+        let (given, kept, first): (hashbrown::HashMap<String, Ino>, &[Record], usize) =
+            match records.first() {
+                Some(Record::Rebase { inos, kept, .. }) => {
+                    let g = inos.iter().cloned().collect();
+                    records = &records[1..];
+                    (g, kept, 2)
+                }
+                _ => (hashbrown::HashMap::new(), &[], 1),
+            };
         let (lower, inos) = new_lower(packet, opts, &given, &[])?;
         tracing::debug!(elapsed = ?t.elapsed(), "lower index built");
         let lower = std::sync::Arc::new(lower);
         let mut state = State::new(lower.clone(), inos);
         let journal = crate::packet::path::shown_path(&upper_dir.join(upper::JOURNAL));
-        for (k, rec) in records.iter().enumerate() {
+        // Numbered from 1, the rebase record first; the records it keeps
+        // are part of it.
+        let numbered = kept.iter().map(|r| (1, r));
+        for (k, rec) in numbered.chain(records.iter().enumerate().map(|(k, r)| (k + first, r))) {
             state.apply(&lower, rec).map_err(|e| match e {
                 Error::Replay { reason, .. } => Error::Replay {
                     journal: journal.clone(),
-                    index: k + 1,
+                    index: k,
                     reason,
                 },
                 Error::NotFound | Error::NotDir => Error::Replay {
                     journal: journal.clone(),
-                    index: k + 1,
+                    index: k,
                     reason: "it names an inode or directory that does not exist".into(),
                 },
                 other => other,

@@ -572,13 +572,7 @@ impl Overlay {
             }
         }
         let t = super::now();
-        let mut recs = vec![Record::Rebase {
-            t,
-            packet: digest.to_string(),
-            output: crate::packet::path::shown_path(output),
-            inos: given,
-        }];
-        recs.extend(self.remake(&left_out, &in_packet, t)?);
+        let kept = self.remake(&left_out, &in_packet, t)?;
         // Made in the new view first: a record it refuses is never written,
         // so the journal replays at the next mount. (With the generations
         // handed out so far: a directory these records materialize must
@@ -586,18 +580,28 @@ impl Overlay {
         {
             fresh.adopt_generations(&self.state.read_recursive());
             let new_lower = fresh.lower.clone();
-            for r in &recs[1..] {
+            for r in &kept {
                 fresh.apply(&new_lower, r)?;
             }
         }
-        let carried_data: HashSet<u64> = recs
+        let carried_data: HashSet<u64> = kept
             .iter()
             .filter_map(|r| match r {
                 Record::Mknode { data, .. } => *data,
                 _ => None,
             })
             .collect();
-        self.upper.append_durable(&recs)?;
+        // One line: a crash that cuts it leaves the journal as it was
+        // before the rebase (its torn tail is dropped), never a rebase
+        // without the entries it keeps.
+        let rec = Record::Rebase {
+            t,
+            packet: digest.to_string(),
+            output: crate::packet::path::shown_path(output),
+            inos: given,
+            kept,
+        };
+        self.upper.append_durable(&rec)?;
         crate::barrier::wait(bar, "rebase-recorded");
         phase("recorded");
         let (old_inos, old_data, kept_data) = {
@@ -670,7 +674,7 @@ impl Overlay {
         // mount replays from its last rebase record. The old data files
         // are of no use either way, and the kernel's attributes of the old
         // nodes are out of date either way.
-        let compacted = self.upper.compact(&recs, &digest);
+        let compacted = self.upper.compact(&rec, &digest);
         if compacted.is_ok() {
             crate::barrier::wait(bar, "rebase-compacted");
             phase("compacted");

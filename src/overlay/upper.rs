@@ -94,11 +94,6 @@ pub struct Opened {
     pub records: Vec<Record>,
 }
 
-/// Records as journal lines, one buffer.
-fn lines(recs: &[Record]) -> Vec<u8> {
-    recs.iter().flat_map(Record::to_line).collect()
-}
-
 fn io_at(path: &Path, what: &str) -> impl FnOnce(io::Error) -> Error + use<> {
     let shown = crate::packet::path::shown_path(path);
     let context = format!("{shown}: {what}");
@@ -301,14 +296,10 @@ impl Upper {
     /// its own error (`ENOSPC`, which the application is told), not as a
     /// bare short write.
     pub fn append(&self, rec: &Record) -> Result<()> {
-        self.append_lines(&rec.to_line())
-    }
-
-    /// Appends whole journal lines with one `write` (cut back if it fails).
-    fn append_lines(&self, line: &[u8]) -> Result<()> {
+        let line = rec.to_line();
         let mut j = self.journal.lock();
         let (file, len) = &mut *j;
-        match (&*file).write_all(line) {
+        match (&*file).write_all(&line) {
             Ok(()) => {
                 *len += line.len() as u64;
                 Ok(())
@@ -323,13 +314,13 @@ impl Upper {
         }
     }
 
-    /// Appends `recs` (one `write`) and makes the journal durable; if it
-    /// cannot be made durable, takes the records back out, so that the running mount and
+    /// Appends `rec` and makes the journal durable; if it cannot be made
+    /// durable, takes the record back out, so that the running mount and
     /// its journal agree (a commit record is not left for a later sync to
     /// carry; best effort: the cut itself may fail).
-    pub fn append_durable(&self, recs: &[Record]) -> Result<()> {
+    pub fn append_durable(&self, rec: &Record) -> Result<()> {
         let before = self.journal.lock().1;
-        self.append_lines(&lines(recs))?;
+        self.append(rec)?;
         self.sync_journal().inspect_err(|_| {
             let mut j = self.journal.lock();
             let (file, len) = &mut *j;
@@ -354,12 +345,11 @@ impl Upper {
         Ok(())
     }
 
-    /// Starts a new journal holding only `recs` (a rebase record and what
-    /// it carries over), and
+    /// Starts a new journal holding only `first` (a rebase record), and
     /// records `digest` in the header: the journal through a temporary file
     /// renamed over the old one, so a crash leaves one or the other, and
     /// both replay to the same state.
-    pub fn compact(&self, recs: &[Record], digest: &Digest) -> Result<()> {
+    pub fn compact(&self, first: &Record, digest: &Digest) -> Result<()> {
         let tmp = format!("{JOURNAL}.tmp");
         let at = self.root.join(JOURNAL);
         // Opened for appending now: once renamed it is the journal, with no
@@ -377,7 +367,7 @@ impl Upper {
         )
         .map_err(nix_at(&at, "cannot create a new journal"))?;
         let mut f = File::from(fd);
-        let line = lines(recs);
+        let line = first.to_line();
         // Should the new journal not be placed (a full disk, say), the old
         // one stays, and replays to the same state; the new one goes.
         let gone = |e| {
