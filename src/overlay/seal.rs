@@ -732,16 +732,19 @@ impl Overlay {
             let mut stack: Vec<(Ino, String, Ino)> = Vec::new();
             // Another name of a file the packet holds (a hard link made on
             // the mount, `--exclude`d): kept as a link to it.
-            let linked = |path: &str, ino: Ino| {
+            let linked = |dir: &str, name: &str, ino: Ino| {
                 matches!(st.get(lower, ino), Some(Ref::Node(n)) if n.kind == Kind::File && n.nlink > 1)
-                    && items
-                        .binary_search_by(|x| x.path.as_bytes().cmp(path.as_bytes()))
-                        .is_err()
+                    && {
+                        let path = format!("{dir}/{name}");
+                        items
+                            .binary_search_by(|x| x.path.as_bytes().cmp(path.as_bytes()))
+                            .is_err()
+                    }
             };
             for it in items.iter().filter(|it| matches!(it.kind, ItemKind::Dir)) {
                 for (name, ino) in st.list(lower, it.ino, 0, usize::MAX)? {
                     if in_packet.contains(&ino) {
-                        if linked(&format!("{}/{name}", it.path), ino) {
+                        if linked(&it.path, &name, ino) {
                             out.push((it.ino, name.to_string(), ino));
                         }
                         continue;
