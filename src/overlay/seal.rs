@@ -578,7 +578,7 @@ impl Overlay {
         // handed out so far: a directory these records materialize must
         // keep the one the kernel knows.)
         {
-            fresh.adopt_generations(&self.state.read_recursive());
+            fresh.carry_generations(&self.state.read_recursive());
             let new_lower = fresh.lower.clone();
             for r in &kept {
                 fresh.apply(&new_lower, r)?;
@@ -650,7 +650,6 @@ impl Overlay {
             }
             fresh.next_data = st.next_data;
             fresh.applied += st.applied;
-            fresh.carry_generations(&mut st);
             *st = fresh;
             moved.moved = true;
             // The kernel's references carry over: paths keep their numbers

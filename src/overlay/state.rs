@@ -162,6 +162,11 @@ pub struct State {
     refs: Box<[Count]>,
 }
 
+/// The generation `gens` last handed out for `ino`, else 1.
+fn generation_in(gens: &HashMap<Ino, u64>, ino: Ino) -> u64 {
+    gens.get(&ino).copied().unwrap_or(1)
+}
+
 impl State {
     /// The initial state over `lower`, its inode numbers claimed.
     pub fn new(lower: std::sync::Arc<Lower>, inos: InoAllocator) -> State {
@@ -350,7 +355,7 @@ impl State {
             std::collections::hash_map::Entry::Vacant(v) => {
                 let i = lower.idx(ino).ok_or(Error::NotFound)?;
                 let mut n = lower.node(i, lower.parent_ino(i));
-                n.generation = self.gens.get(&ino).copied().unwrap_or(1);
+                n.generation = generation_in(&self.gens, ino);
                 // (`lower` is always `self.lower`; `get` keeps a mix-up from
                 // panicking.)
                 if let Some(c) = self.refs.get(i as usize) {
@@ -418,24 +423,14 @@ impl State {
     /// The generation of lower entry `ino`: 1, unless the number was
     /// handed out on this mount before a rebase made it a lower entry.
     pub fn lower_generation(&self, ino: Ino) -> u64 {
-        self.gens.get(&ino).copied().unwrap_or(1)
+        generation_in(&self.gens, ino)
     }
 
-    /// Takes over the generations of the state a rebase replaces (see
-    /// `gens`), the later of two for a number.
-    pub fn carry_generations(&mut self, from: &mut State) {
-        for (ino, g) in std::mem::take(&mut from.gens) {
-            let e = self.gens.entry(ino).or_insert(g);
-            *e = (*e).max(g);
-        }
-    }
-
-    /// [`State::carry_generations`], leaving `from` as it is.
-    pub fn adopt_generations(&mut self, from: &State) {
-        for (&ino, &g) in &from.gens {
-            let e = self.gens.entry(ino).or_insert(g);
-            *e = (*e).max(g);
-        }
+    /// Takes over the generations handed out in `from`, the state a rebase
+    /// replaces (see `gens`); called while changes are held, so that none
+    /// is handed out there after.
+    pub fn carry_generations(&mut self, from: &State) {
+        self.gens = from.gens.clone();
     }
 
     /// A number and generation for a new inode at `dir`/`name`.
