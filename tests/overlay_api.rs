@@ -356,3 +356,67 @@ proptest! {
         check(&ops)?;
     }
 }
+
+/// A seal gets the change gate while writers keep it busy. Changes took it
+/// recursively, letting one in whenever another held it, so a few threads
+/// writing with no pause between them held a seal off for as long as they
+/// ran (it never finished here while six did).
+#[test]
+fn a_seal_is_not_held_off_by_writers_that_never_pause() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    fs::write(ws.join("a"), b"a").unwrap();
+    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let o = open(&packet, &tmp.path().join("upper"));
+    let inos: Vec<u64> = (0..6)
+        .map(|k| {
+            o.create(ROOT, format!("f{k}").as_bytes(), 0o644, ME)
+                .unwrap()
+                .ino
+        })
+        .collect();
+    let out = tmp.path().join("sealed.packet");
+    let opts = sessionfs::overlay::seal::SealOptions {
+        output: out.clone(),
+        mode: 0o644,
+        zero_mtimes: false,
+        reject_external_symlinks: false,
+        exclude: vec![],
+        keep: vec![],
+        limits: Limits::DEFAULT,
+        roots: Default::default(),
+        barrier: None,
+        rebase: false,
+    };
+    let stop = AtomicBool::new(false);
+    let (done, sealed) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        for &ino in &inos {
+            let (o, stop) = (&o, &stop);
+            s.spawn(move || {
+                // Within the first page and never ending on its boundary,
+                // so no write looks like the first half of a split one
+                // (which a seal would wait out; see `split`).
+                let mut off = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    o.write(ino, off % 4000, &[7u8; 8]).unwrap();
+                    off += 8;
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let (o, opts) = (&o, &opts);
+        s.spawn(move || done.send(o.seal(opts, &|_| {}).map(|r| r.entries)).unwrap());
+        let in_time = sealed.recv_timeout(Duration::from_secs(20));
+        stop.store(true, Ordering::Relaxed);
+        let entries = in_time
+            .expect("the seal did not get in within 20 s while the writers ran")
+            .unwrap();
+        // The root, `a` and the six files.
+        assert_eq!(entries, 8);
+    });
+    run(["verify", out.to_str().unwrap()]).ok();
+}

@@ -504,7 +504,7 @@ impl Overlay {
         caller: Caller,
     ) -> Result<Attr> {
         let name = name_str(name)?;
-        let _m = self.mutations.read_recursive();
+        let _m = self.changing();
         let mut st = self.state.write();
         let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
@@ -602,7 +602,7 @@ impl Overlay {
 
     /// `unlink`.
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        let _m = self.mutations.read_recursive();
+        let _m = self.changing();
         let name = name_str(name)?;
         let mut st = self.state.write();
         let lower = st.lower.clone();
@@ -625,7 +625,7 @@ impl Overlay {
 
     /// `rmdir`.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        let _m = self.mutations.read_recursive();
+        let _m = self.changing();
         let name = name_str(name)?;
         let mut st = self.state.write();
         let lower = st.lower.clone();
@@ -678,7 +678,7 @@ impl Overlay {
         noreplace: bool,
         exchange: bool,
     ) -> Result<()> {
-        let _m = self.mutations.read_recursive();
+        let _m = self.changing();
         let name = name_str(name)?;
         let newname = name_str(newname)?;
         if noreplace && exchange {
@@ -739,7 +739,7 @@ impl Overlay {
 
     /// `link`: a new name for a file (lower files too: no copy).
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
-        let _m = self.mutations.read_recursive();
+        let _m = self.changing();
         let newname = name_str(newname)?;
         let mut st = self.state.write();
         let lower = st.lower.clone();
@@ -774,7 +774,7 @@ impl Overlay {
 
     /// `setattr`: mode, owner, size (copying up a lower file), times.
     pub fn setattr(&self, ino: Ino, req: SetAttr) -> Result<Attr> {
-        let _m = self.mutations.read_recursive();
+        let _m = self.changing();
         if let Some(size) = req.size {
             if size > MAX_FILE_SIZE {
                 return Err(Error::TooBig);
@@ -838,11 +838,25 @@ impl Overlay {
         self.attr_of(&st, ino)
     }
 
+    /// Opens the change gate for one operation that changes the view
+    /// (shared with other changes, exclusive with a seal). Fair: once a
+    /// seal waits for the gate, changes asked after it wait for the seal.
+    /// `read_recursive` here let a change in whenever another held the
+    /// gate, so writers overlapping without a gap (a few threads writing
+    /// flat out are enough) held a seal off for as long as they ran. Only
+    /// for an operation's first hold: a thread taking it again, while a
+    /// seal waits, would wait for that seal and the seal for it; nested
+    /// steps ([`Overlay::copy_up`]) take it recursively.
+    fn changing(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.mutations.read()
+    }
+
     /// Copies a lower file up (if it still is one) and returns its data
     /// file. `keep` limits the bytes copied (for truncation; 0 copies none).
     /// The copy runs without the state lock; if another thread copied the
     /// same file first, its copy wins and this one is discarded.
     fn copy_up(&self, ino: Ino, keep: Option<u64>) -> Result<u64> {
+        // Recursive: every caller holds the gate already (see `changing`).
         let _m = self.mutations.read_recursive();
         self.copy_up_held(ino, keep)
     }
@@ -1000,7 +1014,7 @@ impl Overlay {
 
     /// `write`: to the upper data file.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
-        let _m = self.mutations.read_recursive();
+        let _m = self.changing();
         if offset.saturating_add(data.len() as u64) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }
@@ -1038,7 +1052,7 @@ impl Overlay {
 
     /// `fallocate` on an open file (modes 0, `KEEP_SIZE`, `PUNCH_HOLE`).
     pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> Result<()> {
-        let _m = self.mutations.read_recursive();
+        let _m = self.changing();
         if offset.saturating_add(length) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }
