@@ -420,3 +420,46 @@ fn a_seal_is_not_held_off_by_writers_that_never_pause() {
     });
     run(["verify", out.to_str().unwrap()]).ok();
 }
+
+/// A change gets the state while lookups keep it busy: they took it
+/// recursively, letting one in whenever another held it, so threads looking
+/// names up without a pause held a `create` off (for seconds with six,
+/// where a daemon runs with `--threads 8`).
+#[test]
+fn a_change_is_not_held_off_by_lookups_that_never_pause() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    fs::write(ws.join("a"), b"a").unwrap();
+    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let o = open(&packet, &tmp.path().join("upper"));
+    let stop = AtomicBool::new(false);
+    let (done, made) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            let (o, stop) = (&o, &stop);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let a = o.lookup(ROOT, b"a").unwrap();
+                    o.getattr(a.ino).unwrap();
+                    o.forget(a.ino, 1);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let o = &o;
+        s.spawn(move || {
+            for k in 0..50 {
+                o.create(ROOT, format!("n{k}").as_bytes(), 0o644, ME)
+                    .unwrap();
+            }
+            done.send(()).unwrap();
+        });
+        let in_time = made.recv_timeout(Duration::from_secs(10));
+        stop.store(true, Ordering::Relaxed);
+        in_time.expect("50 creates did not get in within 10 s while the lookups ran");
+    });
+    assert_eq!(o.readdir(ROOT, 0, 100).unwrap().len(), 2 + 1 + 50);
+}
