@@ -1112,6 +1112,60 @@ fn status_gives_absolute_paths_whatever_the_mount_was_given() {
     }
 }
 
+/// The daemon's log is moved aside once it passes 1 MiB while the daemon
+/// runs, not only when a daemon starts, so a mount serving for weeks keeps
+/// about 2 MiB of logs; the lines after go to the new log.
+#[test]
+fn a_running_daemons_log_is_moved_aside_past_its_limit() {
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &["-vv"]);
+    let log = PathBuf::from(m.result["log"].as_str().unwrap());
+    let mut old = log.clone().into_os_string();
+    old.push(".1");
+    let old = PathBuf::from(old);
+    let _ = fs::remove_file(&old);
+    fs::create_dir(m.path("full")).unwrap();
+    fs::write(m.path("full/f"), b"").unwrap();
+    // Each refused `rmdir` reaches the daemon, which logs it (debug).
+    let refused = |n: usize| {
+        for _ in 0..n {
+            let e = fs::remove_dir(m.path("full")).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+        }
+    };
+    let mut tries = 0;
+    while !old.exists() {
+        assert!(
+            tries < 100_000,
+            "no {} after {tries} logged rmdirs",
+            old.display()
+        );
+        refused(100);
+        tries += 100;
+    }
+    let limit = 1u64 << 20;
+    let old_len = fs::metadata(&old).unwrap().len();
+    // The line that passed the limit is the old log's last.
+    assert!(old_len > limit && old_len < limit + 4096, "{old_len}");
+    assert!(fs::read_to_string(&old).unwrap().ends_with('\n'));
+    let new_len = fs::metadata(&log).unwrap().len();
+    refused(10);
+    let grown = fs::metadata(&log).unwrap().len();
+    assert!(
+        grown > new_len,
+        "nothing went to the new log: {new_len} -> {grown}"
+    );
+    assert!(grown < limit);
+    assert_eq!(fs::metadata(&old).unwrap().len(), old_len);
+    assert_eq!(fs::read(m.path("full/f")).unwrap(), b"");
+    m.umount();
+    let _ = fs::remove_file(&old);
+    let _ = fs::remove_file(&log);
+}
+
 /// `isatty` on a file of the mount (every Python `open` asks it) is
 /// answered `ENOTTY`, and costs the daemon's log nothing.
 #[test]

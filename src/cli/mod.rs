@@ -5,6 +5,7 @@ mod args;
 mod digest;
 pub mod error;
 mod inspect;
+mod logfile;
 mod mount;
 mod pack;
 mod progress;
@@ -322,7 +323,7 @@ fn init_logging(verbose: u8) {
     let filter =
         EnvFilter::try_from_env("SESSIONFS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(|| logfile::Stderr)
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)

@@ -251,6 +251,10 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         .daemon_child
         .then(|| control::log_path(&a.mountpoint).ok())
         .flatten();
+    if let Some(path) = &log {
+        // Stderr is that log (see spawn_daemon).
+        super::logfile::rotate_stderr(path.clone(), control::LOG_ROTATE_BYTES);
+    }
     // Where each part is mounted, for rebasing absolute symlinks at seal.
     let roots: std::collections::HashMap<Part, Vec<String>> = match part {
         Some(p) => [(p, crate::source::walk::root_spellings(&a.mountpoint))].into(),

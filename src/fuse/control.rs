@@ -79,7 +79,9 @@ pub fn log_path(mountpoint: &Path) -> io::Result<PathBuf> {
 }
 
 /// A daemon's log is moved aside to `<key>.log.1` (replacing the one there)
-/// when a new daemon starts at that mountpoint and it has grown past this.
+/// once it has grown past this: when a new daemon starts at that
+/// mountpoint, and while a daemon runs (see `cli::logfile`). A mount's logs so
+/// take about twice this at most.
 pub const LOG_ROTATE_BYTES: u64 = 1 << 20;
 
 /// Logs (and sockets nobody listens on) untouched for this long are removed
@@ -102,10 +104,21 @@ pub fn open_log(mountpoint: &Path) -> io::Result<(std::fs::File, PathBuf)> {
 /// more than `limit` bytes.
 fn append_rotated(path: &Path, limit: u64) -> io::Result<std::fs::File> {
     if std::fs::metadata(path).is_ok_and(|m| m.len() > limit) {
-        let mut old = path.as_os_str().to_owned();
-        old.push(".1");
-        std::fs::rename(path, old)?;
+        return start_log_afresh(path);
     }
+    append_to(path)
+}
+
+/// Moves the log at `path` to `<path>.1` (replacing the one there) and
+/// opens a new one there for appending.
+pub fn start_log_afresh(path: &Path) -> io::Result<std::fs::File> {
+    let mut old = path.as_os_str().to_owned();
+    old.push(".1");
+    std::fs::rename(path, old)?;
+    append_to(path)
+}
+
+fn append_to(path: &Path) -> io::Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
