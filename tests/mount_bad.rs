@@ -365,16 +365,39 @@ fn upper_directories_and_mountpoints_are_checked() {
         "--upper",
         tmp.path().join("u4").to_str().unwrap(),
     ]);
+    let hint = |r: &Run| r.json["hint"].as_str().unwrap().to_owned();
     r.fails(8, "mountpoint_not_empty");
+    // Each refusal of a mountpoint says what to do about that one, not
+    // to install fuse3.
+    assert!(hint(&r).contains("empty directory"), "{}", hint(&r));
     let notdir = tmp.path().join("busy/file");
-    run([
+    let r = run([
         "mount",
         p.to_str().unwrap(),
         notdir.to_str().unwrap(),
         "--upper",
         tmp.path().join("u5").to_str().unwrap(),
-    ])
-    .fails(8, "mountpoint_unusable");
+    ]);
+    r.fails(8, "mountpoint_unusable");
+    assert!(hint(&r).contains("existing directory"), "{}", hint(&r));
+    if fuse_available() {
+        let m = Mounted::new(&p, &tmp.path().join("mnt7"), &tmp.path().join("u7"), &[]);
+        let r = run([
+            "mount",
+            p.to_str().unwrap(),
+            m.mnt.to_str().unwrap(),
+            "--upper",
+            tmp.path().join("u8").to_str().unwrap(),
+        ]);
+        r.fails(8, "already_mounted");
+        assert!(hint(&r).contains("sessionfs umount"), "{}", hint(&r));
+        assert!(!tmp.path().join("u8").exists());
+        // The mount there goes on serving.
+        let served = m.status();
+        assert!(served["upper"].is_string());
+        assert_eq!(served["upper"], m.result["upper"]);
+        m.umount();
+    }
     // Not an upper directory at all.
     let random = tmp.path().join("random");
     write(&random, "something", b"x");

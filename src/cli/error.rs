@@ -59,6 +59,15 @@ fn kind_hint(kind: &str) -> Option<&'static str> {
         "umount_failed" => {
             "see the daemon's log (named by `sessionfs mount`); `fusermount3 -uz MOUNTPOINT` detaches the mount by force"
         }
+        "already_mounted" => {
+            "unmount it first with `sessionfs umount MOUNTPOINT` (add --lazy while files are open there; it also detaches a mount whose daemon is gone), or mount on another directory"
+        }
+        "mountpoint_not_empty" => {
+            "mount on an empty directory: nothing under a mountpoint shows while it is mounted, so sessionfs will not hide it"
+        }
+        "mountpoint_unusable" => {
+            "the mountpoint must be an existing directory you may use: create it (`mkdir -p MOUNTPOINT`) or fix the path"
+        }
         "symlink_budget" => {
             "the packet is valid but its symlinks are too costly to resolve in strict mode; unpack without --strict-symlinks to restore them as they are"
         }
