@@ -390,6 +390,7 @@ fn a_seal_is_not_held_off_by_writers_that_never_pause() {
         roots: Default::default(),
         barrier: None,
         rebase: false,
+        cancel: None,
     };
     let stop = AtomicBool::new(false);
     let (done, sealed) = std::sync::mpsc::channel();

@@ -1651,3 +1651,66 @@ fn a_seal_through_the_control_socket_reports_progress_before_its_answer() {
     assert!(out.exists());
     m.umount();
 }
+
+/// A seal whose client goes away (killed, or given up by an orchestrator's
+/// timeout) before its packet is placed is given up: nothing is written,
+/// the mount serves what it served, and the next seal works. Once the
+/// packet is placed, the seal runs to its end, the rebase included.
+#[test]
+fn a_seal_whose_client_goes_away_is_given_up_until_its_packet_is_placed() {
+    if !fuse_available() {
+        return;
+    }
+    for (point, placed) in [
+        ("collected", false),
+        ("written", false),
+        ("committed", true),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (packet, _) = model_packet(tmp.path());
+        let before = run(["digest", packet.to_str().unwrap()]).ok()["digest"].clone();
+        let upper = tmp.path().join("upper");
+        let mnt = tmp.path().join("mnt");
+        let bar = tmp.path().join("barrier");
+        let (_unmount, mounted) = mount_paused_at(&packet, &mnt, &upper, &bar, point);
+        let log = std::path::PathBuf::from(mounted["log"].as_str().unwrap());
+        let logged = || fs::read_to_string(&log).unwrap_or_default();
+        let went_away = |text: &str| text.matches("the seal's client went away").count();
+        let seen = went_away(&logged());
+        fs::write(mnt.join("made.txt"), b"made on the mount").unwrap();
+        let out = tmp.path().join("out/next.packet");
+        fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let mut client = spawn_seal_rebase(&mnt, &out);
+        wait_reached(&bar, point);
+        client.kill().unwrap();
+        client.wait().unwrap();
+        wait_for("the daemon to see the client go", || {
+            went_away(&logged()) > seen
+        });
+        fs::write(bar.join(format!("{point}.go")), b"").unwrap();
+        // Seals take turns: this one starts once the first has ended.
+        let next = tmp.path().join("after.packet");
+        let r = run(["seal", mnt.to_str().unwrap(), "-o", next.to_str().unwrap()]);
+        assert_eq!(r.ok()["schema"], "sessionfs.seal-result/1");
+        run(["verify", next.to_str().unwrap()]).ok();
+        let served = run(["status", mnt.to_str().unwrap()]).ok()["digest"].clone();
+        if placed {
+            let written = run(["verify", out.to_str().unwrap()]).ok()["digest"].clone();
+            assert_eq!(served, written, "given up after {point}");
+            assert_eq!(r.json["parent"], written);
+        } else {
+            assert_eq!(
+                fs::read_dir(out.parent().unwrap()).unwrap().count(),
+                0,
+                "given up at {point}: something was left in the output's directory"
+            );
+            assert_eq!(served, before, "given up at {point}: the mount moved");
+            assert_eq!(r.json["parent"], before);
+        }
+        assert_eq!(
+            fs::read(mnt.join("made.txt")).unwrap(),
+            b"made on the mount"
+        );
+        run(["umount", mnt.to_str().unwrap()]).ok();
+    }
+}

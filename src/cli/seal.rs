@@ -209,6 +209,7 @@ pub fn handle(
         roots: roots.clone(),
         barrier: crate::barrier::from_env(),
         rebase: req.rebase,
+        cancel: notify.map(|_| Default::default()),
     };
     let progress = super::progress::Progress::bytes("sealing", 0);
     // A client that asked for progress gets the count at once, then at most
@@ -228,10 +229,33 @@ pub fn handle(
             && last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_millis(100))
         {
             *last = Some(std::time::Instant::now());
-            notify(&serde_json::json!({"progress": {"bytes": total}}));
+            notify.notify(&serde_json::json!({"progress": {"bytes": total}}));
         }
     };
-    let outcome = overlay.seal(&opts, &report)?;
+    // A daemon's seal is given up when its client goes away before the
+    // packet is placed (killed, or given up by an orchestrator's timeout):
+    // nobody would learn that it was written, or that the mount moved.
+    let outcome = std::thread::scope(|s| {
+        // Closed when the seal is done, which ends the watch at once.
+        let mut sealing = None;
+        if let (Some(client), Some(cancel)) = (notify, &opts.cancel)
+            && let Ok((end, done)) = std::os::unix::net::UnixStream::pair()
+        {
+            sealing = Some(end);
+            s.spawn(move || {
+                if client.gone_before(&done) {
+                    tracing::warn!(
+                        output = %req.output.display(),
+                        "the seal's client went away: giving the seal up unless its packet is placed"
+                    );
+                    cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        let sealed = overlay.seal(&opts, &report);
+        drop(sealing);
+        sealed
+    })?;
     drop(progress);
     if let Some(path) = &req.receipt {
         write_receipt(path, &outcome).map_err(|mut e| {

@@ -198,14 +198,55 @@ pub fn drain(limit: Duration) {
     }
 }
 
-/// Sends an interim message (a line before the answer, such as a seal's
-/// progress) to the client of a request.
-pub type Notify<'a> = &'a (dyn Fn(&Value) + Sync);
+/// The client of a request being answered.
+pub struct Client<'a> {
+    conn: &'a UnixStream,
+    /// Writers from several threads (a seal's workers) take turns.
+    out: parking_lot::Mutex<()>,
+}
+
+impl Client<'_> {
+    /// Sends an interim message: a line before the answer, such as a
+    /// seal's progress.
+    pub fn notify(&self, v: &Value) {
+        let _turn = self.out.lock();
+        let _ = (&mut &*self.conn).write_all(format!("{v}\n").as_bytes());
+    }
+
+    /// Waits until the client closes the connection (it was killed, or
+    /// gave up waiting: nobody will read the answer), and returns true; or
+    /// until the other end of `done` is closed, and returns false.
+    pub fn gone_before(&self, done: &UnixStream) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        // A hang-up is reported whatever is asked for; a client that only
+        // shut down its sending side is still there.
+        let hung_up = |fd: &PollFd| {
+            fd.revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+        };
+        loop {
+            let mut fds = [
+                PollFd::new(self.conn.as_fd(), PollFlags::empty()),
+                PollFd::new(done.as_fd(), PollFlags::empty()),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) if hung_up(&fds[1]) => return false,
+                Ok(_) if hung_up(&fds[0]) => return true,
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// The client of a request, as its handler sees it.
+pub type Notify<'a> = &'a Client<'a>;
 
 /// Serves requests until the process exits; `handle` answers each one, and
-/// may send interim messages first through the [`Notify`] it is given:
-/// objects with a `progress` key, which [`request_with_progress`] hands to
-/// its callback.
+/// may send interim messages first through the [`Client`] it is given
+/// (objects with a `progress` key, which [`request_with_progress`] hands
+/// to its callback), or ask it whether the client is still there.
 pub fn serve(
     listener: UnixListener,
     handle: impl Fn(&Value, Notify) -> Value + Send + Sync + 'static,
@@ -228,19 +269,18 @@ pub fn serve(
             let mut reader = BufReader::new(&conn);
             let mut line = String::new();
             if reader.read_line(&mut line).is_ok() {
-                // Writers from several threads (a seal's workers) take turns.
-                let out = parking_lot::Mutex::new(&conn);
-                let notify = |v: &Value| {
-                    let _ = out.lock().write_all(format!("{v}\n").as_bytes());
+                let client = Client {
+                    conn: &conn,
+                    out: parking_lot::Mutex::new(()),
                 };
                 let reply = match serde_json::from_str::<Value>(&line) {
-                    Ok(req) => handle(&req, &notify),
+                    Ok(req) => handle(&req, &client),
                     Err(e) => serde_json::json!({
                         "schema": "sessionfs.error/1", "kind": "usage",
                         "message": format!("bad control request: {e}"), "exit_code": 2
                     }),
                 };
-                notify(&reply);
+                client.notify(&reply);
             }
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         });

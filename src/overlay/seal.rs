@@ -62,6 +62,26 @@ pub struct SealOptions {
     /// After sealing, continue on the new packet with an empty upper
     /// directory.
     pub rebase: bool,
+    /// Set to give the seal up (its client went away): it stops at the
+    /// next file it reads or step it takes, unless it has committed the
+    /// packet, after which it runs to the end.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl SealOptions {
+    /// Refuses to go on when the seal was given up (see `cancel`).
+    fn go_on(&self) -> Result<()> {
+        match &self.cancel {
+            Some(c) if c.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Refused {
+                path: crate::packet::path::shown_path(&self.output),
+                kind: "cancelled",
+                reason: "the seal was given up before it placed the packet (its client went \
+                         away): nothing was written and the mount is as it was"
+                    .into(),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One change, in the receipt.
@@ -266,6 +286,7 @@ impl Overlay {
         let (items, mut report) = self.collect(opts, &policy)?;
         crate::barrier::wait(opts.barrier.as_deref(), "collected");
         phase("collected");
+        opts.go_on()?;
 
         // The manifest: known hashes for reused content, placeholders for
         // the rest until they are hashed.
@@ -308,6 +329,7 @@ impl Overlay {
             .map_err(refusal)?;
         phase("validated");
         let sources = SealContents {
+            opts,
             overlay: self,
             lower: &lower,
             direct: DirectLower::new(&lower),
@@ -332,6 +354,7 @@ impl Overlay {
         }
         crate::barrier::wait(opts.barrier.as_deref(), "hashed");
         phase("hashed");
+        opts.go_on()?;
         let manifest_bytes = manifest.encode();
         let manifest_len = manifest_bytes.len() as u64;
         let layout = Layout::compute(&manifest, manifest_len);
@@ -370,6 +393,8 @@ impl Overlay {
         let digest = Digest::of_manifest(&manifest_bytes);
         crate::barrier::wait(opts.barrier.as_deref(), "written");
         phase("written");
+        // The last moment to give up: the packet goes into place next.
+        opts.go_on()?;
         output.sync_data()?;
         crate::barrier::wait(opts.barrier.as_deref(), "synced");
         phase("synced");
@@ -1229,6 +1254,8 @@ fn new_has(new: &Manifest, path: &str) -> bool {
 
 /// The merged view's files as a content source for the writer.
 struct SealContents<'a> {
+    /// The seal's options (whether it was given up).
+    opts: &'a SealOptions,
     overlay: &'a Overlay,
     lower: &'a Lower,
     /// Reads of the parent around the page cache, when it is not in it.
@@ -1347,6 +1374,7 @@ impl Contents for SealContents<'_> {
     }
 
     fn open(&self, i: usize) -> Result<SealReader<'_>> {
+        self.opts.go_on()?;
         let ItemKind::File(f) = &self.items[i].kind else {
             return Err(Error::NotFound);
         };
