@@ -548,6 +548,43 @@ fn the_hold_is_bounded_by_the_address_space() {
     assert_eq!(hold_max("ulimit -v 480000 &&"), "hold_max=None");
 }
 
+/// Under an address-space limit (`ulimit -v`), glibc's malloc is kept to
+/// two arenas (sessionfs starts itself again with `MALLOC_ARENA_MAX=2`):
+/// with an arena of 64 MiB reserved for each thread that allocates, a pack
+/// of 60 MB under `ulimit -v 300000` died in an allocation (exit 134, no
+/// result).
+#[test]
+fn a_pack_under_an_address_space_limit_stays_within_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let mut seed = 1u64;
+    for i in 0..3000 {
+        let data: Vec<u8> = (0..20_000)
+            .map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (seed >> 56) as u8
+            })
+            .collect();
+        write(&ws, &format!("d{}/f{i}", i % 30), &data);
+    }
+    let out = tmp.path().join("p.packet");
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 300000 && exec \"$@\"")
+        .arg("sh")
+        .arg(bin())
+        .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
+        .arg(&out)
+        .env_remove("MALLOC_ARENA_MAX")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["schema"], "sessionfs.pack-result/1");
+    assert_eq!(v["files"], 3000);
+    run(["verify", out.to_str().unwrap()]).ok();
+}
+
 /// The reason `result` gives for excluding `path`, if it does.
 fn exclusion(result: &Value, path: &str) -> Option<Value> {
     result["excluded"]

@@ -124,6 +124,7 @@ fn unprinted(e: &std::io::Error) -> u8 {
 
 /// Runs the CLI and returns the exit code.
 pub fn main() -> ExitCode {
+    crate::sys::fit_malloc_to_address_space();
     let matches = match Cli::command().try_get_matches() {
         Ok(m) => m,
         Err(e) => return clap_error(e),
