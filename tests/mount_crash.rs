@@ -22,10 +22,7 @@ fn kill_daemon(m: &Mounted) {
         std::thread::sleep(Duration::from_millis(10));
     }
     // The dead mount answers ENOTCONN until detached.
-    let _ = std::process::Command::new("fusermount3")
-        .arg("-uz")
-        .arg(&m.mnt)
-        .status();
+    detach(&m.mnt);
 }
 
 /// A fixed pseudo-random sequence of operations.

@@ -1589,10 +1589,7 @@ fn a_crash_during_a_rebase_remounts_to_what_the_application_saw() {
         .unwrap();
         let _ = seal_cmd.wait_with_output();
         std::thread::sleep(Duration::from_millis(100));
-        let _ = std::process::Command::new("fusermount3")
-            .arg("-uz")
-            .arg(&mnt)
-            .status();
+        detach(&mnt);
         // Whichever packet the upper directory now belongs to shows the view.
         let old = run(mount_args(&packet, &mnt, &upper));
         let remounted_on_new = old.code != 0;
