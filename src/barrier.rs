@@ -2,7 +2,8 @@
 //! that tests can change the world at an exact moment (a file between two
 //! reads, a crash between two steps, a signal after the commit). The
 //! points: pack's `walked-roots`, `hashed`, `committed`, `reported`;
-//! unpack's `restored`, `committed`; seal's `collected`, `hashed`, `sized`,
+//! unpack's `restored`, `committed`; seal's `collecting` (holding the
+//! state, before its walk of the tree), `collected`, `hashed`, `sized`,
 //! `written`, `synced`, `committed`, `rebase-recorded`,
 //! `rebase-compacted`; and `interrupt-deferred`, where the signal thread
 //! has put off a signal that came after the commit.

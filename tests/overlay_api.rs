@@ -464,3 +464,67 @@ fn a_change_is_not_held_off_by_lookups_that_never_pause() {
     });
     assert_eq!(o.readdir(ROOT, 0, 100).unwrap().len(), 2 + 1 + 50);
 }
+
+/// Lookups go on while a seal walks the tree, even with a `forget` waiting
+/// to drop a node: with lookups taking the state fairly, they queued behind
+/// that `forget`, which waits for the seal's walk, and the whole mount
+/// stopped answering for as long as the walk took.
+#[test]
+fn lookups_go_on_while_a_seal_walks_the_tree_and_a_forget_waits() {
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    fs::write(ws.join("a"), b"a").unwrap();
+    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let o = open(&packet, &tmp.path().join("upper"));
+    // Unlinked while the kernel holds it: its `forget` drops the node.
+    let x = o.create(ROOT, b"x", 0o644, ME).unwrap().ino;
+    o.unlink(ROOT, b"x").unwrap();
+    let bar = tmp.path().join("barrier");
+    fs::create_dir_all(&bar).unwrap();
+    for p in [
+        "collected",
+        "hashed",
+        "sized",
+        "written",
+        "synced",
+        "committed",
+    ] {
+        fs::write(bar.join(format!("{p}.go")), b"").unwrap();
+    }
+    let opts = sessionfs::overlay::seal::SealOptions {
+        output: tmp.path().join("sealed.packet"),
+        mode: 0o644,
+        zero_mtimes: false,
+        reject_external_symlinks: false,
+        exclude: vec![],
+        keep: vec![],
+        limits: Limits::DEFAULT,
+        roots: Default::default(),
+        barrier: Some(bar.clone()),
+        rebase: false,
+        cancel: None,
+    };
+    let (answered, answers) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let (o, opts) = (&o, &opts);
+        let sealer = s.spawn(move || o.seal(opts, &|_| {}).map(|r| r.entries));
+        wait_reached(&bar, "collecting");
+        s.spawn(move || o.forget(x, 1));
+        // Long enough for the forget to be waiting for the state.
+        std::thread::sleep(Duration::from_millis(100));
+        s.spawn(move || {
+            let a = o.lookup(ROOT, b"a").map(|a| a.ino);
+            answered.send(a.and_then(|ino| o.getattr(ino))).unwrap();
+        });
+        let in_time = answers.recv_timeout(Duration::from_secs(10));
+        fs::write(bar.join("collecting.go"), b"").unwrap();
+        let attr = in_time
+            .expect("no lookup answered within 10 s while the seal walked the tree")
+            .unwrap();
+        assert_eq!(attr.size, 1);
+        // The root and `a`: `x` is gone.
+        assert_eq!(sealer.join().unwrap().unwrap(), 2);
+    });
+}

@@ -488,7 +488,8 @@ fn destinations_are_checked_before_anything_is_written() {
 }
 
 /// Every point the seal's test barrier knows, in the order a seal passes them.
-const POINTS: [&str; 8] = [
+const POINTS: [&str; 9] = [
+    "collecting",
     "collected",
     "hashed",
     "sized",

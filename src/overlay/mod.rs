@@ -22,7 +22,7 @@ pub mod upper;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
@@ -179,6 +179,8 @@ pub struct Overlay {
     /// metadata, content), exclusively by a seal: a seal sees one state
     /// while readers keep going.
     mutations: RwLock<()>,
+    /// A seal holds changes (see [`Overlay::view`]).
+    sealing: AtomicBool,
     /// Writes the kernel may have cut in two, which a seal waits out.
     splits: split::Splits,
     /// The kernel's page size, where it cuts writes.
@@ -270,6 +272,7 @@ impl Overlay {
             upper: up,
             state: RwLock::new(state),
             mutations: RwLock::new(()),
+            sealing: AtomicBool::new(false),
             splits: split::Splits::default(),
             page: crate::sys::page_size(),
             stats: Stats::default(),
@@ -295,9 +298,17 @@ impl Overlay {
     /// before lookups asked after it; `read_recursive` let three threads
     /// looking names up without a pause hold a `create` off for 50 ms, six
     /// for seconds. Only where the thread holds the state in no other
-    /// guard: everything nested takes it recursively.
+    /// guard: everything nested takes it recursively. Except while a seal
+    /// holds changes: it holds the state for long stretches (its walk of
+    /// the tree), no change can be waiting, and a `forget` waiting to drop
+    /// a node would hold every fair lookup behind it for the whole walk;
+    /// lookups then go in beside the seal, and the `forget` waits.
     fn view(&self) -> parking_lot::RwLockReadGuard<'_, State> {
-        self.state.read()
+        if self.sealing.load(Ordering::Acquire) {
+            self.state.read_recursive()
+        } else {
+            self.state.read()
+        }
     }
 
     /// The upper directory.
