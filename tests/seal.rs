@@ -1709,6 +1709,16 @@ fn a_seal_whose_client_goes_away_is_given_up_until_its_packet_is_placed() {
             fs::read(mnt.join("made.txt")).unwrap(),
             b"made on the mount"
         );
+        // The log says what became of the seal nobody waited for.
+        let said = if placed {
+            "the seal ran to its end"
+        } else {
+            "the seal ended without its client"
+        };
+        wait_for(said, || logged().contains(said));
+        if !placed {
+            assert!(logged().contains("kind=\"cancelled\""), "{}", logged());
+        }
         run(["umount", mnt.to_str().unwrap()]).ok();
     }
 }

@@ -235,27 +235,53 @@ pub fn handle(
     // A daemon's seal is given up when its client goes away before the
     // packet is placed (killed, or given up by an orchestrator's timeout):
     // nobody would learn that it was written, or that the mount moved.
-    let outcome = std::thread::scope(|s| {
+    let sealed = std::thread::scope(|s| {
         // Closed when the seal is done, which ends the watch at once.
         let mut sealing = None;
         if let (Some(client), Some(cancel)) = (notify, &opts.cancel)
             && let Ok((end, done)) = std::os::unix::net::UnixStream::pair()
         {
-            sealing = Some(end);
-            s.spawn(move || {
-                if client.gone_before(&done) {
-                    tracing::warn!(
-                        output = %req.output.display(),
-                        "the seal's client went away: giving the seal up unless its packet is placed"
-                    );
-                    cancel.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-            });
+            let watch = std::thread::Builder::new()
+                .name("seal-client".into())
+                .spawn_scoped(s, move || {
+                    if client.gone_before(&done) {
+                        tracing::warn!(
+                            output = %req.output.display(),
+                            "the seal's client went away: giving the seal up unless its packet is placed"
+                        );
+                        cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            // Without a thread (a limit on them) the seal is not watched.
+            if watch.is_ok() {
+                sealing = Some(end);
+            }
         }
         let sealed = overlay.seal(&opts, &report);
         drop(sealing);
         sealed
-    })?;
+    });
+    if opts
+        .cancel
+        .as_ref()
+        .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    {
+        // Nobody reads the answer: the log says what became of the seal.
+        match &sealed {
+            Ok(o) => tracing::warn!(
+                output = %req.output.display(),
+                digest = %o.digest,
+                rebase = req.rebase,
+                "the seal ran to its end: its packet was placed before it could be given up"
+            ),
+            Err(e) => tracing::warn!(
+                output = %req.output.display(),
+                kind = e.kind(),
+                "the seal ended without its client: {e}"
+            ),
+        }
+    }
+    let outcome = sealed?;
     drop(progress);
     if let Some(path) = &req.receipt {
         write_receipt(path, &outcome).map_err(|mut e| {
