@@ -1161,6 +1161,21 @@ fn a_running_daemons_log_is_moved_aside_past_its_limit() {
     assert!(grown < limit);
     assert_eq!(fs::metadata(&old).unwrap().len(), old_len);
     assert_eq!(fs::read(m.path("full/f")).unwrap(), b"");
+    // A log removed under the daemon is begun again at its path.
+    fs::remove_file(&old).unwrap();
+    fs::remove_file(&log).unwrap();
+    let mut tries = 0;
+    while !log.exists() {
+        assert!(
+            tries < 100_000,
+            "no new {} after {tries} logged rmdirs",
+            log.display()
+        );
+        refused(100);
+        tries += 100;
+    }
+    refused(10);
+    assert!(fs::metadata(&log).unwrap().len() > 0);
     m.umount();
     let _ = fs::remove_file(&old);
     let _ = fs::remove_file(&log);

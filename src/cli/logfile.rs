@@ -36,18 +36,17 @@ impl Rotating {
         }
         // The line that passed the limit ends the old log. Nothing here may
         // log: this runs inside the logger.
-        match control::start_log_afresh(&self.path)
+        // Tried again after as many bytes more when it fails (a full
+        // disk, the runtime directory gone).
+        self.len = 0;
+        if let Err(e) = control::start_log_afresh(&self.path)
             .and_then(|f| nix::unistd::dup2_stderr(&f).map_err(io::Error::from))
         {
-            Ok(()) => self.len = 0,
-            Err(e) => {
-                self.limit = u64::MAX;
-                let _ = writeln!(
-                    io::stderr(),
-                    "cannot start the log {} afresh ({e}); it grows on",
-                    self.path.display()
-                );
-            }
+            let _ = writeln!(
+                io::stderr(),
+                "cannot start the log {} afresh ({e}); it grows on until that works",
+                self.path.display()
+            );
         }
     }
 }

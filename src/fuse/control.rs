@@ -110,11 +110,15 @@ fn append_rotated(path: &Path, limit: u64) -> io::Result<std::fs::File> {
 }
 
 /// Moves the log at `path` to `<path>.1` (replacing the one there) and
-/// opens a new one there for appending.
+/// opens a new one there for appending (a log removed meanwhile is begun
+/// again).
 pub fn start_log_afresh(path: &Path) -> io::Result<std::fs::File> {
     let mut old = path.as_os_str().to_owned();
     old.push(".1");
-    std::fs::rename(path, old)?;
+    match std::fs::rename(path, old) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     append_to(path)
 }
 
