@@ -381,6 +381,23 @@ pub fn page_size() -> u64 {
     }
 }
 
+/// Whether the kernel started this process through an ELF interpreter (the
+/// dynamic loader), as it does a dynamically linked program run by its
+/// path: the auxiliary vector's `AT_BASE` is then where the loader sits,
+/// and 0 when the loader itself was run as the program.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn started_through_interpreter() -> bool {
+    const AT_BASE: usize = 7;
+    const WORD: usize = std::mem::size_of::<usize>();
+    let Ok(aux) = std::fs::read("/proc/self/auxv") else {
+        return false;
+    };
+    aux.chunks_exact(2 * WORD).any(|pair| {
+        let word = |b: &[u8]| usize::from_ne_bytes(b.try_into().unwrap_or([0; WORD]));
+        word(&pair[..WORD]) == AT_BASE && word(&pair[WORD..]) != 0
+    })
+}
+
 /// Under an address-space limit (`ulimit -v`), starts this program again
 /// with glibc's malloc kept to two arenas (`MALLOC_ARENA_MAX=2`), unless
 /// that variable is set already; returns where nothing is to be done or
@@ -400,11 +417,16 @@ pub fn fit_malloc_to_address_space() {
         if !limited || std::env::var_os("MALLOC_ARENA_MAX").is_some() {
             return;
         }
-        let Ok(exe) = std::env::current_exe() else {
+        if !started_through_interpreter() {
+            // Run as `ld-linux.so PROGRAM ...`, this process's executable
+            // is the loader, which would take the first argument for the
+            // program to run.
             return;
-        };
+        }
         let mut args = std::env::args_os();
-        let mut again = std::process::Command::new(exe);
+        // The very file running now, even where its path was replaced or
+        // removed since (an upgrade in place).
+        let mut again = std::process::Command::new("/proc/self/exe");
         if let Some(name) = args.next() {
             again.arg0(name);
         }

@@ -583,6 +583,31 @@ fn a_pack_under_an_address_space_limit_stays_within_it() {
     assert_eq!(v["schema"], "sessionfs.pack-result/1");
     assert_eq!(v["files"], 3000);
     run(["verify", out.to_str().unwrap()]).ok();
+    // Run through the dynamic loader, this process's executable is the
+    // loader: it is not started again (the loader would take `--version`
+    // for the program to run).
+    let loader = ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
+        .into_iter()
+        .find(|l| Path::new(l).exists());
+    let Some(loader) = loader else {
+        eprintln!("no dynamic loader at a known path: its case is not tried");
+        return;
+    };
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 300000 && exec \"$@\"")
+        .arg("sh")
+        .arg(loader)
+        .arg(bin())
+        .arg("--version")
+        .env_remove("MALLOC_ARENA_MAX")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("sessionfs "),
+        "{o:?}"
+    );
 }
 
 /// The reason `result` gives for excluding `path`, if it does.
