@@ -381,22 +381,59 @@ fn upper_directories_and_mountpoints_are_checked() {
     r.fails(8, "mountpoint_unusable");
     assert!(hint(&r).contains("existing directory"), "{}", hint(&r));
     if fuse_available() {
-        let m = Mounted::new(&p, &tmp.path().join("mnt7"), &tmp.path().join("u7"), &[]);
+        let m = Mounted::new(
+            &p,
+            &tmp.path().join("mnt-busy"),
+            &tmp.path().join("u-busy"),
+            &[],
+        );
         let r = run([
             "mount",
             p.to_str().unwrap(),
             m.mnt.to_str().unwrap(),
             "--upper",
-            tmp.path().join("u8").to_str().unwrap(),
+            tmp.path().join("u-busy2").to_str().unwrap(),
         ]);
         r.fails(8, "already_mounted");
         assert!(hint(&r).contains("sessionfs umount"), "{}", hint(&r));
-        assert!(!tmp.path().join("u8").exists());
+        assert!(!tmp.path().join("u-busy2").exists());
         // The mount there goes on serving.
         let served = m.status();
         assert!(served["upper"].is_string());
         assert_eq!(served["upper"], m.result["upper"]);
         m.umount();
+        // A mount whose daemon was killed (it answers ENOTCONN or
+        // ECONNABORTED): already mounted too, and `sessionfs umount`
+        // detaches it, as the hint says.
+        let dead = Mounted::new(
+            &p,
+            &tmp.path().join("mnt-dead"),
+            &tmp.path().join("u-dead"),
+            &[],
+        );
+        let pid = nix::unistd::Pid::from_raw(dead.result["pid"].as_i64().unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+        // Not by a stat of the mount: one answered before the daemon died
+        // would keep the root's attributes cached.
+        wait_for("the daemon to die", || {
+            fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+        });
+        let e = fs::metadata(&dead.mnt).unwrap_err();
+        let errno = e.raw_os_error().unwrap();
+        assert!([libc::ENOTCONN, libc::ECONNABORTED].contains(&errno), "{e}");
+        let r = run([
+            "mount",
+            p.to_str().unwrap(),
+            dead.mnt.to_str().unwrap(),
+            "--upper",
+            tmp.path().join("u-dead2").to_str().unwrap(),
+        ]);
+        r.fails(8, "already_mounted");
+        assert!(hint(&r).contains("sessionfs umount"), "{}", hint(&r));
+        assert!(!tmp.path().join("u-dead2").exists());
+        run(["umount", dead.mnt.to_str().unwrap()]).ok();
+        let again = Mounted::new(&p, &dead.mnt, &tmp.path().join("u-dead"), &[]);
+        again.umount();
     }
     // Not an upper directory at all.
     let random = tmp.path().join("random");

@@ -66,7 +66,7 @@ fn kind_hint(kind: &str) -> Option<&'static str> {
             "mount on an empty directory: nothing under a mountpoint shows while it is mounted, so sessionfs will not hide it"
         }
         "mountpoint_unusable" => {
-            "the mountpoint must be an existing directory you may use: create it (`mkdir -p MOUNTPOINT`) or fix the path"
+            "the mountpoint must be an existing directory you may use (the message says what it is): create it (`mkdir -p MOUNTPOINT`), fix the path, or detach what is mounted there (a FUSE mount whose daemon died answers `Transport endpoint is not connected` or `Software caused connection abort`: `fusermount3 -uz MOUNTPOINT`)"
         }
         "symlink_budget" => {
             "the packet is valid but its symlinks are too costly to resolve in strict mode; unpack without --strict-symlinks to restore them as they are"

@@ -109,8 +109,25 @@ fn mount_error(kind: &str, message: String, path: &Path) -> CliError {
 
 /// Refuses a mountpoint that is not an empty directory, or already served.
 fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
-    let meta = std::fs::metadata(mp)
-        .map_err(|e| mount_error("mountpoint_unusable", format!("{}: {e}", mp.display()), mp))?;
+    let meta = std::fs::metadata(mp).map_err(|e| {
+        // Absolute without touching the path: it answers nothing.
+        let at = std::path::absolute(mp).unwrap_or_else(|_| mp.to_owned());
+        // A FUSE mount whose daemon died answers ENOTCONN, or
+        // ECONNABORTED once the kernel has aborted the connection.
+        let dead = matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED));
+        if dead && super::umount::is_sessionfs_mount(&at) {
+            mount_error(
+                "already_mounted",
+                format!(
+                    "{}: a sessionfs mount whose daemon is gone is still here ({e}); detach it first",
+                    mp.display()
+                ),
+                mp,
+            )
+        } else {
+            mount_error("mountpoint_unusable", format!("{}: {e}", mp.display()), mp)
+        }
+    })?;
     if !meta.is_dir() {
         return Err(mount_error(
             "mountpoint_unusable",
