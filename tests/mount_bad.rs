@@ -76,8 +76,18 @@ fn upper_with_one_data_file() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf, 
 }
 
 #[track_caller]
-fn mount_fails(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str], code: i32, kind: &str) {
-    fs::create_dir_all(mnt).unwrap();
+/// Mounting `packet` at `mnt` over `upper` fails with `code` and `kind`,
+/// naming a path and mounting nothing; returns the error.
+fn mount_fails(
+    packet: &Path,
+    mnt: &Path,
+    upper: &Path,
+    extra: &[&str],
+    code: i32,
+    kind: &str,
+) -> serde_json::Value {
+    // (Where a dead mount is, the directory cannot even be looked at.)
+    let _ = fs::create_dir_all(mnt);
     let mut args = vec![
         "mount".to_string(),
         packet.display().to_string(),
@@ -92,10 +102,11 @@ fn mount_fails(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str], code: i3
     let path = e.fails(code, kind)["path"].as_str().unwrap_or_default();
     assert!(code == 2 || !path.is_empty(), "{:#}", e.json);
     assert!(
-        !is_mounted(mnt),
+        !is_mounted(mnt) || kind == "already_mounted",
         "{} was mounted although mount failed",
         mnt.display()
     );
+    e.json
 }
 
 #[test]
@@ -387,15 +398,12 @@ fn upper_directories_and_mountpoints_are_checked() {
             &tmp.path().join("u-busy"),
             &[],
         );
-        let r = run([
-            "mount",
-            p.to_str().unwrap(),
-            m.mnt.to_str().unwrap(),
-            "--upper",
-            tmp.path().join("u-busy2").to_str().unwrap(),
-        ]);
-        r.fails(8, "already_mounted");
-        assert!(hint(&r).contains("sessionfs umount"), "{}", hint(&r));
+        let u = tmp.path().join("u-busy2");
+        let r = mount_fails(&p, &m.mnt, &u, &[], 8, "already_mounted");
+        assert!(
+            r["hint"].as_str().unwrap().contains("sessionfs umount"),
+            "{r}"
+        );
         assert!(!tmp.path().join("u-busy2").exists());
         // The mount there goes on serving.
         let served = m.status();
@@ -421,15 +429,12 @@ fn upper_directories_and_mountpoints_are_checked() {
         let e = fs::metadata(&dead.mnt).unwrap_err();
         let errno = e.raw_os_error().unwrap();
         assert!([libc::ENOTCONN, libc::ECONNABORTED].contains(&errno), "{e}");
-        let r = run([
-            "mount",
-            p.to_str().unwrap(),
-            dead.mnt.to_str().unwrap(),
-            "--upper",
-            tmp.path().join("u-dead2").to_str().unwrap(),
-        ]);
-        r.fails(8, "already_mounted");
-        assert!(hint(&r).contains("sessionfs umount"), "{}", hint(&r));
+        let u = tmp.path().join("u-dead2");
+        let r = mount_fails(&p, &dead.mnt, &u, &[], 8, "already_mounted");
+        assert!(
+            r["hint"].as_str().unwrap().contains("sessionfs umount"),
+            "{r}"
+        );
         assert!(!tmp.path().join("u-dead2").exists());
         run(["umount", dead.mnt.to_str().unwrap()]).ok();
         let again = Mounted::new(&p, &dead.mnt, &tmp.path().join("u-dead"), &[]);

@@ -1136,16 +1136,17 @@ fn a_running_daemons_log_is_moved_aside_past_its_limit() {
             assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
         }
     };
-    let mut tries = 0;
-    while !old.exists() {
-        assert!(
-            tries < 100_000,
-            "no {} after {tries} logged rmdirs",
-            old.display()
-        );
-        refused(100);
-        tries += 100;
-    }
+    // Logged until `path` exists (at most 100,000 times).
+    let until = |path: &Path| {
+        let mut tries = 0;
+        while !path.exists() {
+            let at = path.display();
+            assert!(tries < 100_000, "no {at} after {tries} logged rmdirs");
+            refused(100);
+            tries += 100;
+        }
+    };
+    until(&old);
     let limit = 1u64 << 20;
     let old_len = fs::metadata(&old).unwrap().len();
     // The line that passed the limit is the old log's last.
@@ -1164,16 +1165,7 @@ fn a_running_daemons_log_is_moved_aside_past_its_limit() {
     // A log removed under the daemon is begun again at its path.
     fs::remove_file(&old).unwrap();
     fs::remove_file(&log).unwrap();
-    let mut tries = 0;
-    while !log.exists() {
-        assert!(
-            tries < 100_000,
-            "no new {} after {tries} logged rmdirs",
-            log.display()
-        );
-        refused(100);
-        tries += 100;
-    }
+    until(&log);
     refused(10);
     assert!(fs::metadata(&log).unwrap().len() > 0);
     m.umount();

@@ -357,6 +357,36 @@ proptest! {
     }
 }
 
+/// An overlay of a packet holding one file, `a` (one byte), in `tmp`.
+fn overlay_of_one_file(tmp: &Path) -> Overlay {
+    let ws = tmp.join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    fs::write(ws.join("a"), b"a").unwrap();
+    let packet = packet_of(&ws, tmp, "p", &[]);
+    open(&packet, &tmp.join("upper"))
+}
+
+/// What an in-process seal into `output` is given: the defaults of
+/// `sessionfs seal`, and the test barrier at `barrier`.
+fn seal_options(
+    output: std::path::PathBuf,
+    barrier: Option<std::path::PathBuf>,
+) -> sessionfs::overlay::seal::SealOptions {
+    sessionfs::overlay::seal::SealOptions {
+        output,
+        mode: 0o644,
+        zero_mtimes: false,
+        reject_external_symlinks: false,
+        exclude: vec![],
+        keep: vec![],
+        limits: Limits::DEFAULT,
+        roots: Default::default(),
+        barrier,
+        rebase: false,
+        cancel: None,
+    }
+}
+
 /// A seal gets the change gate while writers keep it busy. Changes took it
 /// recursively, letting one in whenever another held it, so a few threads
 /// writing with no pause between them held a seal off for as long as they
@@ -366,11 +396,7 @@ fn a_seal_is_not_held_off_by_writers_that_never_pause() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    fs::create_dir_all(&ws).unwrap();
-    fs::write(ws.join("a"), b"a").unwrap();
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let o = open(&packet, &tmp.path().join("upper"));
+    let o = overlay_of_one_file(tmp.path());
     let inos: Vec<u64> = (0..6)
         .map(|k| {
             o.create(ROOT, format!("f{k}").as_bytes(), 0o644, ME)
@@ -379,19 +405,7 @@ fn a_seal_is_not_held_off_by_writers_that_never_pause() {
         })
         .collect();
     let out = tmp.path().join("sealed.packet");
-    let opts = sessionfs::overlay::seal::SealOptions {
-        output: out.clone(),
-        mode: 0o644,
-        zero_mtimes: false,
-        reject_external_symlinks: false,
-        exclude: vec![],
-        keep: vec![],
-        limits: Limits::DEFAULT,
-        roots: Default::default(),
-        barrier: None,
-        rebase: false,
-        cancel: None,
-    };
+    let opts = seal_options(out.clone(), None);
     let stop = AtomicBool::new(false);
     let (done, sealed) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
@@ -431,11 +445,7 @@ fn a_change_is_not_held_off_by_lookups_that_never_pause() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    fs::create_dir_all(&ws).unwrap();
-    fs::write(ws.join("a"), b"a").unwrap();
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let o = open(&packet, &tmp.path().join("upper"));
+    let o = overlay_of_one_file(tmp.path());
     let stop = AtomicBool::new(false);
     let (done, made) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
@@ -473,39 +483,13 @@ fn a_change_is_not_held_off_by_lookups_that_never_pause() {
 fn lookups_go_on_while_a_seal_walks_the_tree_and_a_forget_waits() {
     use std::time::Duration;
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    fs::create_dir_all(&ws).unwrap();
-    fs::write(ws.join("a"), b"a").unwrap();
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let o = open(&packet, &tmp.path().join("upper"));
+    let o = overlay_of_one_file(tmp.path());
     // Unlinked while the kernel holds it: its `forget` drops the node.
     let x = o.create(ROOT, b"x", 0o644, ME).unwrap().ino;
     o.unlink(ROOT, b"x").unwrap();
     let bar = tmp.path().join("barrier");
-    fs::create_dir_all(&bar).unwrap();
-    for p in [
-        "collected",
-        "hashed",
-        "sized",
-        "written",
-        "synced",
-        "committed",
-    ] {
-        fs::write(bar.join(format!("{p}.go")), b"").unwrap();
-    }
-    let opts = sessionfs::overlay::seal::SealOptions {
-        output: tmp.path().join("sealed.packet"),
-        mode: 0o644,
-        zero_mtimes: false,
-        reject_external_symlinks: false,
-        exclude: vec![],
-        keep: vec![],
-        limits: Limits::DEFAULT,
-        roots: Default::default(),
-        barrier: Some(bar.clone()),
-        rebase: false,
-        cancel: None,
-    };
+    arm_barrier(&bar, "collecting");
+    let opts = seal_options(tmp.path().join("sealed.packet"), Some(bar.clone()));
     let (answered, answers) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let (o, opts) = (&o, &opts);

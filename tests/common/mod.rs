@@ -428,6 +428,28 @@ pub fn detach(mnt: &Path) {
     }
 }
 
+/// Every point the seal's test barrier knows, in the order a seal passes them.
+pub const POINTS: [&str; 9] = [
+    "collecting",
+    "collected",
+    "hashed",
+    "sized",
+    "written",
+    "synced",
+    "committed",
+    "rebase-recorded",
+    "rebase-compacted",
+];
+
+/// Prepares barrier directory `bar` so that a seal pauses at `point` only:
+/// every other point finds its `.go` file already there.
+pub fn arm_barrier(bar: &Path, point: &str) {
+    fs::create_dir_all(bar).unwrap();
+    for p in POINTS.iter().filter(|p| **p != point) {
+        fs::write(bar.join(format!("{p}.go")), b"").unwrap();
+    }
+}
+
 /// Waits (at most 30 s) until `done`, else fails naming `what`.
 #[track_caller]
 pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
