@@ -34,10 +34,10 @@ impl Rotating {
         if self.len <= self.limit {
             return;
         }
-        // The line that passed the limit ends the old log. Nothing here may
-        // log: this runs inside the logger.
-        // Tried again after as many bytes more when it fails (a full
-        // disk, the runtime directory gone).
+        // The line that passed the limit ends the old log. A failure (a
+        // full disk, the runtime directory gone) is tried again after as
+        // many bytes more; it is written to stderr, not logged: this runs
+        // inside the logger.
         self.len = 0;
         if let Err(e) = control::start_log_afresh(&self.path)
             .and_then(|f| nix::unistd::dup2_stderr(&f).map_err(io::Error::from))

@@ -22,7 +22,7 @@ pub mod upper;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
@@ -179,8 +179,6 @@ pub struct Overlay {
     /// metadata, content), exclusively by a seal: a seal sees one state
     /// while readers keep going.
     mutations: RwLock<()>,
-    /// A seal holds changes (see [`Overlay::view`]).
-    sealing: AtomicBool,
     /// Writes the kernel may have cut in two, which a seal waits out.
     splits: split::Splits,
     /// The kernel's page size, where it cuts writes.
@@ -272,7 +270,6 @@ impl Overlay {
             upper: up,
             state: RwLock::new(state),
             mutations: RwLock::new(()),
-            sealing: AtomicBool::new(false),
             splits: split::Splits::default(),
             page: crate::sys::page_size(),
             stats: Stats::default(),
@@ -304,7 +301,8 @@ impl Overlay {
     /// a node would hold every fair lookup behind it for the whole walk;
     /// lookups then go in beside the seal, and the `forget` waits.
     fn view(&self) -> parking_lot::RwLockReadGuard<'_, State> {
-        if self.sealing.load(Ordering::Acquire) {
+        // Only a seal holds the change gate exclusively.
+        if self.mutations.is_locked_exclusive() {
             self.state.read_recursive()
         } else {
             self.state.read()

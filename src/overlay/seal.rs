@@ -222,22 +222,6 @@ enum ItemKind {
     File(FileItem),
 }
 
-/// Marks a seal holding changes, for as long as it lives.
-struct Sealing<'a>(&'a std::sync::atomic::AtomicBool);
-
-impl<'a> Sealing<'a> {
-    fn mark(flag: &'a std::sync::atomic::AtomicBool) -> Sealing<'a> {
-        flag.store(true, std::sync::atomic::Ordering::Release);
-        Sealing(flag)
-    }
-}
-
-impl Drop for Sealing<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, std::sync::atomic::Ordering::Release);
-    }
-}
-
 impl Overlay {
     /// Seals the merged view into `opts.output`. Changes wait until it is
     /// done; readers do not.
@@ -285,7 +269,6 @@ impl Overlay {
         renamed: &mut Vec<(Ino, String)>,
     ) -> Result<SealOutcome> {
         let _hold = self.hold_changes();
-        let _sealing = Sealing::mark(&self.sealing);
         // A seal given up while it waited for changes to stop.
         opts.go_on()?;
         let t0 = std::time::Instant::now();
