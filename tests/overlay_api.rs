@@ -475,12 +475,13 @@ fn a_change_is_not_held_off_by_lookups_that_never_pause() {
     assert_eq!(o.readdir(ROOT, 0, 100).unwrap().len(), 2 + 1 + 50);
 }
 
-/// Lookups go on while a seal walks the tree, even with a `forget` waiting
-/// to drop a node: with lookups taking the state fairly, they queued behind
-/// that `forget`, which waits for the seal's walk, and the whole mount
-/// stopped answering for as long as the walk took.
+/// Lookups go on while a seal walks the tree, and so does a `forget` that
+/// drops a node: it waited for the seal's walk to drop it, its dispatch
+/// thread serving nothing meanwhile, and with lookups taking the state
+/// fairly they queued behind it, so the whole mount stopped answering for
+/// as long as the walk took. The node goes once the seal is done.
 #[test]
-fn lookups_go_on_while_a_seal_walks_the_tree_and_a_forget_waits() {
+fn lookups_and_forgets_go_on_while_a_seal_walks_the_tree() {
     use std::time::Duration;
     let tmp = tempfile::tempdir().unwrap();
     let o = overlay_of_one_file(tmp.path());
@@ -495,9 +496,14 @@ fn lookups_go_on_while_a_seal_walks_the_tree_and_a_forget_waits() {
         let (o, opts) = (&o, &opts);
         let sealer = s.spawn(move || o.seal(opts, &|_| {}).map(|r| r.entries));
         wait_reached(&bar, "collecting");
-        s.spawn(move || o.forget(x, 1));
-        // Long enough for the forget to be waiting for the state.
-        std::thread::sleep(Duration::from_millis(100));
+        // The forget does not wait for the walk either: the node goes
+        // once the seal is done.
+        let (forgot, forgotten) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            o.forget(x, 1);
+            forgot.send(()).unwrap();
+        });
+        let forgot_in_time = forgotten.recv_timeout(Duration::from_secs(10));
         s.spawn(move || {
             let a = o.lookup(ROOT, b"a").map(|a| a.ino);
             answered.send(a.and_then(|ino| o.getattr(ino))).unwrap();
@@ -510,5 +516,7 @@ fn lookups_go_on_while_a_seal_walks_the_tree_and_a_forget_waits() {
         assert_eq!(attr.size, 1);
         // The root and `a`: `x` is gone.
         assert_eq!(sealer.join().unwrap().unwrap(), 2);
+        forgot_in_time.expect("a forget waited for the seal's walk");
+        assert!(matches!(o.getattr(x), Err(Error::NotFound)));
     });
 }

@@ -187,6 +187,9 @@ pub struct Overlay {
     opts: Options,
     /// Tells the kernel an inode's attributes changed (see `set_invalidator`).
     invalidate: Mutex<Option<Invalidator>>,
+    /// Nodes the kernel forgot while a seal held the state, to drop once
+    /// it is done (see [`Overlay::forget`]).
+    forgotten: Mutex<Vec<Ino>>,
     /// Counters.
     pub stats: Stats,
 }
@@ -275,6 +278,7 @@ impl Overlay {
             stats: Stats::default(),
             opts,
             invalidate: Mutex::new(None),
+            forgotten: Mutex::new(Vec::new()),
         })
     }
 
@@ -297,9 +301,11 @@ impl Overlay {
     /// for seconds. Only where the thread holds the state in no other
     /// guard: everything nested takes it recursively. Except while a seal
     /// holds changes: it holds the state for long stretches (its walk of
-    /// the tree), no change can be waiting, and a `forget` waiting to drop
-    /// a node would hold every fair lookup behind it for the whole walk;
-    /// lookups then go in beside the seal, and the `forget` waits.
+    /// the tree), no change can be waiting, and a `forget` that began
+    /// before the seal and waits to drop a node would hold every fair
+    /// lookup behind it for the whole walk (a `forget` that sees the seal
+    /// leaves the node for the seal's end instead); lookups then go in
+    /// beside the seal.
     fn view(&self) -> parking_lot::RwLockReadGuard<'_, State> {
         // Only a seal holds the change gate exclusively.
         if self.mutations.is_locked_exclusive() {
@@ -412,11 +418,46 @@ impl Overlay {
     /// `forget`: the kernel dropped `count` references.
     pub fn forget(&self, ino: Ino, count: u64) {
         let drop_now = self.view().add_ref(ino, -(count as i64));
-        if drop_now {
-            let data = self.state.write().drop_if_unused(ino);
-            if let Some(id) = data {
-                self.upper.remove_data(id);
+        if !drop_now {
+            return;
+        }
+        // A seal holds the state for long stretches (its walk of the
+        // tree): this thread would serve nothing while it waited to drop
+        // one node. The node waits instead, and goes when the seal is done
+        // (`drop_forgotten`), or here if the seal ended meanwhile.
+        if self.mutations.is_locked_exclusive() {
+            match self.state.try_write() {
+                Some(st) => self.drop_unused(st, &[ino]),
+                None => {
+                    self.forgotten.lock().push(ino);
+                    if !self.mutations.is_locked_exclusive() {
+                        self.drop_forgotten();
+                    }
+                }
             }
+        } else {
+            self.drop_unused(self.state.write(), &[ino]);
+        }
+    }
+
+    /// Drops the nodes the kernel forgot while a seal held the state.
+    pub(crate) fn drop_forgotten(&self) {
+        let inos = std::mem::take(&mut *self.forgotten.lock());
+        if !inos.is_empty() {
+            self.drop_unused(self.state.write(), &inos);
+        }
+    }
+
+    /// Drops those of `inos` nothing uses any more (unlinked, and
+    /// forgotten by the kernel), and their data files.
+    fn drop_unused(&self, mut st: parking_lot::RwLockWriteGuard<'_, State>, inos: &[Ino]) {
+        let data: Vec<u64> = inos
+            .iter()
+            .filter_map(|&ino| st.drop_if_unused(ino))
+            .collect();
+        drop(st);
+        for id in data {
+            self.upper.remove_data(id);
         }
     }
 

@@ -228,6 +228,9 @@ impl Overlay {
     pub fn seal(&self, opts: &SealOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<SealOutcome> {
         let mut renamed = Vec::new();
         let sealed = self.seal_holding(opts, progress, &mut renamed);
+        // Once changes may go on: a node forgotten after this finds the
+        // gate open and is dropped at once (see `forget`).
+        self.drop_forgotten();
         // Names a rebase gave other numbers, told to the kernel once
         // changes may go on: it drops a name under its directory's lock,
         // which an operation waiting for the seal may hold. Until then a
