@@ -398,13 +398,15 @@ fn upper_directories_and_mountpoints_are_checked() {
             &tmp.path().join("u-busy"),
             &[],
         );
-        let u = tmp.path().join("u-busy2");
-        let r = mount_fails(&p, &m.mnt, &u, &[], 8, "already_mounted");
-        assert!(
-            r["hint"].as_str().unwrap().contains("sessionfs umount"),
-            "{r}"
-        );
-        assert!(!tmp.path().join("u-busy2").exists());
+        // Refused with the hint that fixes it, no upper directory made.
+        let already_mounted = |mnt: &Path, upper: &str| {
+            let u = tmp.path().join(upper);
+            let r = mount_fails(&p, mnt, &u, &[], 8, "already_mounted");
+            let hint = r["hint"].as_str().unwrap();
+            assert!(hint.contains("sessionfs umount"), "{r}");
+            assert!(!u.exists());
+        };
+        already_mounted(&m.mnt, "u-busy2");
         // The mount there goes on serving.
         let served = m.status();
         assert!(served["upper"].is_string());
@@ -429,13 +431,7 @@ fn upper_directories_and_mountpoints_are_checked() {
         let e = fs::metadata(&dead.mnt).unwrap_err();
         let errno = e.raw_os_error().unwrap();
         assert!([libc::ENOTCONN, libc::ECONNABORTED].contains(&errno), "{e}");
-        let u = tmp.path().join("u-dead2");
-        let r = mount_fails(&p, &dead.mnt, &u, &[], 8, "already_mounted");
-        assert!(
-            r["hint"].as_str().unwrap().contains("sessionfs umount"),
-            "{r}"
-        );
-        assert!(!tmp.path().join("u-dead2").exists());
+        already_mounted(&dead.mnt, "u-dead2");
         run(["umount", dead.mnt.to_str().unwrap()]).ok();
         let again = Mounted::new(&p, &dead.mnt, &tmp.path().join("u-dead"), &[]);
         again.umount();
