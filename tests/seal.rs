@@ -1499,7 +1499,11 @@ fn mount_paused_at(
     let guard = LazyUnmount(mnt.to_owned());
     let r = run_env(
         mount_args(packet, mnt, upper),
-        &[("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap())],
+        &[
+            ("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap()),
+            // The log then says when the daemon took a seal request.
+            ("SESSIONFS_LOG", "info"),
+        ],
     );
     (guard, r.ok().clone())
 }
@@ -1693,4 +1697,71 @@ fn a_seal_whose_client_goes_away_is_given_up_until_its_packet_is_placed() {
         }
         run(["umount", mnt.to_str().unwrap()]).ok();
     }
+}
+
+/// A seal queued behind another (paused in its walk here) is given up as
+/// soon as its client goes away, not when its turn comes: it must not
+/// run, and move the mount, long after anyone waited for it.
+#[test]
+fn a_seal_waiting_for_its_turn_is_given_up_when_its_client_goes_away() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = model_packet(tmp.path());
+    let upper = tmp.path().join("upper");
+    let mnt = tmp.path().join("mnt");
+    let bar = tmp.path().join("barrier");
+    let (_unmount, mounted) = mount_paused_at(&packet, &mnt, &upper, &bar, "collected");
+    let log = std::path::PathBuf::from(mounted["log"].as_str().unwrap());
+    let logged = || fs::read_to_string(&log).unwrap_or_default();
+    fs::write(mnt.join("made.txt"), b"made on the mount").unwrap();
+    let first = tmp.path().join("first/first.packet");
+    let queued = tmp.path().join("queued/queued.packet");
+    for out in [&first, &queued] {
+        fs::create_dir_all(out.parent().unwrap()).unwrap();
+    }
+    let first_client = spawn_seal_rebase(&mnt, &first);
+    wait_reached(&bar, "collected");
+    let mut queued_client = spawn_seal_rebase(&mnt, &queued);
+    let queued_shown = queued.display().to_string();
+    wait_for("the daemon to take the queued seal's request", || {
+        logged()
+            .lines()
+            .any(|l| l.contains("seal requested") && l.contains(&queued_shown))
+    });
+    queued_client.kill().unwrap();
+    queued_client.wait().unwrap();
+    // The first seal is still paused in its walk: the queued one ends now.
+    wait_for(
+        "the queued seal to be given up while the first runs",
+        || {
+            logged().lines().any(|l| {
+                l.contains("the seal ended without its client") && l.contains(&queued_shown)
+            })
+        },
+    );
+    assert!(!bar.join("collected.go").exists());
+    fs::write(bar.join("collected.go"), b"").unwrap();
+    let done = first_client.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let written = run(["verify", first.to_str().unwrap()]).ok()["digest"].clone();
+    assert_eq!(
+        run(["status", mnt.to_str().unwrap()]).ok()["digest"],
+        written
+    );
+    assert_eq!(
+        fs::read_dir(queued.parent().unwrap()).unwrap().count(),
+        0,
+        "the queued seal left something in its output's directory"
+    );
+    assert_eq!(
+        fs::read(mnt.join("made.txt")).unwrap(),
+        b"made on the mount"
+    );
+    run(["umount", mnt.to_str().unwrap()]).ok();
 }

@@ -193,6 +193,7 @@ pub fn handle(
     notify: Option<control::Notify>,
 ) -> std::result::Result<Value, CliError> {
     let started = std::time::Instant::now();
+    tracing::info!(output = %req.output.display(), rebase = req.rebase, "seal requested");
     check_destinations(overlay, req)?;
     let opts = SealOptions {
         output: req.output.clone(),

@@ -179,6 +179,10 @@ pub struct Overlay {
     /// metadata, content), exclusively by a seal: a seal sees one state
     /// while readers keep going.
     mutations: RwLock<()>,
+    /// Held by the seal that runs: seals take turns here before they wait
+    /// for changes to stop, so a seal waiting behind another can still be
+    /// given up (see [`Overlay::seal`]).
+    seal_turn: Mutex<()>,
     /// Writes the kernel may have cut in two, which a seal waits out.
     splits: split::Splits,
     /// The kernel's page size, where it cuts writes.
@@ -273,6 +277,7 @@ impl Overlay {
             upper: up,
             state: RwLock::new(state),
             mutations: RwLock::new(()),
+            seal_turn: Mutex::new(()),
             splits: split::Splits::default(),
             page: crate::sys::page_size(),
             stats: Stats::default(),

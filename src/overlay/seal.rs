@@ -263,6 +263,23 @@ impl Overlay {
         }
     }
 
+    /// Waits for the seal before this one to end, unless this one is
+    /// given up meanwhile (its client went away): a seal queued behind a
+    /// long one must not run, and move the mount, long after its client
+    /// stopped waiting. The wait for changes to stop that follows is
+    /// short (the operations in progress), so it need not be given up.
+    fn take_turn(&self, opts: &SealOptions) -> Result<parking_lot::MutexGuard<'_, ()>> {
+        loop {
+            opts.go_on()?;
+            if let Some(turn) = self
+                .seal_turn
+                .try_lock_for(std::time::Duration::from_millis(20))
+            {
+                return Ok(turn);
+            }
+        }
+    }
+
     /// [`Overlay::seal`], holding changes; the names a rebase gave other
     /// numbers go to `renamed` (their directory's number and the name).
     fn seal_holding(
@@ -271,6 +288,7 @@ impl Overlay {
         progress: &(dyn Fn(u64) + Sync),
         renamed: &mut Vec<(Ino, String)>,
     ) -> Result<SealOutcome> {
+        let _turn = self.take_turn(opts)?;
         let _hold = self.hold_changes();
         // A seal given up while it waited for changes to stop.
         opts.go_on()?;
