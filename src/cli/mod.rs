@@ -9,6 +9,7 @@ mod logfile;
 mod mount;
 mod pack;
 mod progress;
+mod quiet;
 mod seal;
 mod status;
 pub(crate) mod umount;
@@ -323,10 +324,16 @@ fn init_logging(verbose: u8) {
     };
     let filter =
         EnvFilter::try_from_env("SESSIONFS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_writer(|| logfile::Stderr)
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(quiet::Quiet)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(|| logfile::Stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_target(false),
+        )
         .try_init();
 }
