@@ -209,6 +209,28 @@ fn compile(pattern: &str) -> Result<(Glob, bool), String> {
              with `workspace/` or `harness/`; {spelling}"
         ));
     }
+    // Packet paths and names have no empty, `.` or `..` components: a
+    // pattern with one would match nothing (as above).
+    if trimmed.split('/').any(|c| matches!(c, "" | "." | "..")) {
+        let mut kept: Vec<&str> = Vec::new();
+        for c in trimmed.split('/') {
+            match c {
+                "" | "." => {}
+                ".." => {
+                    kept.pop();
+                }
+                c => kept.push(c),
+            }
+        }
+        let spelling = match kept.join("/") {
+            s if s.is_empty() => String::new(),
+            s => format!("; write `{s}`"),
+        };
+        return Err(format!(
+            "bad pattern `{pattern}`: packet paths and names have no empty, `.` or `..` \
+             components, so it would match nothing{spelling}"
+        ));
+    }
     let glob = GlobBuilder::new(trimmed)
         .literal_separator(true)
         .backslash_escape(true)
@@ -571,6 +593,14 @@ mod tests {
             ("./workspace/x", Some("workspace/x")),
             ("harnessx/y", Some("workspace/harnessx/y")),
             ("{src,lib}/x", Some("workspace/{src,lib}/x")),
+            // Packet paths have no empty, `.` or `..` components.
+            ("workspace//secrets", Some("workspace/secrets")),
+            ("workspace/./secrets", Some("workspace/secrets")),
+            ("workspace/secrets/.", Some("workspace/secrets")),
+            ("workspace/x/../secrets", Some("workspace/secrets")),
+            ("workspace/**/../.env", Some("workspace/.env")),
+            (".", None),
+            ("..", None),
         ] {
             let err = Policy::new(None, &[bad.into()], &[]).err();
             assert!(err.is_some(), "`{bad}` accepted");
