@@ -1197,3 +1197,78 @@ fn ioctls_are_not_a_tty_and_log_nothing() {
     assert!(grown < 1024, "the log grew by {grown} bytes");
     m.umount();
 }
+
+/// The names of `dir`'s files, `n` of them, long enough that a listing
+/// takes many reads.
+fn many_names(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("a-file-with-a-long-name-{i:05}.txt"))
+        .collect()
+}
+
+/// The names `read_dir` gives for `dir`, calling `change` with each
+/// entry's path and name as it is read.
+fn read_while(dir: &Path, change: &mut dyn FnMut(&Path, &str)) -> Vec<String> {
+    let mut seen = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        change(&e.path(), &name);
+        seen.push(name);
+    }
+    seen
+}
+
+/// "A directory read while it changes lists every name that is there
+/// throughout exactly once" (POSIX leaves only the names added or removed
+/// meanwhile unspecified): `rm -rf` and every loop that unlinks, moves or
+/// creates what it reads depend on it, on lower directories, directories
+/// of the upper layer, and directories that became upper ones as they
+/// were read.
+#[test]
+fn a_directory_changed_while_it_is_read_lists_every_other_name_once() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let names = many_names(1200);
+    for dir in ["unlink", "move", "create", "remove_all"] {
+        for n in &names {
+            write(&ws, &format!("{dir}/{n}"), b"x");
+        }
+    }
+    let p = packet_of(&ws, tmp.path(), "p", &[]);
+    let m = mount_ws(tmp.path(), &p, &[]);
+    // The same on a directory made on the mount.
+    for n in &names {
+        write(&m.mnt, &format!("made/{n}"), b"x");
+    }
+    fs::create_dir(m.mnt.join("elsewhere")).unwrap();
+    for dir in ["unlink", "made"] {
+        let seen = read_while(&m.mnt.join(dir), &mut |p, _| fs::remove_file(p).unwrap());
+        assert_eq!(seen.len(), names.len(), "{dir}: unlinked as read");
+        fs::remove_dir(m.mnt.join(dir)).unwrap();
+    }
+    let to = m.mnt.join("elsewhere");
+    let seen = read_while(&m.mnt.join("move"), &mut |p, n| {
+        fs::rename(p, to.join(n)).unwrap()
+    });
+    assert_eq!(seen.len(), names.len(), "moved out as read");
+    assert_eq!(fs::read_dir(&to).unwrap().count(), names.len());
+    let dir = m.mnt.join("create");
+    let seen = read_while(&dir, &mut |_, n| {
+        if n.starts_with('a') {
+            fs::write(dir.join(format!("b-{n}")), b"y").unwrap();
+        }
+    });
+    for n in &names {
+        assert_eq!(
+            seen.iter().filter(|s| *s == n).count(),
+            1,
+            "{n}: listed as often while names were added"
+        );
+    }
+    fs::remove_dir_all(m.mnt.join("remove_all")).unwrap();
+    assert!(!m.mnt.join("remove_all").exists());
+}

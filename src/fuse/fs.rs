@@ -474,17 +474,12 @@ impl Filesystem for SessionFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.overlay.readdir(ino.0, offset as usize, READDIR_BATCH) {
+        let entries = match self.overlay.readdir(ino.0, offset, READDIR_BATCH) {
             Ok(e) => e,
             Err(e) => return reply.error(failed("readdir", ino.0, &e)),
         };
-        for (k, e) in entries.iter().enumerate() {
-            if reply.add(
-                INodeNo(e.ino),
-                offset + k as u64 + 1,
-                file_type(e.kind),
-                &*e.name,
-            ) {
+        for e in &entries {
+            if reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), &*e.name) {
                 break;
             }
         }
@@ -499,18 +494,18 @@ impl Filesystem for SessionFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.overlay.readdir(ino.0, offset as usize, READDIR_BATCH) {
+        let entries = match self.overlay.readdir(ino.0, offset, READDIR_BATCH) {
             Ok(e) => e,
             Err(e) => return reply.error(failed("readdirplus", ino.0, &e)),
         };
-        for (k, e) in entries.iter().enumerate() {
+        for e in &entries {
             let dot = &*e.name == "." || &*e.name == "..";
             let Ok(a) = self.overlay.entry_attr(e.ino, !dot) else {
                 continue; // removed since the listing was taken
             };
             if reply.add(
                 INodeNo(e.ino),
-                offset + k as u64 + 1,
+                e.offset,
                 &*e.name,
                 &TTL,
                 &file_attr(&a),

@@ -13,6 +13,7 @@ pub mod error;
 pub mod index;
 pub mod ino;
 pub mod journal;
+pub mod listing;
 pub mod node;
 pub mod seal;
 pub mod split;
@@ -120,6 +121,9 @@ pub struct DirEntry {
     pub ino: Ino,
     /// Type.
     pub kind: Kind,
+    /// Its position: `readdir` from it goes on after this entry (see
+    /// [`listing`]).
+    pub offset: u64,
 }
 
 /// Counters, for `status` and tests.
@@ -484,7 +488,7 @@ impl Overlay {
     /// `.` and `..` are at 0 and 1, then the names in byte order. Positions
     /// are stable while the directory does not change (there is no
     /// `opendir` snapshot: the kernel caches listings itself).
-    pub fn readdir(&self, ino: Ino, offset: usize, max: usize) -> Result<Vec<DirEntry>> {
+    pub fn readdir(&self, ino: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
         let st = self.view();
         let lower = st.lower.clone();
         let parent = match st.get(&lower, ino).ok_or(Error::NotFound)? {
@@ -495,22 +499,24 @@ impl Overlay {
             Ref::Lower(i) => lower.parent_ino(i),
         };
         let mut entries = Vec::with_capacity(max.min(1024));
-        for (k, (name, e_ino)) in [(".", ino), ("..", parent)].into_iter().enumerate() {
-            if k >= offset && entries.len() < max {
+        for (name, e_ino, at) in [(".", ino, listing::DOT), ("..", parent, listing::DOTDOT)] {
+            if offset < at && entries.len() < max {
                 entries.push(DirEntry {
                     name: name.into(),
                     ino: e_ino,
                     kind: Kind::Dir,
+                    offset: at,
                 });
             }
         }
-        let skip = offset.saturating_sub(2);
-        for (name, child) in st.list(&lower, ino, skip, max - entries.len())? {
+        let after = offset.max(listing::DOTDOT);
+        for (at, name, child) in st.list_after(&lower, ino, after, max - entries.len())? {
             let kind = st.kind(&lower, child).unwrap_or(Kind::File);
             entries.push(DirEntry {
                 name,
                 ino: child,
                 kind,
+                offset: at,
             });
         }
         Ok(entries)
@@ -1237,6 +1243,10 @@ fn new_lower(
             gid: opts.gid,
             dir_time,
             verifier,
+            order: parking_lot::Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(state::ORDERED_DIRS)
+                    .unwrap_or(std::num::NonZeroUsize::MIN),
+            )),
         },
         inos,
     ))

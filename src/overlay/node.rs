@@ -1,6 +1,5 @@
 //! Inodes of the merged view that differ from the pristine lower layer.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
@@ -88,7 +87,7 @@ pub struct Node {
     pub nlink: u32,
     /// Directories: the listing, once it differs from the lower one (or the
     /// directory is new); `None` means "the lower entry's children".
-    pub children: Option<BTreeMap<Box<str>, Ino>>,
+    pub children: Option<super::listing::Listing>,
     /// Directories: number of subdirectories (for the link count).
     pub subdirs: u32,
     /// Directories: the parent (for paths of new inodes). Others: unused.

@@ -673,7 +673,7 @@ impl Overlay {
                 n.lower = None;
                 n.nlink = 0;
                 if n.kind == Kind::Dir {
-                    n.children = Some(BTreeMap::new());
+                    n.children = Some(Default::default());
                     n.subdirs = 0;
                 }
                 carried.insert(ino);
@@ -789,7 +789,7 @@ impl Overlay {
                     }
             };
             for it in items.iter().filter(|it| matches!(it.kind, ItemKind::Dir)) {
-                for (name, ino) in st.list(lower, it.ino, 0, usize::MAX)? {
+                for (name, ino) in st.list(lower, it.ino)? {
                     if in_packet.contains(&ino) {
                         if linked(&it.path, &name, ino) {
                             out.push((it.ino, name.to_string(), ino));
@@ -800,7 +800,7 @@ impl Overlay {
                     while let Some((dir, name, ino)) = stack.pop() {
                         out.push((dir, name, ino));
                         if st.kind(lower, ino) == Some(Kind::Dir) {
-                            for (n, i) in st.list(lower, ino, 0, usize::MAX)? {
+                            for (n, i) in st.list(lower, ino)? {
                                 if in_packet.contains(&i) {
                                     out.push((ino, n.to_string(), i));
                                 } else {
@@ -935,7 +935,7 @@ impl Overlay {
         }
         crate::barrier::wait(opts.barrier.as_deref(), "collecting");
         while let Some((dir, dpath, part, depth)) = stack.pop() {
-            let list = st.list(lower, dir, 0, usize::MAX)?;
+            let list = st.list(lower, dir)?;
             let kinds: Vec<(Kind, Ino)> = list
                 .iter()
                 .map(|(_, ino)| (st.kind(lower, *ino).unwrap_or(Kind::File), *ino))
@@ -1054,7 +1054,7 @@ impl Overlay {
         // packet has no hard links, so only files made or linked on the
         // mount (nodes) can have them.
         while let Some((dir, dpath)) = credential_dirs.pop() {
-            for (name, ino) in st.list(lower, dir, 0, usize::MAX)? {
+            for (name, ino) in st.list(lower, dir)? {
                 let path = format!("{dpath}/{name}");
                 match st.get(lower, ino) {
                     Some(Ref::Node(n)) if n.kind == Kind::File && n.nlink > 1 => {

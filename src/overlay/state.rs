@@ -2,12 +2,14 @@
 //! from it, and the one function that changes it, [`State::apply`], used
 //! both live (after the record is in the journal) and when replaying.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::error::{Error, Result};
 use super::index::{Idx, LowerIndex};
 use super::ino::{Ino, InoAllocator, ROOT};
 use super::journal::{Nanos, Record};
+use super::listing::{Listing, cookie};
 use super::node::{Content, Count, Flag, Kind, Node};
 use crate::packet::format::{MODE_DIR, MODE_EXEC, MODE_FILE, MODE_SYMLINK};
 use crate::packet::manifest::{EntryKind, Manifest};
@@ -39,7 +41,17 @@ pub struct Lower {
     pub dir_time: Nanos,
     /// Which chunks of the packet have been verified.
     pub verifier: super::content::Verifier,
+    /// The children of recently listed directories in cookie order (see
+    /// [`super::listing`]): a directory is listed a batch at a time, and
+    /// each batch would otherwise hash every name in it again.
+    pub order: parking_lot::Mutex<lru::LruCache<Idx, Ordered>>,
 }
+
+/// A lower directory's children in cookie order: `(cookie, entry)`.
+pub type Ordered = Arc<[(u64, Idx)]>;
+
+/// Directories whose children [`Lower::order`] keeps in cookie order.
+pub const ORDERED_DIRS: usize = 64;
 
 impl Lower {
     /// Whether `path` names the packet file this layer reads: the open
@@ -50,6 +62,31 @@ impl Lower {
         let id = |m: std::fs::Metadata| (m.dev(), m.ino());
         let served = self.packet.file().metadata().map(id).ok();
         served.is_some() && std::fs::metadata(path).map(id).ok() == served
+    }
+
+    /// The children of lower directory `dir` after position `after`, in
+    /// cookie order: `(cookie, entry)`, at most `max`.
+    pub fn children_after(&self, dir: Idx, after: u64, max: usize) -> Vec<(u64, Idx)> {
+        let cached = self.order.lock().get(&dir).cloned();
+        let order = cached.unwrap_or_else(|| {
+            let mut v: Vec<(u64, Idx)> = self
+                .index
+                .children(dir)
+                .iter()
+                .map(|&c| {
+                    (
+                        cookie(file_name(&self.manifest().entries[c as usize].path)),
+                        c,
+                    )
+                })
+                .collect();
+            v.sort_unstable();
+            let v: Ordered = v.into();
+            self.order.lock().put(dir, v.clone());
+            v
+        });
+        let from = order.partition_point(|&(c, _)| c <= after);
+        order[from..].iter().take(max).copied().collect()
     }
 
     /// The manifest.
@@ -172,7 +209,7 @@ impl State {
     pub fn new(lower: std::sync::Arc<Lower>, inos: InoAllocator) -> State {
         let mut nodes = HashMap::new();
         if lower.root == Root::Packet {
-            let children: BTreeMap<Box<str>, Ino> = lower
+            let children: Listing = lower
                 .index
                 .roots()
                 .iter()
@@ -295,22 +332,13 @@ impl State {
         }
     }
 
-    /// Up to `max` `(name, ino)` of directory `dir`, in name order, from
-    /// the `skip`-th on.
-    pub fn list(
-        &self,
-        lower: &Lower,
-        dir: Ino,
-        skip: usize,
-        max: usize,
-    ) -> Result<Vec<(Box<str>, Ino)>> {
+    /// The `(name, ino)` of directory `dir`, in name order.
+    pub fn list(&self, lower: &Lower, dir: Ino) -> Result<Vec<(Box<str>, Ino)>> {
         let from_lower = |i: Idx| -> Vec<(Box<str>, Ino)> {
             lower
                 .index
                 .children(i)
                 .iter()
-                .skip(skip)
-                .take(max)
                 .map(|&c| {
                     (
                         file_name(&lower.manifest().entries[c as usize].path).into(),
@@ -322,11 +350,41 @@ impl State {
         match self.get(lower, dir).ok_or(Error::NotFound)? {
             Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
             Ref::Node(n) => Ok(match (&n.children, n.lower) {
-                (Some(map), _) => map
-                    .iter()
-                    .skip(skip)
+                (Some(map), _) => map.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                (None, Some(i)) => from_lower(i),
+                (None, None) => Vec::new(),
+            }),
+            Ref::Lower(i) if lower.kind(i) != Kind::Dir => Err(Error::NotDir),
+            Ref::Lower(i) => Ok(from_lower(i)),
+        }
+    }
+
+    /// Up to `max` entries of directory `dir` after position `after`, in
+    /// cookie order (see [`super::listing`]): `(cookie, name, inode)`.
+    pub fn list_after(
+        &self,
+        lower: &Lower,
+        dir: Ino,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, Box<str>, Ino)>> {
+        let from_lower = |i: Idx| -> Vec<(u64, Box<str>, Ino)> {
+            lower
+                .children_after(i, after, max)
+                .into_iter()
+                .map(|(c, e)| {
+                    let name = file_name(&lower.manifest().entries[e as usize].path);
+                    (c, name.into(), lower.ino(e))
+                })
+                .collect()
+        };
+        match self.get(lower, dir).ok_or(Error::NotFound)? {
+            Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
+            Ref::Node(n) => Ok(match (&n.children, n.lower) {
+                (Some(listing), _) => listing
+                    .after(after)
                     .take(max)
-                    .map(|(k, v)| (k.clone(), *v))
+                    .map(|(c, name, ino)| (c, name.into(), ino))
                     .collect(),
                 (None, Some(i)) => from_lower(i),
                 (None, None) => Vec::new(),
@@ -367,7 +425,7 @@ impl State {
     }
 
     /// The listing of directory `dir`, materialized from the lower layer.
-    fn listing_mut(&mut self, lower: &Lower, dir: Ino) -> Result<&mut BTreeMap<Box<str>, Ino>> {
+    fn listing_mut(&mut self, lower: &Lower, dir: Ino) -> Result<&mut Listing> {
         let n = self.node_mut(lower, dir)?;
         if n.kind != Kind::Dir {
             return Err(Error::NotDir);
@@ -385,7 +443,7 @@ impl State {
                         )
                     })
                     .collect(),
-                None => BTreeMap::new(),
+                None => Listing::default(),
             };
             n.children = Some(map);
         }
@@ -519,7 +577,7 @@ impl State {
                         mtime: *t,
                         ctime: *t,
                         nlink: 1,
-                        children: (*kind == Kind::Dir).then(BTreeMap::new),
+                        children: (*kind == Kind::Dir).then(Listing::default),
                         subdirs: 0,
                         parent: *parent,
                         name: name.as_str().into(),

@@ -1,0 +1,150 @@
+//! Directory listings on the mount, and the positions `readdir` hands out.
+//!
+//! The kernel goes on reading a directory from the position (offset) of the
+//! last entry it was given, and a directory may change between two reads:
+//! `rm -rf`, or any loop that unlinks what it reads, lists a directory
+//! while it empties it. Positions that count entries then shift with every
+//! removal, and names that were there all along are skipped or repeated.
+//! So an entry's position here is its *cookie*, a hash of its name alone:
+//! the same whatever else the directory holds, and across a rebase. A
+//! listing runs in cookie order and goes on after the cookie it is given,
+//! as in ext4's hashed directories; names added or removed meanwhile may
+//! or may not be listed, as POSIX allows, and every other name is listed
+//! once. Cookies 0, 1 and 2 are the start, `.` and `..`.
+//!
+//! The cookie is 62 bits of xxh3, so two names of one directory share one
+//! with a chance of about n²/2⁶³; a listing that stops between two such
+//! names would skip the second.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::ino::Ino;
+
+/// The cookie of `.`, the first entry.
+pub const DOT: u64 = 1;
+/// The cookie of `..`.
+pub const DOTDOT: u64 = 2;
+
+/// The position of the entry `name` in its directory's listing (never
+/// 0, [`DOT`] or [`DOTDOT`], and below 2⁶³: the kernel takes it as a
+/// signed file offset).
+pub fn cookie(name: &str) -> u64 {
+    3 + (xxhash_rust::xxh3::xxh3_64(name.as_bytes()) >> 2)
+}
+
+/// The listing of a directory that differs from its lower one (or has
+/// none): its names, by name and in cookie order.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    names: BTreeMap<Box<str>, Ino>,
+    order: BTreeSet<(u64, Box<str>)>,
+}
+
+impl Listing {
+    /// The inode `name` names.
+    pub fn get(&self, name: &str) -> Option<&Ino> {
+        self.names.get(name)
+    }
+
+    /// Whether `name` is in the listing.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.names.contains_key(name)
+    }
+
+    /// Makes `name` name `ino`; returns the inode it named before.
+    pub fn insert(&mut self, name: Box<str>, ino: Ino) -> Option<Ino> {
+        let old = self.names.insert(name.clone(), ino);
+        if old.is_none() {
+            self.order.insert((cookie(&name), name));
+        }
+        old
+    }
+
+    /// Removes `name`; returns the inode it named.
+    pub fn remove(&mut self, name: &str) -> Option<Ino> {
+        let old = self.names.remove(name)?;
+        self.order.remove(&(cookie(name), name.into()));
+        Some(old)
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether there are no names.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The names and their inodes, in name order.
+    pub fn iter(&self) -> std::collections::btree_map::Iter<'_, Box<str>, Ino> {
+        self.names.iter()
+    }
+
+    /// The entries after position `after`, in cookie order: `(cookie,
+    /// name, inode)`.
+    pub fn after(&self, after: u64) -> impl Iterator<Item = (u64, &str, Ino)> + '_ {
+        let from = (after.saturating_add(1), Box::<str>::default());
+        self.order.range(from..).map(|(c, name)| {
+            (
+                *c,
+                &**name,
+                self.names.get(name).copied().unwrap_or_default(),
+            )
+        })
+    }
+}
+
+impl FromIterator<(Box<str>, Ino)> for Listing {
+    fn from_iter<I: IntoIterator<Item = (Box<str>, Ino)>>(iter: I) -> Listing {
+        let mut l = Listing::default();
+        for (name, ino) in iter {
+            l.insert(name, ino);
+        }
+        l
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(l: &Listing, after: u64) -> Vec<String> {
+        l.after(after).map(|(_, n, _)| n.to_owned()).collect()
+    }
+
+    #[test]
+    fn a_listing_goes_on_after_its_cookie_whatever_else_changed() {
+        let mut l: Listing = (0..1000)
+            .map(|i| (format!("f{i}").into(), i + 10))
+            .collect();
+        let all = names(&l, DOTDOT);
+        assert_eq!(all.len(), 1000);
+        // Read 100, remove what was read and add new names, read on from
+        // the last cookie: every name there all along is read once.
+        let (first, rest) = all.split_at(100);
+        let last = cookie(first.last().unwrap());
+        for n in first {
+            assert!(l.remove(n).is_some());
+        }
+        for i in 0..500 {
+            l.insert(format!("new{i}").into(), 5000 + i);
+        }
+        let next = names(&l, last);
+        for n in rest {
+            assert_eq!(next.iter().filter(|m| *m == n).count(), 1, "{n}");
+        }
+        assert!(first.iter().all(|n| !next.contains(n)));
+        // Cookies keep clear of the start, `.` and `..`, and of the sign bit.
+        assert!(
+            l.after(0)
+                .all(|(c, n, _)| c > DOTDOT && c < 1 << 63 && c == cookie(n))
+        );
+        assert_eq!(l.get("f500"), Some(&510));
+        assert_eq!(l.remove("f500"), Some(510));
+        assert_eq!(l.remove("f500"), None);
+        assert!(!names(&l, 0).contains(&"f500".to_owned()));
+        assert_eq!(l.len(), 1000 - 100 - 1 + 500);
+    }
+}
