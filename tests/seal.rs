@@ -1765,3 +1765,72 @@ fn a_seal_waiting_for_its_turn_is_given_up_when_its_client_goes_away() {
     );
     run(["umount", mnt.to_str().unwrap()]).ok();
 }
+
+/// "A rebase keeps on the mount what a packet cannot hold of the entries
+/// it holds: permission bits beyond the executable one, and owners." A
+/// file made private on the mount stays private when the mount moves onto
+/// the packet, across a remount too; the packet is the same with or
+/// without them. And the kernel is told of times the new packet gives
+/// otherwise (`--zero-mtimes`), so what it shows is what it serves.
+#[test]
+fn a_rebase_keeps_modes_and_owners_and_shows_new_times_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_packet, m) = sample_mount(tmp.path());
+    fs::write(m.path("private.txt"), b"secret").unwrap();
+    // (path, mode, owner)
+    type Change = (&'static str, u32, Option<(u32, u32)>);
+    let changed: [Change; 5] = [
+        ("private.txt", 0o600, None),
+        ("README.md", 0o640, Some((1234, 5678))),
+        ("src", 0o700, None),
+        ("bin/run.sh", 0o750, None),
+        ("src/lib/mod.rs", 0o644, Some((4321, 0))),
+    ];
+    for (rel, mode, owner) in changed {
+        chmod(&m.path(rel), mode);
+        if let Some((u, g)) = owner {
+            std::os::unix::fs::chown(m.path(rel), Some(u), Some(g)).unwrap();
+        }
+    }
+    let shown = |m: &Mounted| -> Vec<(String, u32, u32, u32)> {
+        changed
+            .iter()
+            .map(|(rel, ..)| {
+                let md = fs::metadata(m.path(rel)).unwrap();
+                (rel.to_string(), md.mode() & 0o7777, md.uid(), md.gid())
+            })
+            .collect()
+    };
+    let before = shown(&m);
+    for (rel, mode, owner) in changed {
+        let (_, shown_mode, uid, gid) = before.iter().find(|b| b.0 == rel).unwrap();
+        assert_eq!(*shown_mode, mode, "{rel}");
+        if let Some(o) = owner {
+            assert_eq!((*uid, *gid), o, "{rel}");
+        }
+    }
+    // The kernel has the lower file's time cached.
+    let old_time = fs::metadata(m.path("empty")).unwrap().mtime();
+    assert_ne!(old_time, 0);
+    let first = seal(&m, &tmp.path().join("first.packet"), &["--rebase"]);
+    assert_eq!(shown(&m), before, "after a rebase");
+    let again = seal(&m, &tmp.path().join("again.packet"), &[]);
+    assert_eq!(again["digest"], first["digest"], "nothing changed since");
+    let zero = seal(
+        &m,
+        &tmp.path().join("zero.packet"),
+        &["--rebase", "--zero-mtimes"],
+    );
+    assert_eq!(m.status()["digest"], zero["digest"]);
+    assert_eq!(fs::metadata(m.path("empty")).unwrap().mtime(), 0);
+    assert_eq!(shown(&m), before, "after a second rebase");
+    let (upper, mnt) = (m.upper.clone(), m.mnt.clone());
+    m.umount();
+    let packet = tmp.path().join("zero.packet");
+    let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    assert_eq!(m.status()["digest"], zero["digest"]);
+    assert_eq!(shown(&m), before, "after a remount");
+}

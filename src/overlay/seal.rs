@@ -620,18 +620,25 @@ impl Overlay {
             }
         }
         let t = super::now();
-        let kept = self.remake(&left_out, &in_packet, t)?;
+        let mut kept = self.remake(&left_out, &in_packet, t)?;
         // Made in the new view first: a record it refuses is never written,
         // so the journal replays at the next mount. (With the generations
         // handed out so far: a directory these records materialize must
         // keep the one the kernel knows.)
-        {
-            fresh.carry_generations(&self.state.read_recursive());
+        let stale_times = {
+            let st = self.state.read_recursive();
+            fresh.carry_generations(&st);
             let new_lower = fresh.lower.clone();
             for r in &kept {
                 fresh.apply(&new_lower, r)?;
             }
-        }
+            let (modes, stale) = carry_modes(&st, &fresh, items, &renumbered, t);
+            for r in &modes {
+                fresh.apply(&new_lower, r)?;
+            }
+            kept.extend(modes);
+            stale
+        };
         let carried_data: HashSet<u64> = kept
             .iter()
             .filter_map(|r| match r {
@@ -736,6 +743,12 @@ impl Overlay {
                 f(Stale::Attr(ino));
             }
             f(Stale::Attr(super::ino::ROOT));
+            // Entries the old view served from its packet whose time the
+            // new packet gives otherwise (`--zero-mtimes`, a directory's
+            // time, which is its packet's newest file's).
+            for ino in stale_times {
+                f(Stale::Attr(ino));
+            }
             // A symlink whose target the seal rewrote now reads as the
             // packet stores it: the kernel's cached target goes too.
             for it in items {
@@ -1611,4 +1624,73 @@ impl DirectLower {
         buf.copy_from_slice(&span.buf.bytes()[at..at + buf.len()]);
         Ok(())
     }
+}
+
+/// What a packet cannot hold of the entries it holds, kept on the mount
+/// across a rebase onto it: their permission bits beyond the executable
+/// one, and their owners. A file made private on the mount (`chmod 600`)
+/// must not turn readable by others when the mount moves onto the packet,
+/// nor a file change hands. Returns the records that set them again in
+/// `fresh` (the new view, with the left-out entries made again), and the
+/// numbers the kernel holds of entries the old view served from its
+/// packet whose time `fresh` gives otherwise, to tell the kernel.
+fn carry_modes(
+    old: &super::state::State,
+    fresh: &super::state::State,
+    items: &[Item],
+    renumbered: &HashSet<usize>,
+    t: super::journal::Nanos,
+) -> (Vec<Record>, Vec<Ino>) {
+    use super::state::Ref;
+    let shown = |st: &super::state::State,
+                 ino: Ino|
+     -> Option<(u16, u32, u32, Option<super::journal::Nanos>)> {
+        Some(match st.get(&st.lower, ino)? {
+            Ref::Node(n) => (n.perm, n.uid, n.gid, None),
+            Ref::Lower(i) => {
+                let a = super::lower_attr(&st.lower, ino, i, 0);
+                (a.perm, a.uid, a.gid, Some(a.mtime))
+            }
+        })
+    };
+    let held: HashSet<Ino> = old.kernel_refs().into_iter().map(|(i, _)| i).collect();
+    let mut records = Vec::new();
+    let mut stale = Vec::new();
+    for (k, it) in items.iter().enumerate() {
+        // A renumbered name (another name of a hard-linked file) has the
+        // number the new packet gave it.
+        let ino = if renumbered.contains(&k) {
+            let entries = &fresh.lower.manifest().entries;
+            match entries.binary_search_by(|e| e.path.as_bytes().cmp(it.path.as_bytes())) {
+                Ok(i) => fresh.lower.ino(i as Idx),
+                Err(_) => continue,
+            }
+        } else {
+            it.ino
+        };
+        let (Some(was), Some(now)) = (shown(old, it.ino), shown(fresh, ino)) else {
+            continue;
+        };
+        let perm = (was.0 != now.0).then_some(was.0);
+        let uid = (was.1 != now.1).then_some(was.1);
+        let gid = (was.2 != now.2).then_some(was.2);
+        if perm.is_some() || uid.is_some() || gid.is_some() {
+            records.push(Record::Setattr {
+                t,
+                ino,
+                perm,
+                uid,
+                gid,
+                atime: None,
+                mtime: None,
+            });
+        }
+        if let (Some(a), Some(b)) = (was.3, now.3)
+            && a != b
+            && held.contains(&it.ino)
+        {
+            stale.push(ino);
+        }
+    }
+    (records, stale)
 }
