@@ -731,3 +731,79 @@ fn a_full_upper_disk_is_enospc() {
     );
     m.umount();
 }
+
+/// A write that runs out of room part way answers what it wrote (a short
+/// write, as a disk gives), never a failure that left bytes behind: the
+/// writer's count and the file agree, on the mount and after a remount.
+#[test]
+fn a_write_cut_short_by_a_full_disk_says_how_much_it_wrote() {
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let disk = tmp.path().join("disk");
+    fs::create_dir(&disk).unwrap();
+    let _tmpfs = FsMount::tmpfs(&disk, "4m");
+    let mount = || {
+        Mounted::new(
+            &p,
+            &tmp.path().join("mnt"),
+            &disk.join("upper"),
+            &["--part", "workspace"],
+        )
+    };
+    let m = mount();
+    let mut f = fs::File::create(m.path("fill")).unwrap();
+    // Not a multiple of the page size, so the last write is cut mid-way.
+    let chunk = vec![7u8; (1 << 20) + 1000];
+    let mut told = 0u64;
+    let mut short = false;
+    let e = loop {
+        match f.write(&chunk) {
+            Ok(n) => {
+                short |= n < chunk.len();
+                told += n as u64;
+            }
+            Err(e) => break e,
+        }
+        assert!(told < 1 << 30, "the disk never filled");
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    assert!(
+        short,
+        "no write was cut short: {told} bytes in whole writes"
+    );
+    assert_eq!(fs::metadata(m.path("fill")).unwrap().len(), told);
+    drop(f);
+    m.umount();
+    let m = mount();
+    assert_eq!(fs::metadata(m.path("fill")).unwrap().len(), told);
+    m.umount();
+}
+
+/// A file can grow to the largest size a packet holds (8 GiB - 1): a write
+/// that would cross it writes up to it and says so, one at it fails with
+/// `EFBIG`, as at a file size limit.
+#[test]
+fn a_write_past_the_largest_file_a_packet_holds_stops_at_it() {
+    use std::os::unix::fs::FileExt;
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p, _) = setup();
+    let m = Mounted::new(
+        &p,
+        &tmp.path().join("mnt"),
+        &tmp.path().join("upper"),
+        &["--part", "workspace"],
+    );
+    let max = sessionfs::packet::format::MAX_FILE_SIZE;
+    let f = fs::File::create(m.path("huge")).unwrap();
+    assert_eq!(f.write_at(&[1u8; 100], max - 10).unwrap(), 10);
+    assert_eq!(fs::metadata(m.path("huge")).unwrap().len(), max);
+    let e = f.write_at(&[1u8; 100], max).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EFBIG), "{e}");
+    drop(f);
+    fs::remove_file(m.path("huge")).unwrap();
+    m.umount();
+}

@@ -1087,18 +1087,37 @@ impl Overlay {
     /// `write`: to the upper data file.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
         let _m = self.changing();
-        if offset.saturating_add(data.len() as u64) > MAX_FILE_SIZE {
+        // As for a file size limit: a write that would cross it writes up
+        // to it, one at it fails.
+        let room = MAX_FILE_SIZE.saturating_sub(offset);
+        if room == 0 && !data.is_empty() {
             return Err(Error::TooBig);
         }
+        let data = &data[..data.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         // (A shared mapping of a file opened read-only copies up here.)
         let id = self.data_for_change(ino)?;
-        self.upper
-            .data(id)?
-            .write_all_at(data, offset)
-            .map_err(Error::upper("write"))?;
-        self.splits.wrote(ino, offset, data.len() as u64, self.page);
-        Ok(data.len() as u32)
+        let file = self.upper.data(id)?;
+        // What was written is answered, short if the rest failed (a full
+        // disk): the caller then learns of the failure from its next
+        // write, and never of bytes it was told were not written but were.
+        let mut done = 0;
+        while done < data.len() {
+            match file.write_at(&data[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if done == 0 => return Err(Error::upper("write")(e)),
+                Err(_) => break,
+            }
+        }
+        if done == 0 && !data.is_empty() {
+            return Err(Error::upper("write")(std::io::Error::from(
+                std::io::ErrorKind::WriteZero,
+            )));
+        }
+        self.splits.wrote(ino, offset, done as u64, self.page);
+        Ok(done as u32)
     }
 
     /// `fsync` / `fdatasync`: the file's data, its data file's name (once)
