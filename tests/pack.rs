@@ -1508,6 +1508,14 @@ fn missing_or_bad_inputs_are_clear_errors() {
         );
         assert!(!tmp.path().join("p.packet").exists());
     }
+    // And so is every other spelling of a directory, whether it exists or
+    // not: `.`, `..`, `/`, `…/..`.
+    let gone = format!("{}/gone/..", tmp.path().display());
+    for dir in [".", "..", "/", gone.as_str()] {
+        let r = run(["pack", "--workspace", ws.to_str().unwrap(), "-o", dir]);
+        let m = r.fails(7, "target_unusable")["message"].as_str().unwrap();
+        assert!(m.contains("directory"), "{dir}: {m}");
+    }
     // Every command that reads a packet names the file it could not read.
     for cmd in ["verify", "inspect", "digest"] {
         let e = run([cmd, tmp.path().to_str().unwrap()]);

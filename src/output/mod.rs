@@ -88,6 +88,10 @@ pub fn temp_prefix(name: &str) -> String {
 impl Output {
     /// Creates the temporary file (`.<name>.<random>.tmp`, mode 0600).
     pub fn create(dest: &Path) -> Result<Output> {
+        // Found now, not at the rename after all the work.
+        if let Some(why) = names_a_directory(dest) {
+            return Err(unusable(dest, why));
+        }
         let dir = parent_dir(dest);
         let name = dest
             .file_name()
@@ -99,10 +103,6 @@ impl Output {
                 )
             })?
             .to_string_lossy();
-        // Found now, not at the rename after all the work.
-        if let Some(why) = names_a_directory(dest) {
-            return Err(unusable(dest, why));
-        }
         let cannot_create = |e: io::Error| {
             // tempfile adds the random name it tried; the directory is
             // what the user can act on.
@@ -321,8 +321,10 @@ impl Committed {
 /// or `/.`, or a directory is there.
 pub fn names_a_directory(dest: &Path) -> Option<&'static str> {
     let raw = dest.as_os_str().as_encoded_bytes();
-    if raw.ends_with(b"/") || raw.ends_with(b"/.") {
-        Some("ends with `/` or `/.`, which name a directory; name the file without it")
+    if raw.ends_with(b"/") || raw.ends_with(b"/.") || raw.ends_with(b"/..") {
+        Some("ends with `/`, `/.` or `/..`, which name a directory; name the file to write")
+    } else if raw == b"." || raw == b".." {
+        Some("names a directory; name the file to write")
     } else if std::fs::metadata(dest).is_ok_and(|m| m.is_dir()) {
         Some("is a directory; name the file to write")
     } else {
