@@ -122,3 +122,36 @@ fn sigkill_during_writes_keeps_every_completed_write() {
     }
     m.umount();
 }
+
+/// A file unlinked while open when the daemon is killed has no name and
+/// no holder after a remount: its data file goes then, and its number is
+/// free again, as if the kernel had let it go before the kill.
+#[test]
+fn a_file_unlinked_while_open_at_a_kill_is_gone_after_the_remount() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = model_packet(tmp.path());
+    let upper = tmp.path().join("upper");
+    let mnt = tmp.path().join("mnt");
+    let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    fs::write(m.path("kept.txt"), b"kept").unwrap();
+    fs::write(m.path("gone.txt"), b"unlinked while open").unwrap();
+    let open = fs::File::open(m.path("gone.txt")).unwrap();
+    fs::remove_file(m.path("gone.txt")).unwrap();
+    assert_eq!(data_files(&upper).len(), 2);
+    kill_daemon(&m);
+    std::mem::forget(m);
+    drop(open);
+    let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    assert_eq!(fs::read(m.path("kept.txt")).unwrap(), b"kept");
+    assert!(!m.path("gone.txt").exists());
+    assert_eq!(
+        data_files(&upper).len(),
+        1,
+        "the unlinked file's data outlived it: {:?}",
+        data_files(&upper)
+    );
+    m.umount();
+}

@@ -260,7 +260,20 @@ impl Overlay {
             })?;
         }
         let up = opened.upper;
-        // Data files no node references are left from an interrupted change.
+        // Nodes no name links to: files unlinked while open (and removed
+        // directories the kernel still held) when the last daemon stopped.
+        // Nothing holds them now.
+        let unlinked: Vec<Ino> = state
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.nlink == 0)
+            .map(|(&ino, _)| ino)
+            .collect();
+        for ino in unlinked {
+            state.drop_if_unused(ino);
+        }
+        // Data files no node references: those of the nodes just dropped,
+        // and any left from an interrupted change.
         let referenced: std::collections::HashSet<u64> = state
             .nodes
             .values()
@@ -271,7 +284,7 @@ impl Overlay {
             .collect();
         for id in up.list_data()? {
             if !referenced.contains(&id) {
-                tracing::info!(id, "removing a data file no journal record references");
+                tracing::info!(id, "removing a data file no name references");
                 up.remove_data(id);
             }
             state.next_data = state.next_data.max(id + 1);
