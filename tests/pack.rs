@@ -1045,6 +1045,50 @@ fn refuses_names_that_would_not_restore_everywhere() {
     // Named so that it can be found: the byte escaped, not replaced.
     let e = r.fails(7, "non_utf8_name");
     assert_eq!(e["path"], "workspace/caf\\xe9", "{e}");
+    // One an exclusion matches (by its spelling with U+FFFD for the bad
+    // byte) is left out and reported, like any other, under its name as
+    // shown; a directory of such names likewise.
+    fs::create_dir_all(ws.join("d")).unwrap();
+    fs::write(
+        ws.join("d").join(std::ffi::OsStr::from_bytes(b"junk\xff")),
+        b"x",
+    )
+    .unwrap();
+    fs::write(ws.join("kept.txt"), b"kept").unwrap();
+    for (patterns, excluded, entries) in [
+        (
+            &["caf*", "workspace/d/*"][..],
+            &["workspace/caf\\xe9", "workspace/d/junk\\xff"][..],
+            3, // workspace, workspace/d, workspace/kept.txt
+        ),
+        (
+            &["workspace/c*", "d"][..],
+            &["workspace/caf\\xe9", "workspace/d"][..],
+            2,
+        ),
+    ] {
+        let out = tmp.path().join("l.packet");
+        let mut args = vec![
+            "pack".to_string(),
+            "--workspace".into(),
+            ws.display().to_string(),
+            "-o".into(),
+            out.display().to_string(),
+        ];
+        for p in patterns {
+            args.extend(["--exclude".into(), p.to_string()]);
+        }
+        let r = run(&args);
+        let got: Vec<&str> = r.ok()["excluded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, excluded, "{patterns:?}");
+        let listed = run(["inspect", out.to_str().unwrap()]).ok().clone();
+        assert_eq!(listed["entries"], entries, "{patterns:?}: {listed}");
+    }
     // A symlink target that is not UTF-8 is shown the same way.
     let ws = tmp.path().join("latin1-link");
     fs::create_dir_all(&ws).unwrap();

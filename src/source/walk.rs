@@ -468,7 +468,11 @@ struct CredentialDir {
 
 /// One name read from a directory, with its stat when needed.
 struct Child {
+    /// The name (a name that is not UTF-8: its lossy spelling, to judge).
     name: String,
+    /// A name that is not UTF-8, as read: left out if a rule says so,
+    /// else refused.
+    raw: Option<Vec<u8>>,
     st: Option<FileStat>,
     ty: SFlag,
 }
@@ -692,8 +696,13 @@ impl Walker<'_, '_> {
             if self.opts.own.is_some() && child.st.as_ref().map(sys::dev_ino) == self.opts.own {
                 continue;
             }
-            let cpath = format!("{ppath}/{}", child.name);
-            let crel = rel.join(&child.name);
+            let (cpath, crel) = match &child.raw {
+                Some(raw) => (
+                    format!("{ppath}/{}", crate::packet::path::shown(raw)),
+                    rel.join(OsStr::from_bytes(raw)),
+                ),
+                None => (format!("{ppath}/{}", child.name), rel.join(&child.name)),
+            };
             let kind_name = type_name(child.ty);
             // Only a directory going in is stat'ed: one left out may be a
             // mount that hangs.
@@ -738,6 +747,15 @@ impl Walker<'_, '_> {
                         reason,
                     });
                 }
+            }
+            if child.raw.is_some() {
+                return Err(Error::Refused {
+                    path: cpath,
+                    kind: "non_utf8_name",
+                    reason: "the name is not UTF-8; rename it, or leave it out with --exclude \
+                             (packets hold UTF-8 names so they restore on every platform)"
+                        .into(),
+                });
             }
             check_path(&cpath, &self.opts.limits).map_err(Error::from_validation)?;
             match child.ty {
@@ -823,15 +841,13 @@ impl Walker<'_, '_> {
             if raw == b"." || raw == b".." {
                 continue;
             }
-            let Ok(name) = std::str::from_utf8(raw) else {
-                return Err(Error::Refused {
-                    path: format!("{ppath}/{}", crate::packet::path::shown(raw)),
-                    kind: "non_utf8_name",
-                    reason: "the name is not UTF-8; rename it (packets hold UTF-8 names so they \
-                             restore on every platform)"
-                        .into(),
-                });
+            // A name that is not UTF-8 is judged by its lossy spelling: an
+            // exclusion may leave it out; otherwise it is refused.
+            let (name, not_utf8) = match std::str::from_utf8(raw) {
+                Ok(name) => (std::borrow::Cow::Borrowed(name), None),
+                Err(_) => (String::from_utf8_lossy(raw), Some(raw.to_vec())),
             };
+            let name = &*name;
             let known = match ent.file_type() {
                 Some(Type::Directory) => Some(SFlag::S_IFDIR),
                 Some(Type::Symlink) => Some(SFlag::S_IFLNK),
@@ -861,6 +877,7 @@ impl Walker<'_, '_> {
             };
             children.push(Child {
                 name: name.to_owned(),
+                raw: not_utf8,
                 st,
                 ty,
             });
