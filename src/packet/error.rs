@@ -116,8 +116,8 @@ pub enum Error {
 
     /// The manifest's schema is not `sessionfs.packet/1`.
     #[error(
-        "packet schema `{found}` is not supported: this sessionfs reads `{supported}`; \
-         upgrade sessionfs to use this packet"
+        "packet schema `{found}` is not supported: this sessionfs reads `{supported}`; {}",
+        schema_advice(found)
     )]
     UnsupportedSchema {
         /// The schema string found.
@@ -573,5 +573,35 @@ impl LimitKind {
             env,
             path: path.map(str::to_owned),
         }
+    }
+}
+
+/// What to do about a packet of schema `found`: a later version of the
+/// format needs a later sessionfs; anything else is not a session packet.
+fn schema_advice(found: &str) -> &'static str {
+    if found.starts_with("sessionfs.packet/") {
+        "upgrade sessionfs to use this packet"
+    } else {
+        "this file is not a sessionfs packet"
+    }
+}
+
+#[cfg(test)]
+mod schema_tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_schema_says_whether_a_later_sessionfs_would_read_it() {
+        let said = |found: &str| {
+            Error::UnsupportedSchema {
+                found: found.into(),
+                supported: "sessionfs.packet/1",
+            }
+            .to_string()
+        };
+        assert!(said("sessionfs.packet/2").contains("upgrade sessionfs"));
+        let other = said("other.thing/1");
+        assert!(!other.contains("upgrade"), "{other}");
+        assert!(other.contains("not a sessionfs packet"), "{other}");
     }
 }
