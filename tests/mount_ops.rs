@@ -1073,7 +1073,7 @@ fn a_lazy_unmount_detaches_and_serves_open_files_until_closed() {
 }
 
 #[test]
-fn status_gives_absolute_paths_whatever_the_mount_was_given() {
+fn status_and_mount_give_absolute_paths_whatever_the_mount_was_given() {
     // "status shows what it serves": paths the asker can use from its own
     // working directory, though the mount was made with relative ones.
     if !fuse_available() {
@@ -1092,10 +1092,18 @@ fn status_gives_absolute_paths_whatever_the_mount_was_given() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let mounted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mnt = tmp.path().join("mnt");
     let s = run(["status", mnt.to_str().unwrap()]);
     let v = s.ok().clone();
     run(["umount", mnt.to_str().unwrap()]).ok();
+    // The mount's own result gives them so too.
+    for key in ["mountpoint", "packet", "upper"] {
+        assert_eq!(
+            mounted[key], v[key],
+            "{key}: mount-result and status differ"
+        );
+    }
     let real = |p: &Path| fs::canonicalize(p).unwrap();
     for (key, want) in [
         ("mountpoint", tmp.path().join("mnt")),

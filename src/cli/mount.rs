@@ -297,9 +297,11 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
                 "sessionfs.mount-result/1",
                 MountResult {
                     mountpoint: a.mountpoint.clone(),
-                    packet: a.packet.clone(),
+                    // Absolute, as `status` gives them: the result is read
+                    // where the relative paths may not lead.
+                    packet: std::path::absolute(&a.packet).unwrap_or_else(|_| a.packet.clone()),
                     digest,
-                    upper: a.upper.clone(),
+                    upper: std::path::absolute(&a.upper).unwrap_or_else(|_| a.upper.clone()),
                     part,
                     pid: std::process::id(),
                     control_socket: ready.socket.clone(),
