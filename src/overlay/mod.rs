@@ -497,9 +497,10 @@ impl Overlay {
         }
     }
 
-    /// Up to `max` entries of directory `ino` from position `offset`:
-    /// `.` and `..` are at 0 and 1, then the names in byte order. Positions
-    /// are stable while the directory does not change (there is no
+    /// Up to `max` entries of directory `ino` after position `offset`
+    /// (0: from the start): `.` and `..` at 1 and 2, then the names in
+    /// cookie order, each at its cookie, so a listing goes on where it was
+    /// however the directory changed (see [`listing`]; there is no
     /// `opendir` snapshot: the kernel caches listings itself).
     pub fn readdir(&self, ino: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
         let st = self.view();
@@ -907,18 +908,27 @@ impl Overlay {
             || atime.is_some()
             || mtime.is_some()
         {
-            self.commit(
-                &mut st,
-                Record::Setattr {
-                    t,
-                    ino,
-                    perm,
-                    uid: req.uid,
-                    gid: req.gid,
-                    atime,
-                    mtime,
-                },
-            )?;
+            let rec = Record::Setattr {
+                t,
+                ino,
+                perm,
+                uid: req.uid,
+                gid: req.gid,
+                atime,
+                mtime,
+            };
+            // A node no name links to (unlinked while open, or carried
+            // across a rebase, which the journal does not hold) is gone
+            // at a remount: its change is kept in memory only, since a
+            // record of it could name a number the journal never made,
+            // which would fail the remount.
+            let unnamed = matches!(st.get(&st.lower, ino), Some(Ref::Node(n)) if n.nlink == 0);
+            if unnamed {
+                let lower = st.lower.clone();
+                st.apply(&lower, &rec)?;
+            } else {
+                self.commit(&mut st, rec)?;
+            }
         }
         self.attr_of(&st, ino)
     }
