@@ -1863,3 +1863,38 @@ fn a_change_to_a_file_a_rebase_carried_does_not_fail_the_next_mount() {
     assert!(!m.path("held.txt").exists());
     m.umount();
 }
+
+/// A directory the rebase gives a time of its own (an entry the packet
+/// leaves out is made again in it) shows that time at once, though the
+/// kernel had the old one cached.
+#[test]
+fn a_directory_a_rebase_changes_shows_its_new_time_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(&ws, "logs/a.log", b"log");
+    write(&ws, "logs/keep.txt", b"kept");
+    set_mtime(&ws.join("logs/a.log"), 1_600_000_000_000_000_000);
+    set_mtime(&ws.join("logs/keep.txt"), 1_600_000_000_000_000_000);
+    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let m = mount_workspace(&packet, tmp.path());
+    assert_eq!(
+        fs::metadata(m.path("logs")).unwrap().mtime(),
+        1_600_000_000,
+        "a packet's directory shows its newest file time"
+    );
+    seal(
+        &m,
+        &tmp.path().join("next.packet"),
+        &["--rebase", "--exclude", "*.log"],
+    );
+    assert!(m.path("logs/a.log").exists(), "left out, kept on the mount");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let shown = fs::metadata(m.path("logs")).unwrap().mtime();
+    assert!((now - shown).abs() < 600, "shows {shown}, now is {now}");
+}

@@ -1646,7 +1646,12 @@ fn carry_modes(
                  ino: Ino|
      -> Option<(u16, u32, u32, Option<super::journal::Nanos>)> {
         Some(match st.get(&st.lower, ino)? {
-            Ref::Node(n) => (n.perm, n.uid, n.gid, None),
+            // (A node's own time, for one without a data file: a data
+            // file's is the file's.)
+            Ref::Node(n) => {
+                let own_time = !matches!(n.content, Content::Upper(_));
+                (n.perm, n.uid, n.gid, own_time.then_some(n.mtime))
+            }
             Ref::Lower(i) => {
                 let a = super::lower_attr(&st.lower, ino, i, 0);
                 (a.perm, a.uid, a.gid, Some(a.mtime))
@@ -1685,10 +1690,9 @@ fn carry_modes(
                 mtime: None,
             });
         }
-        if let (Some(a), Some(b)) = (was.3, now.3)
-            && a != b
-            && held.contains(&it.ino)
-        {
+        // (The old view's nodes are all told of anyway.)
+        let was_lower = matches!(old.get(&old.lower, it.ino), Some(Ref::Lower(_)));
+        if was_lower && was.3 != now.3 && held.contains(&it.ino) {
             stale.push(ino);
         }
     }
