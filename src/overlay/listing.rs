@@ -12,9 +12,11 @@
 //! or may not be listed, as POSIX allows, and every other name is listed
 //! once. Cookies 0, 1 and 2 are the start, `.` and `..`.
 //!
-//! The cookie is 62 bits of xxh3, so two names of one directory share one
-//! with a chance of about n²/2⁶³; a listing that stops between two such
-//! names would skip the second.
+//! The cookie is 62 bits of xxh3, seeded afresh by each daemon, so two
+//! names of one directory share one with a chance of about n²/2⁶³ (and
+//! cannot be chosen to); a listing that stops between two such names
+//! would skip the second. The order of a listing differs from one daemon
+//! to the next.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,7 +31,18 @@ pub const DOTDOT: u64 = 2;
 /// 0, [`DOT`] or [`DOTDOT`], and below 2⁶³: the kernel takes it as a
 /// signed file offset).
 pub fn cookie(name: &str) -> u64 {
-    3 + (xxhash_rust::xxh3::xxh3_64(name.as_bytes()) >> 2)
+    3 + (xxhash_rust::xxh3::xxh3_64_with_seed(name.as_bytes(), seed()) >> 2)
+}
+
+/// The hash's seed, drawn once per process: positions need only hold
+/// while this daemon serves (a directory handle does not outlive it, and
+/// a rebase keeps it), and a seed no one knows keeps a process on the
+/// mount from making two names share a position, so that a listing
+/// would skip one, on purpose.
+fn seed() -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64))
 }
 
 /// The listing of a directory that differs from its lower one (or has
