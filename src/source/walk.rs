@@ -506,13 +506,13 @@ impl Walker<'_, '_> {
             return None;
         }
         // A child that cannot be read now is reported when it is opened.
-        fstatat(
-            dirfd.as_fd(),
-            child.name.as_str(),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .ok()
-        .map(|st| sys::dev_ino(&st))
+        let name = match &child.raw {
+            Some(raw) => OsStr::from_bytes(raw),
+            None => OsStr::new(&child.name),
+        };
+        fstatat(dirfd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|st| sys::dev_ino(&st))
     }
 
     /// The other part, when `id` is its root, met walking `part`.
@@ -848,6 +848,11 @@ impl Walker<'_, '_> {
                 Err(_) => (String::from_utf8_lossy(raw), Some(raw.to_vec())),
             };
             let name = &*name;
+            // How the name is shown in messages.
+            let shown_name = match &not_utf8 {
+                Some(raw) => crate::packet::path::shown(raw),
+                None => name.to_owned(),
+            };
             let known = match ent.file_type() {
                 Some(Type::Directory) => Some(SFlag::S_IFDIR),
                 Some(Type::Symlink) => Some(SFlag::S_IFLNK),
@@ -867,10 +872,10 @@ impl Walker<'_, '_> {
                     )
                     .map_err(|e| match e {
                         nix::errno::Errno::ENOENT => Error::Changed {
-                            path: format!("{ppath}/{name}"),
+                            path: format!("{ppath}/{shown_name}"),
                             what: "was removed",
                         },
-                        e => Error::io(&shown.join(name), "cannot stat", e.into()),
+                        e => Error::io(&shown.join(&shown_name), "cannot stat", e.into()),
                     })?;
                     (sys::file_type(&st), Some(st))
                 }
