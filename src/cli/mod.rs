@@ -9,7 +9,6 @@ mod logfile;
 mod mount;
 mod pack;
 mod progress;
-mod quiet;
 mod seal;
 mod status;
 pub(crate) mod umount;
@@ -328,7 +327,7 @@ fn init_logging(verbose: u8) {
     use tracing_subscriber::util::SubscriberInitExt;
     let _ = tracing_subscriber::registry()
         .with(filter)
-        .with(quiet::Quiet)
+        .with(crate::fuse::quiet::Quiet)
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(|| logfile::Stderr)
