@@ -45,9 +45,7 @@ fn sigkill_between_operations_loses_nothing() {
         let tmp = tempfile::tempdir().unwrap();
         let (packet, model) = model_packet(tmp.path());
         let ops = sequence(seed, kill_after + 20);
-        let upper = tmp.path().join("upper");
-        let mnt = tmp.path().join("mnt");
-        let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+        let m = mount_workspace(&packet, tmp.path());
         for (k, o) in ops[..kill_after].iter().enumerate() {
             assert_eq!(
                 apply(&m.mnt, o),
@@ -57,7 +55,7 @@ fn sigkill_between_operations_loses_nothing() {
         }
         kill_daemon(&m);
         std::mem::forget(m); // already gone
-        let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+        let m = mount_workspace(&packet, tmp.path());
         assert_eq!(
             tree(&m.mnt),
             tree(&model),
@@ -84,9 +82,7 @@ fn sigkill_during_writes_keeps_every_completed_write() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (packet, _) = model_packet(tmp.path());
-    let upper = tmp.path().join("upper");
-    let mnt = tmp.path().join("mnt");
-    let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    let m = mount_workspace(&packet, tmp.path());
     // A writer appends numbered 4 KiB records; each write that returned is
     // counted. The daemon dies under it.
     let path = m.path("log.bin");
@@ -106,7 +102,7 @@ fn sigkill_during_writes_keeps_every_completed_write() {
     std::mem::forget(m);
     let done = writer.join().unwrap();
     assert!(done > 10, "the writer made no progress");
-    let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    let m = mount_workspace(&packet, tmp.path());
     let data = fs::read(m.path("log.bin")).unwrap();
     assert!(
         data.len() >= done as usize * 4096,
@@ -133,25 +129,23 @@ fn a_file_unlinked_while_open_at_a_kill_is_gone_after_the_remount() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (packet, _) = model_packet(tmp.path());
-    let upper = tmp.path().join("upper");
-    let mnt = tmp.path().join("mnt");
-    let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    let m = mount_workspace(&packet, tmp.path());
     fs::write(m.path("kept.txt"), b"kept").unwrap();
     fs::write(m.path("gone.txt"), b"unlinked while open").unwrap();
     let open = fs::File::open(m.path("gone.txt")).unwrap();
     fs::remove_file(m.path("gone.txt")).unwrap();
-    assert_eq!(data_files(&upper).len(), 2);
+    assert_eq!(data_files(&m.upper).len(), 2);
     kill_daemon(&m);
     std::mem::forget(m);
     drop(open);
-    let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    let m = mount_workspace(&packet, tmp.path());
     assert_eq!(fs::read(m.path("kept.txt")).unwrap(), b"kept");
     assert!(!m.path("gone.txt").exists());
     assert_eq!(
-        data_files(&upper).len(),
+        data_files(&m.upper).len(),
         1,
         "the unlinked file's data outlived it: {:?}",
-        data_files(&upper)
+        data_files(&m.upper)
     );
     m.umount();
 }
