@@ -11,6 +11,13 @@ use std::path::Path;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 
+/// `p` made absolute against the working directory, without touching
+/// the file system (a path that answers nothing, such as a dead mount's,
+/// included); `p` as given where even that fails.
+pub fn absolute(p: &Path) -> std::path::PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_owned())
+}
+
 /// Opens `rel` beneath the directory `root`, refusing to traverse any
 /// symlink or to leave `root` (`..` components are refused too). `rel` may
 /// be empty, meaning `root` itself. `flags` should carry the access mode and

@@ -111,7 +111,7 @@ fn mount_error(kind: &str, message: String, path: &Path) -> CliError {
 fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
     let meta = std::fs::metadata(mp).map_err(|e| {
         // Absolute without touching the path: it answers nothing.
-        let at = std::path::absolute(mp).unwrap_or_else(|_| mp.to_owned());
+        let at = crate::sys::absolute(mp);
         // A FUSE mount whose daemon died answers ENOTCONN, or
         // ECONNABORTED once the kernel has aborted the connection.
         let dead = matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED));
@@ -299,9 +299,9 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
                     mountpoint: a.mountpoint.clone(),
                     // Absolute, as `status` gives them: the result is read
                     // where the relative paths may not lead.
-                    packet: std::path::absolute(&a.packet).unwrap_or_else(|_| a.packet.clone()),
+                    packet: crate::sys::absolute(&a.packet),
                     digest,
-                    upper: std::path::absolute(&a.upper).unwrap_or_else(|_| a.upper.clone()),
+                    upper: crate::sys::absolute(&a.upper),
                     part,
                     pid: std::process::id(),
                     control_socket: ready.socket.clone(),

@@ -103,10 +103,6 @@ struct Result<'a> {
     seconds: f64,
 }
 
-fn absolute(p: &Path) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_owned())
-}
-
 impl Args {
     /// Whether this seal runs here (on a packet and an upper directory),
     /// rather than in a mount's daemon.
@@ -121,8 +117,8 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
         .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;
     let req = Request {
-        output: absolute(&a.output),
-        receipt: a.receipt.as_deref().map(absolute),
+        output: crate::sys::absolute(&a.output),
+        receipt: a.receipt.as_deref().map(crate::sys::absolute),
         rebase: a.rebase,
         zero_mtimes: a.zero_mtimes,
         reject_external_symlinks: a.reject_external_symlinks,

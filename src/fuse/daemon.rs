@@ -133,7 +133,7 @@ pub fn serve(
                     let lazy = req["lazy"].as_bool().unwrap_or(false);
                     let r = unmount(&mountpoint, lazy, &ours);
                     match r {
-                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": std::path::absolute(overlay.upper_dir()).unwrap_or_else(|_| overlay.upper_dir().to_owned())}),
+                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": crate::sys::absolute(overlay.upper_dir())}),
                         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
                             "busy",
                             &format!(
@@ -294,7 +294,7 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
     let s = &o.stats;
     let read_inodes: Vec<u64> = s.read_inodes.lock().clone();
     // Absolute: the asker's working directory need not be the daemon's.
-    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+    let abs = crate::sys::absolute;
     json!({
         "schema": "sessionfs.status-result/2",
         "mountpoint": abs(mountpoint),
