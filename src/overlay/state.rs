@@ -73,12 +73,7 @@ impl Lower {
                 .index
                 .children(dir)
                 .iter()
-                .map(|&c| {
-                    (
-                        cookie(file_name(&self.manifest().entries[c as usize].path)),
-                        c,
-                    )
-                })
+                .map(|&c| (cookie(self.name(c)), c))
                 .collect();
             v.sort_unstable();
             let v: Ordered = v.into();
@@ -87,6 +82,17 @@ impl Lower {
         });
         let from = order.partition_point(|&(c, _)| c <= after);
         order[from..].iter().take(max).copied().collect()
+    }
+
+    /// The name of lower entry `i` (its last path component).
+    pub fn name(&self, i: Idx) -> &str {
+        file_name(&self.manifest().entries[i as usize].path)
+    }
+
+    /// The names and inode numbers of lower entries `entries` (a
+    /// directory's children, the packet's roots).
+    pub fn named<'a>(&'a self, entries: &'a [Idx]) -> impl Iterator<Item = (Box<str>, Ino)> + 'a {
+        entries.iter().map(|&c| (self.name(c).into(), self.ino(c)))
     }
 
     /// The manifest.
@@ -165,6 +171,16 @@ impl Lower {
     }
 }
 
+/// Where a directory's listing is (see [`State::children_of`]).
+enum Children<'a> {
+    /// Its own, once it differs from the lower one (or it has none).
+    Own(&'a Listing),
+    /// Its lower entry's children.
+    Lower(Idx),
+    /// Neither: no entries.
+    Empty,
+}
+
 /// A resolved inode: a node, or a pristine lower entry.
 #[derive(Clone, Copy)]
 pub enum Ref<'a> {
@@ -209,17 +225,7 @@ impl State {
     pub fn new(lower: std::sync::Arc<Lower>, inos: InoAllocator) -> State {
         let mut nodes = HashMap::new();
         if lower.root == Root::Packet {
-            let children: Listing = lower
-                .index
-                .roots()
-                .iter()
-                .map(|&i| {
-                    (
-                        file_name(&lower.manifest().entries[i as usize].path).into(),
-                        lower.ino(i),
-                    )
-                })
-                .collect();
+            let children: Listing = lower.named(lower.index.roots()).collect();
             let subdirs = children.len() as u32;
             nodes.insert(
                 ROOT,
@@ -312,51 +318,39 @@ impl State {
         }
     }
 
-    /// The child `name` of directory `dir`.
-    pub fn child(&self, lower: &Lower, dir: Ino, name: &str) -> Result<Option<Ino>> {
+    /// Where the listing of directory `dir` is.
+    fn children_of(&self, lower: &Lower, dir: Ino) -> Result<Children<'_>> {
         match self.get(lower, dir).ok_or(Error::NotFound)? {
             Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
             Ref::Node(n) => Ok(match (&n.children, n.lower) {
-                (Some(map), _) => map.get(name).copied(),
-                (None, Some(i)) => lower
-                    .index
-                    .child(lower.manifest(), i, name)
-                    .map(|c| lower.ino(c)),
-                (None, None) => None,
+                (Some(listing), _) => Children::Own(listing),
+                (None, Some(i)) => Children::Lower(i),
+                (None, None) => Children::Empty,
             }),
             Ref::Lower(i) if lower.kind(i) != Kind::Dir => Err(Error::NotDir),
-            Ref::Lower(i) => Ok(lower
+            Ref::Lower(i) => Ok(Children::Lower(i)),
+        }
+    }
+
+    /// The child `name` of directory `dir`.
+    pub fn child(&self, lower: &Lower, dir: Ino, name: &str) -> Result<Option<Ino>> {
+        Ok(match self.children_of(lower, dir)? {
+            Children::Own(listing) => listing.get(name).copied(),
+            Children::Lower(i) => lower
                 .index
                 .child(lower.manifest(), i, name)
-                .map(|c| lower.ino(c))),
-        }
+                .map(|c| lower.ino(c)),
+            Children::Empty => None,
+        })
     }
 
     /// The `(name, ino)` of directory `dir`, in name order.
     pub fn list(&self, lower: &Lower, dir: Ino) -> Result<Vec<(Box<str>, Ino)>> {
-        let from_lower = |i: Idx| -> Vec<(Box<str>, Ino)> {
-            lower
-                .index
-                .children(i)
-                .iter()
-                .map(|&c| {
-                    (
-                        file_name(&lower.manifest().entries[c as usize].path).into(),
-                        lower.ino(c),
-                    )
-                })
-                .collect()
-        };
-        match self.get(lower, dir).ok_or(Error::NotFound)? {
-            Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
-            Ref::Node(n) => Ok(match (&n.children, n.lower) {
-                (Some(map), _) => map.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-                (None, Some(i)) => from_lower(i),
-                (None, None) => Vec::new(),
-            }),
-            Ref::Lower(i) if lower.kind(i) != Kind::Dir => Err(Error::NotDir),
-            Ref::Lower(i) => Ok(from_lower(i)),
-        }
+        Ok(match self.children_of(lower, dir)? {
+            Children::Own(listing) => listing.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            Children::Lower(i) => lower.named(lower.index.children(i)).collect(),
+            Children::Empty => Vec::new(),
+        })
     }
 
     /// Up to `max` entries of directory `dir` after position `after`, in
@@ -368,42 +362,28 @@ impl State {
         after: u64,
         max: usize,
     ) -> Result<Vec<(u64, Box<str>, Ino)>> {
-        let from_lower = |i: Idx| -> Vec<(u64, Box<str>, Ino)> {
-            lower
+        Ok(match self.children_of(lower, dir)? {
+            Children::Own(listing) => listing
+                .after(after)
+                .take(max)
+                .map(|(c, name, ino)| (c, name.into(), ino))
+                .collect(),
+            Children::Lower(i) => lower
                 .children_after(i, after, max)
                 .into_iter()
-                .map(|(c, e)| {
-                    let name = file_name(&lower.manifest().entries[e as usize].path);
-                    (c, name.into(), lower.ino(e))
-                })
-                .collect()
-        };
-        match self.get(lower, dir).ok_or(Error::NotFound)? {
-            Ref::Node(n) if n.kind != Kind::Dir => Err(Error::NotDir),
-            Ref::Node(n) => Ok(match (&n.children, n.lower) {
-                (Some(listing), _) => listing
-                    .after(after)
-                    .take(max)
-                    .map(|(c, name, ino)| (c, name.into(), ino))
-                    .collect(),
-                (None, Some(i)) => from_lower(i),
-                (None, None) => Vec::new(),
-            }),
-            Ref::Lower(i) if lower.kind(i) != Kind::Dir => Err(Error::NotDir),
-            Ref::Lower(i) => Ok(from_lower(i)),
-        }
+                .map(|(c, e)| (c, lower.name(e).into(), lower.ino(e)))
+                .collect(),
+            Children::Empty => Vec::new(),
+        })
     }
 
     /// Whether directory `dir` has no entries.
     pub fn is_empty_dir(&self, lower: &Lower, dir: Ino) -> Result<bool> {
-        match self.get(lower, dir).ok_or(Error::NotFound)? {
-            Ref::Node(n) => Ok(match (&n.children, n.lower) {
-                (Some(map), _) => map.is_empty(),
-                (None, Some(i)) => lower.index.children(i).is_empty(),
-                (None, None) => true,
-            }),
-            Ref::Lower(i) => Ok(lower.index.children(i).is_empty()),
-        }
+        Ok(match self.children_of(lower, dir)? {
+            Children::Own(listing) => listing.is_empty(),
+            Children::Lower(i) => lower.index.children(i).is_empty(),
+            Children::Empty => true,
+        })
     }
 
     /// The node of `ino`, materialized from the lower layer if pristine.
@@ -432,17 +412,7 @@ impl State {
         }
         if n.children.is_none() {
             let map = match n.lower {
-                Some(i) => lower
-                    .index
-                    .children(i)
-                    .iter()
-                    .map(|&c| {
-                        (
-                            file_name(&lower.manifest().entries[c as usize].path).into(),
-                            lower.ino(c),
-                        )
-                    })
-                    .collect(),
+                Some(i) => lower.named(lower.index.children(i)).collect(),
                 None => Listing::default(),
             };
             n.children = Some(map);
@@ -468,7 +438,7 @@ impl State {
                     cur = n.parent;
                 }
                 Some(Ref::Lower(i)) => {
-                    parts.push(file_name(&lower.manifest().entries[i as usize].path).to_string());
+                    parts.push(lower.name(i).to_string());
                     cur = lower.parent_ino(i);
                 }
                 None => break,
