@@ -592,6 +592,7 @@ impl Overlay {
         // A renumbered name's new number depends on the numbers reserved
         // here, which a remount does not reserve: the record keeps it, so
         // that the journal replays to these very numbers.
+        let mut new_numbers: HashMap<usize, Ino> = HashMap::new();
         for &k in &renumbered {
             let path = items[k].path.as_str();
             let at = lower
@@ -600,6 +601,7 @@ impl Overlay {
                 .binary_search_by(|e| e.path.as_bytes().cmp(path.as_bytes()));
             if let Ok(i) = at {
                 let ino = lower.ino(i as Idx);
+                new_numbers.insert(k, ino);
                 if super::ino::candidate(path, 0) != ino {
                     given.push((path.to_owned(), ino));
                 }
@@ -632,7 +634,7 @@ impl Overlay {
             for r in &kept {
                 fresh.apply(&new_lower, r)?;
             }
-            let (modes, stale) = carry_modes(&st, &fresh, items, &renumbered, t);
+            let (modes, stale) = carry_modes(&st, &fresh, items, &new_numbers, t);
             for r in &modes {
                 fresh.apply(&new_lower, r)?;
             }
@@ -1631,14 +1633,15 @@ impl DirectLower {
 /// one, and their owners. A file made private on the mount (`chmod 600`)
 /// must not turn readable by others when the mount moves onto the packet,
 /// nor a file change hands. Returns the records that set them again in
-/// `fresh` (the new view, with the left-out entries made again), and the
+/// `fresh` (the new view, with the left-out entries made again; the
+/// renumbered names of `items` by index in `new_numbers`), and the
 /// numbers the kernel holds of entries the old view served from its
 /// packet whose time `fresh` gives otherwise, to tell the kernel.
 fn carry_modes(
     old: &super::state::State,
     fresh: &super::state::State,
     items: &[Item],
-    renumbered: &HashSet<usize>,
+    new_numbers: &HashMap<usize, Ino>,
     t: super::journal::Nanos,
 ) -> (Vec<Record>, Vec<Ino>) {
     use super::state::Ref;
@@ -1664,15 +1667,7 @@ fn carry_modes(
     for (k, it) in items.iter().enumerate() {
         // A renumbered name (another name of a hard-linked file) has the
         // number the new packet gave it.
-        let ino = if renumbered.contains(&k) {
-            let entries = &fresh.lower.manifest().entries;
-            match entries.binary_search_by(|e| e.path.as_bytes().cmp(it.path.as_bytes())) {
-                Ok(i) => fresh.lower.ino(i as Idx),
-                Err(_) => continue,
-            }
-        } else {
-            it.ino
-        };
+        let ino = new_numbers.get(&k).copied().unwrap_or(it.ino);
         let (Some(was), Some(now)) = (shown(old, it.ino), shown(fresh, ino)) else {
             continue;
         };
