@@ -18,7 +18,7 @@
 //! would skip the second. The order of a listing differs from one daemon
 //! to the next.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::ino::Ino;
 
@@ -50,7 +50,8 @@ fn seed() -> u64 {
 #[derive(Clone, Debug, Default)]
 pub struct Listing {
     names: BTreeMap<Box<str>, Ino>,
-    order: BTreeSet<(u64, Box<str>)>,
+    /// The same, keyed by cookie (and name, should two share one).
+    order: BTreeMap<(u64, Box<str>), Ino>,
 }
 
 impl Listing {
@@ -66,11 +67,8 @@ impl Listing {
 
     /// Makes `name` name `ino`; returns the inode it named before.
     pub fn insert(&mut self, name: Box<str>, ino: Ino) -> Option<Ino> {
-        let old = self.names.insert(name.clone(), ino);
-        if old.is_none() {
-            self.order.insert((cookie(&name), name));
-        }
-        old
+        self.order.insert((cookie(&name), name.clone()), ino);
+        self.names.insert(name, ino)
     }
 
     /// Removes `name`; returns the inode it named.
@@ -99,13 +97,9 @@ impl Listing {
     /// name, inode)`.
     pub fn after(&self, after: u64) -> impl Iterator<Item = (u64, &str, Ino)> + '_ {
         let from = (after.saturating_add(1), Box::<str>::default());
-        self.order.range(from..).map(|(c, name)| {
-            (
-                *c,
-                &**name,
-                self.names.get(name).copied().unwrap_or_default(),
-            )
-        })
+        self.order
+            .range(from..)
+            .map(|((c, name), ino)| (*c, &**name, *ino))
     }
 }
 
@@ -158,6 +152,10 @@ mod tests {
         assert_eq!(l.remove("f500"), Some(510));
         assert_eq!(l.remove("f500"), None);
         assert!(!names(&l, 0).contains(&"f500".to_owned()));
+        assert_eq!(l.len(), 1000 - 100 - 1 + 500);
+        // A name given another inode (a rename over it) lists with it.
+        assert_eq!(l.insert("f501".into(), 99), Some(511));
+        assert!(l.after(0).any(|(_, n, i)| n == "f501" && i == 99));
         assert_eq!(l.len(), 1000 - 100 - 1 + 500);
     }
 }
