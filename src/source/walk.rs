@@ -848,8 +848,8 @@ impl Walker<'_, '_> {
                 Err(_) => (String::from_utf8_lossy(raw), Some(raw.to_vec())),
             };
             let name = &*name;
-            // How the name is shown in messages.
-            let shown_name = match &not_utf8 {
+            // How the name is shown in messages (made only for one).
+            let shown_name = || match &not_utf8 {
                 Some(raw) => crate::packet::path::shown(raw),
                 None => name.to_owned(),
             };
@@ -872,10 +872,10 @@ impl Walker<'_, '_> {
                     )
                     .map_err(|e| match e {
                         nix::errno::Errno::ENOENT => Error::Changed {
-                            path: format!("{ppath}/{shown_name}"),
+                            path: format!("{ppath}/{}", shown_name()),
                             what: "was removed",
                         },
-                        e => Error::io(&shown.join(&shown_name), "cannot stat", e.into()),
+                        e => Error::io(&shown.join(shown_name()), "cannot stat", e.into()),
                     })?;
                     (sys::file_type(&st), Some(st))
                 }
