@@ -933,9 +933,7 @@ fn what_a_packet_leaves_out_stays_on_the_mount_across_a_rebase() {
     assert_eq!(after[0].5, b"TOKEN=2\n");
     assert_eq!(after[1..], before[1..]);
     // A remount replays them from the journal.
-    let (mnt, upper) = (m.mnt.clone(), m.upper.clone());
-    m.umount();
-    let m = Mounted::new(&out2, &mnt, &upper, &["--part", "workspace"]);
+    let m = m.remount_workspace(&out2);
     assert_eq!(look(&m), after);
     drop(packet);
     m.umount();
@@ -965,9 +963,7 @@ fn a_remount_after_a_rebase_gives_renumbered_names_their_numbers() {
     let live = numbers(&m);
     assert_ne!(live[0], live[1]);
     fs::set_permissions(m.path("b"), fs::Permissions::from_mode(0o600)).unwrap();
-    let (mnt, upper) = (m.mnt.clone(), m.upper.clone());
-    m.umount();
-    let m = Mounted::new(&out, &mnt, &upper, &["--part", "workspace"]);
+    let m = m.remount_workspace(&out);
     assert_eq!(numbers(&m), live);
     assert_eq!(fs::read(m.path(".env")).unwrap(), b"SECRET=1\n");
     assert_eq!(fs::read(m.path("b")).unwrap(), b"# sample\n");
@@ -1272,9 +1268,7 @@ fn hard_links_are_separate_files_after_a_rebase() {
     fs::rename(m.path("m.txt"), m.path(".env")).unwrap();
     let v = seal(&m, &tmp.path().join("turn2.packet"), &[]);
     assert_eq!(excluded_paths(&v), ["workspace/.env"], "{v}");
-    let (mnt, upper) = (m.mnt.clone(), m.upper.clone());
-    m.umount();
-    let m = Mounted::new(&p2, &mnt, &upper, &["--part", "workspace"]);
+    let m = m.remount_workspace(&p2);
     fs::rename(m.path(".env"), m.path("m.txt")).unwrap();
     separate(&m);
     assert_eq!(fs::read(m.path("l1.txt")).unwrap(), b"changed");
@@ -1827,10 +1821,8 @@ fn a_rebase_keeps_modes_and_owners_and_shows_new_times_at_once() {
     assert_eq!(m.status()["digest"], zero["digest"]);
     assert_eq!(fs::metadata(m.path("empty")).unwrap().mtime(), 0);
     assert_eq!(shown(&m), before, "after a second rebase");
-    let (upper, mnt) = (m.upper.clone(), m.mnt.clone());
-    m.umount();
     let packet = tmp.path().join("zero.packet");
-    let m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    let m = m.remount_workspace(&packet);
     assert_eq!(m.status()["digest"], zero["digest"]);
     assert_eq!(shown(&m), before, "after a remount");
 }
@@ -1857,9 +1849,7 @@ fn a_change_to_a_file_a_rebase_carried_does_not_fail_the_next_mount() {
     std::io::Read::read_to_string(&mut &held, &mut read).unwrap();
     assert_eq!(read, "held open");
     drop(held);
-    let (upper, mnt) = (m.upper.clone(), m.mnt.clone());
-    m.umount();
-    let m = Mounted::new(&next, &mnt, &upper, &["--part", "workspace"]);
+    let m = m.remount_workspace(&next);
     assert!(!m.path("held.txt").exists());
     m.umount();
 }

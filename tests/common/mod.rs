@@ -322,6 +322,16 @@ impl Mounted {
         run(["umount", self.mnt.to_str().unwrap()]).ok();
     }
 
+    /// Unmounts (asserting success) and mounts the workspace part of
+    /// `packet` again at the same mountpoint over the same upper
+    /// directory: the remount after a rebase, or after a restart.
+    #[track_caller]
+    pub fn remount_workspace(self, packet: &Path) -> Mounted {
+        let (mnt, upper) = (self.mnt.clone(), self.upper.clone());
+        self.umount();
+        Mounted::new(packet, &mnt, &upper, &["--part", "workspace"])
+    }
+
     /// The daemon's process id.
     pub fn pid(&self) -> i32 {
         self.result["pid"].as_i64().unwrap() as i32
