@@ -576,6 +576,20 @@ fn a_damaged_journal_is_refused_naming_the_line() {
         message.contains(": record ") && message.ends_with("unlink of a missing name"),
         "{e}"
     );
+    // A new node given a number an entry has would show one file under
+    // the other's name.
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let again = lines[0].replace("\"name\":\"a\"", "\"name\":\"c\"");
+    assert_ne!(again, lines[0]);
+    lines.push(again);
+    fs::write(&journal, lines.join("\n") + "\n").unwrap();
+    let r = mount_again();
+    let e = r.fails(7, "upper_damaged");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.ends_with("a new node with a number another entry has"),
+        "{e}"
+    );
 }
 
 #[test]

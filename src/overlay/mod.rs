@@ -245,7 +245,7 @@ impl Overlay {
         // are part of it.
         let numbered = kept.iter().map(|r| (1, r));
         for (k, rec) in numbered.chain(records.iter().enumerate().map(|(k, r)| (k + first, r))) {
-            state.apply(&lower, rec).map_err(|e| match e {
+            state.apply_replayed(&lower, rec).map_err(|e| match e {
                 Error::Replay { reason, .. } => Error::Replay {
                     journal: journal.clone(),
                     index: k,

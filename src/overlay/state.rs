@@ -490,6 +490,24 @@ impl State {
         }
     }
 
+    /// Applies one record of a journal being replayed: [`State::apply`],
+    /// after the checks a live operation makes before it journals.
+    pub fn apply_replayed(&mut self, lower: &Lower, rec: &Record) -> Result<Applied> {
+        if let Record::Mknode { ino, .. } = rec {
+            // A number is handed out again only once nothing uses it: here,
+            // a node no name links to any more (which a replay keeps to the
+            // end), never a lower entry or a node with a name.
+            let in_use = match self.nodes.get(ino) {
+                Some(n) => n.nlink > 0,
+                None => self.inos.is_used(*ino),
+            };
+            if in_use {
+                return Err(replay("a new node with a number another entry has"));
+            }
+        }
+        self.apply(lower, rec)
+    }
+
     /// Applies one record. Live operations check everything first, so a
     /// failure here means a journal that does not match its packet.
     pub fn apply(&mut self, lower: &Lower, rec: &Record) -> Result<Applied> {
