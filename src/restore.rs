@@ -185,7 +185,13 @@ pub fn unpack(
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| io_err(&shown, anchor_op)(e.into()))?;
+    .map_err(|e| match e {
+        nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR if !exists => Error::Target {
+            path: shown.clone(),
+            reason: crate::output::missing_directory(parent),
+        },
+        e => io_err(&shown, anchor_op)(e.into()),
+    })?;
     let registered = anchor.try_clone().map_err(io_err(&shown, anchor_op))?;
     // Private (0700) until its entries are in place; removed on any error.
     // Beside a new target, renamed onto it; inside an existing (empty)

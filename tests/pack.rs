@@ -1521,16 +1521,18 @@ fn missing_or_bad_inputs_are_clear_errors() {
         "-o",
         "/nonexistent/dir/p.packet",
     ]);
-    // The directory the user must fix, as a field as well as in the text.
-    assert_eq!(e.fails(6, "io")["path"], "/nonexistent/dir");
-    let m = e_message(&run([
-        "pack",
-        "--workspace",
-        ws.to_str().unwrap(),
-        "-o",
-        "/nonexistent/dir/p.packet",
-    ]));
-    assert!(m.contains("/nonexistent/dir") && !m.contains(".tmp"), "{m}");
+    // A destination refused (as a seal refuses it), naming the directory
+    // the user must make.
+    let j = e.fails(7, "target_unusable");
+    assert_eq!(j["path"], "/nonexistent/dir/p.packet");
+    assert!(
+        j["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("its directory /nonexistent/dir does not exist; create it first"),
+        "{j}"
+    );
+    assert!(!j["message"].as_str().unwrap().contains(".tmp"), "{j}");
     // An existing directory as the output is refused before any work.
     let r = run([
         "pack",
@@ -1567,10 +1569,6 @@ fn missing_or_bad_inputs_are_clear_errors() {
         let m = e.json["message"].as_str().unwrap();
         assert!(m.starts_with(tmp.path().to_str().unwrap()), "{cmd}: {m}");
     }
-}
-
-fn e_message(r: &Run) -> String {
-    r.fails(6, "io")["message"].as_str().unwrap().to_owned()
 }
 
 #[test]

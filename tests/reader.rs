@@ -666,6 +666,25 @@ fn unpack_targets() {
     ])
     .fails(7, "target_unusable");
     assert_eq!(fs::read(busy.join("keep.txt")).unwrap(), b"mine");
+    // A target whose directory does not exist is refused as pack and seal
+    // refuse such an output, naming the directory to make.
+    let orphan = f.dir.join("no-such-dir/sub");
+    let r = run([
+        "unpack",
+        p.to_str().unwrap(),
+        "--into",
+        orphan.to_str().unwrap(),
+    ]);
+    let e = r.fails(7, "target_unusable");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "its directory {} does not exist",
+            f.dir.join("no-such-dir").display()
+        )),
+        "{e}"
+    );
+    assert!(!f.dir.join("no-such-dir").exists());
     // An empty directory is fine, and --part restores one part as the root.
     // The directory itself is kept: its owner, mode and inode (a pod's
     // prepared /workspace), with nothing else left in it.

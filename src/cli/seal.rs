@@ -380,10 +380,7 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
             _ => Path::new("."),
         };
         if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
-            return Err(refuse(
-                path,
-                format!("its directory {} does not exist", dir.display()),
-            ));
+            return Err(refuse(path, crate::output::missing_directory(dir)));
         }
         if let Some(why) = crate::output::names_a_directory(path) {
             return Err(refuse(path, why.into()));

@@ -75,6 +75,15 @@ fn unusable(dest: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
+/// Why an output (or a target) in directory `dir` cannot be made there
+/// when `dir` is not an existing directory.
+pub fn missing_directory(dir: &Path) -> String {
+    format!(
+        "its directory {} does not exist; create it first",
+        dir.display()
+    )
+}
+
 /// The start of the name of the temporary file for an output named
 /// `name`: `.<name>.`, the name cut short where the whole
 /// (`.<name>.<6 random>.tmp`) would be longer than a name may be.
@@ -116,7 +125,14 @@ impl Output {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| cannot_create(e.into()))?;
+        .map_err(|e| match e {
+            // The destination, not the system, is at fault: as a seal
+            // says before it starts.
+            nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR => {
+                unusable(dest, missing_directory(dir))
+            }
+            e => cannot_create(e.into()),
+        })?;
         let registered = dirfd.try_clone().map_err(cannot_create)?;
         // Made and registered as one step (see crate::interrupt).
         let _creating = crate::interrupt::creating();
