@@ -1,6 +1,14 @@
 //! Symlink resolution inside a packet, for the strict mode that refuses
 //! symlinks whose targets escape the restored tree.
 //!
+//! A link must stay beneath the root however the tree is restored and
+//! however its links are followed later: on a case-sensitive file system
+//! and on a case-insensitive, normalizing one (macOS's APFS, where `S`
+//! finds the link `s`), so names are looked up both ways; and by any
+//! resolver, not only the kernel, which gives up after 40 links (`ELOOP`)
+//! while `realpath`, `readlink -f` and Python follow chains of any length
+//! and stop only at a true cycle, so chains are followed to their end.
+//!
 //! The work is bounded by the manifest's size, whatever its symlinks: each
 //! step moves through the packet's tree by node (a lookup of one name in
 //! one directory, never of a whole path), and all the resolutions of one
@@ -9,14 +17,11 @@
 //! resolution expensive (long targets re-expanded by up to 40 hops, for
 //! each of many links) runs out and is refused.
 
-use std::collections::HashMap;
-use std::collections::VecDeque;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::error::{Error, Result};
 use super::manifest::{EntryKind, Manifest};
-
-/// Symlinks followed before giving up, as the kernel's `ELOOP` bound.
-const MAX_HOPS: usize = 40;
 
 /// The budget of a check: this many steps per symlink, plus this many per
 /// byte of their targets (enough to expand each target 32 times).
@@ -25,11 +30,14 @@ const STEPS_PER_TARGET_BYTE: u64 = 16;
 
 /// Fails with [`Error::SymlinkEscapes`] for the first symlink whose target,
 /// resolved through the packet's own symlinks, leaves the tree rooted at
-/// `root` (`""` for the packet root, or a part name). Absolute targets
-/// always escape. Paths that do not exist are resolved lexically (they may
-/// be created later); a loop or a file in the middle stops resolution
-/// without escaping. Fails with [`Error::SymlinkBudget`] when resolving
-/// takes more steps than the budget the module describes.
+/// `root` (`""` for the packet root, or a part name), with names looked
+/// up by their bytes or by their collision key (either escaping is an
+/// escape). Absolute targets always escape. Paths that do not exist are
+/// resolved lexically (they may be created later); a file in the middle,
+/// or a link met again while its own target is being resolved (a cycle,
+/// which no resolver gets out of), stops resolution without escaping.
+/// Fails with [`Error::SymlinkBudget`] when resolving takes more steps
+/// than the budget the module describes.
 pub fn check_no_escapes(manifest: &Manifest, root: &str) -> Result<()> {
     match escaping(manifest, Some(root), true).first() {
         None => Ok(()),
@@ -100,10 +108,12 @@ pub fn escaping(manifest: &Manifest, root: Option<&str>, first_only: bool) -> Ve
         {
             continue;
         }
-        let escape = match tree.escapes(node_of(i), target, root_depth, &mut budget) {
-            Some(false) => continue,
-            Some(true) => Escape::Leaves,
-            None => Escape::Budget,
+        let resolved = [Lookup::Exact, Lookup::Folded]
+            .map(|how| tree.escapes(node_of(i), target, root_depth, how, &mut budget));
+        let escape = match resolved {
+            [Some(false), Some(false)] => continue,
+            [Some(true), _] | [_, Some(true)] => Escape::Leaves,
+            _ => Escape::Budget,
         };
         out.push((i, escape));
         if first_only {
@@ -118,6 +128,24 @@ fn node_of(i: usize) -> u32 {
     u32::try_from(i + 1).unwrap_or(u32::MAX)
 }
 
+/// How a name is looked up in a directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lookup {
+    /// By its bytes, as a case-sensitive file system does.
+    Exact,
+    /// By its collision key, as a case-insensitive, normalizing one does
+    /// (a validated manifest has at most one entry per key in a directory).
+    Folded,
+}
+
+/// What resolution takes next: a component of a target, or the end of a
+/// link's target (the link is no longer being resolved).
+#[derive(Clone, Copy)]
+enum Step<'a> {
+    Name(&'a str),
+    End(u32),
+}
+
 /// The packet's entries as a tree of nodes.
 struct Tree<'a> {
     /// Each node's directory (the root's is itself).
@@ -128,6 +156,8 @@ struct Tree<'a> {
     kind: Vec<Option<&'a EntryKind>>,
     /// A node's entry by its directory and name.
     children: HashMap<(u32, &'a str), u32>,
+    /// A node's entry by its directory and the collision key of its name.
+    folded: HashMap<(u32, Cow<'a, str>), u32>,
 }
 
 impl<'a> Tree<'a> {
@@ -138,6 +168,7 @@ impl<'a> Tree<'a> {
             depth: Vec::with_capacity(n),
             kind: Vec::with_capacity(n),
             children: HashMap::with_capacity(n),
+            folded: HashMap::with_capacity(n),
         };
         t.parent.push(0);
         t.depth.push(0);
@@ -159,6 +190,8 @@ impl<'a> Tree<'a> {
             t.kind.push(Some(&e.kind));
             if dir.is_some() {
                 t.children.insert((parent, name), node);
+                t.folded
+                    .insert((parent, super::path::collision_key(name)), node);
                 by_path.insert(path, node);
             }
         }
@@ -169,9 +202,28 @@ impl<'a> Tree<'a> {
         matches!(self.kind.get(node as usize), Some(Some(EntryKind::File(_))))
     }
 
+    /// The entry named `name` in directory `node`, looked up `how`.
+    fn child(&self, node: u32, name: &str, how: Lookup) -> Option<u32> {
+        match how {
+            Lookup::Exact => self.children.get(&(node, name)).copied(),
+            Lookup::Folded => self
+                .folded
+                .get(&(node, super::path::collision_key(name)))
+                .copied(),
+        }
+    }
+
     /// Whether the symlink at `link` with `target` leaves the tree at
-    /// `root_depth`; `None` once `budget` steps are spent.
-    fn escapes(&self, link: u32, target: &str, root_depth: u32, budget: &mut u64) -> Option<bool> {
+    /// `root_depth`, names looked up `how`; `None` once `budget` steps are
+    /// spent.
+    fn escapes(
+        &self,
+        link: u32,
+        target: &'a str,
+        root_depth: u32,
+        how: Lookup,
+        budget: &mut u64,
+    ) -> Option<bool> {
         if target.starts_with('/') {
             return Some(true);
         }
@@ -184,13 +236,22 @@ impl<'a> Tree<'a> {
             return Some(false);
         }
         let mut lexical: u32 = 0;
-        let mut queue: VecDeque<&str> = VecDeque::new();
+        let mut queue: VecDeque<Step<'a>> = VecDeque::new();
         *budget = budget.checked_sub(target.len() as u64 / 2 + 1)?;
-        queue.extend(target.split('/'));
-        // Following `link` itself is the first of the kernel's 40.
-        let mut hops = 1;
-        while let Some(c) = queue.pop_front() {
+        queue.extend(target.split('/').map(Step::Name));
+        queue.push_back(Step::End(link));
+        // The links whose targets are being resolved: one met again is a
+        // cycle (its target leads back to it, from the same directory).
+        let mut open: HashSet<u32> = HashSet::from([link]);
+        while let Some(step) = queue.pop_front() {
             *budget = budget.checked_sub(1)?;
+            let c = match step {
+                Step::Name(c) => c,
+                Step::End(l) => {
+                    open.remove(&l);
+                    continue;
+                }
+            };
             if c.is_empty() || c == "." {
                 continue;
             }
@@ -212,22 +273,22 @@ impl<'a> Tree<'a> {
                 lexical += 1;
                 continue;
             }
-            let Some(&child) = self.children.get(&(node, c)) else {
+            let Some(child) = self.child(node, c, how) else {
                 lexical = 1;
                 continue;
             };
             match self.kind[child as usize] {
                 Some(EntryKind::Symlink(t)) => {
-                    hops += 1;
-                    if hops > MAX_HOPS {
-                        return Some(false); // ELOOP
+                    if !open.insert(child) {
+                        return Some(false); // a cycle: ELOOP for every resolver
                     }
                     if t.starts_with('/') {
                         return Some(true);
                     }
                     *budget = budget.checked_sub(t.len() as u64 / 2 + 1)?;
+                    queue.push_front(Step::End(child));
                     for part in t.split('/').rev() {
-                        queue.push_front(part);
+                        queue.push_front(Step::Name(part));
                     }
                 }
                 _ => node = child,
@@ -346,9 +407,9 @@ mod tests {
         );
         assert!(check_no_escapes(&man, "").is_ok());
 
-        // From its first link, a chain of 40 links is followed to its
-        // escaping end; one of 41 stops (ELOOP) before it.
-        for (links, escapes) in [(40, true), (41, false)] {
+        // A chain of links is followed to its escaping end, however long:
+        // the kernel stops at 40, `realpath` and Python do not.
+        for (links, escapes) in [(40, true), (41, true), (200, true)] {
             let mut entries = vec![("workspace".to_string(), None)];
             for i in 0..links {
                 let next = if i + 1 == links {
@@ -364,9 +425,70 @@ mod tests {
                 .collect();
             let man = m(&refs);
             let mut budget = u64::MAX;
-            let got = Tree::new(&man).escapes(node_of(1), "l01", 0, &mut budget);
+            let got = Tree::new(&man).escapes(node_of(1), "l01", 0, Lookup::Exact, &mut budget);
             assert_eq!(got, Some(escapes), "{links} links");
         }
+        // Links to `.` chained past 40 and climbing out at the end (the
+        // kernel says ELOOP; `readlink -f` resolves it outside).
+        let mut entries = vec![("workspace".to_string(), None)];
+        let mut through = String::new();
+        for i in 0..41 {
+            entries.push((format!("workspace/l{i:02}"), Some(".".to_string())));
+            through.push_str(&format!("l{i:02}/"));
+        }
+        entries.push(("workspace/x".to_string(), Some(format!("{through}../.."))));
+        let refs: Vec<(&str, Option<&str>)> = entries
+            .iter()
+            .map(|(p, t)| (p.as_str(), t.as_deref()))
+            .collect();
+        let err = check_no_escapes(&m(&refs), "").unwrap_err();
+        assert!(
+            matches!(&err, Error::SymlinkEscapes { path, .. } if path == "workspace/x"),
+            "{err}"
+        );
+        // A true cycle stops resolution, as it stops every resolver, with
+        // what follows it never reached.
+        for cycle in [
+            vec![("workspace/a", Some("a/../../.."))],
+            vec![
+                ("workspace/a", Some("b/../../..")),
+                ("workspace/b", Some("a")),
+            ],
+            vec![("workspace/a", Some("a"))],
+        ] {
+            let mut entries = vec![("workspace", None)];
+            entries.extend(cycle.iter().copied());
+            assert!(check_no_escapes(&m(&entries), "").is_ok(), "{cycle:?}");
+        }
+    }
+
+    #[test]
+    fn names_resolve_as_a_case_insensitive_normalizing_file_system_finds_them() {
+        // `S` names nothing on Linux, but finds the link `s` on APFS, which
+        // climbs to the packet root: the `..` after it then leaves.
+        for (link, name) in [("s", "S"), ("\u{e9}", "e\u{301}"), ("\u{e9}", "\u{c9}")] {
+            let target = format!("d/{name}/..");
+            let man = m(&[
+                ("workspace", None),
+                ("workspace/d", None),
+                (&format!("workspace/d/{link}"), Some("../..")),
+                ("workspace/l", Some(&target)),
+            ]);
+            let err = check_no_escapes(&man, "").unwrap_err();
+            assert!(
+                matches!(&err, Error::SymlinkEscapes { path, .. } if path == "workspace/l"),
+                "{link} as {name}: {err}"
+            );
+        }
+        // Named exactly, the same link is found either way.
+        let man = m(&[
+            ("workspace", None),
+            ("workspace/d", None),
+            ("workspace/d/s", Some("../..")),
+            ("workspace/l", Some("d/s")),
+        ]);
+        assert!(check_no_escapes(&man, "").is_ok());
+        assert!(check_no_escapes(&man, "workspace").is_err());
     }
 
     #[test]
