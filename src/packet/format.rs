@@ -63,6 +63,11 @@ pub const MAX_MTIME_NS: u64 = MAX_OCTAL_11 * 1_000_000_000 + 999_999_999;
 /// FORMAT: longest path component in bytes (`NAME_MAX` on Linux, APFS and ext4).
 pub const MAX_COMPONENT_BYTES: usize = 255;
 
+/// FORMAT: longest symlink target in bytes, whatever the path limit:
+/// `PATH_MAX` - 1 on Linux, where `symlink(2)` refuses a longer one, so a
+/// valid packet's links can be made where it is restored.
+pub const MAX_TARGET_BYTES: usize = 4095;
+
 /// Number of chunks of a file of `size` bytes that carries `chunks`, else 0.
 pub fn chunk_count(size: u64) -> u64 {
     if size > CHUNK_SIZE {

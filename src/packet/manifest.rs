@@ -14,8 +14,8 @@ use std::borrow::Cow;
 use super::digest::Sha256;
 use super::error::{Error, LimitKind, Result};
 use super::format::{
-    HarnessKind, Limits, MAX_FILE_SIZE, MAX_MTIME_NS, PART_HARNESS, PART_WORKSPACE, SCHEMA,
-    chunk_count,
+    HarnessKind, Limits, MAX_FILE_SIZE, MAX_MTIME_NS, MAX_TARGET_BYTES, PART_HARNESS,
+    PART_WORKSPACE, SCHEMA, chunk_count,
 };
 use super::path::{self, check_path, collision_key};
 
@@ -1245,6 +1245,16 @@ pub fn check_target(path: &str, target: &str, limits: &Limits) -> Result<()> {
     if target.as_bytes().contains(&0) {
         return Err(invalid("NUL byte in target"));
     }
+    if target.len() > MAX_TARGET_BYTES {
+        return Err(Error::FormatLimit {
+            path: path.into(),
+            reason: format!(
+                "symlink target of {} bytes; a symlink holds at most {MAX_TARGET_BYTES} \
+                 (symlink(2) refuses longer targets)",
+                target.len()
+            ),
+        });
+    }
     if target.len() as u64 > limits.max_path_bytes {
         return Err(LimitKind::PathBytes.exceeded(target.len() as u64, limits, Some(path)));
     }
@@ -1702,6 +1712,44 @@ mod tests {
             }),
             "limit_exceeded"
         );
+    }
+
+    #[test]
+    fn symlink_targets_longer_than_a_symlink_holds_are_refused_whatever_the_limit() {
+        // Linux's symlink(2) refuses a target of PATH_MAX (4096) bytes: a
+        // packet holding one could be verified but never restored.
+        let wide = Limits {
+            max_path_bytes: Limits::CEILING.max_path_bytes,
+            ..Limits::DEFAULT
+        };
+        for (len, ok) in [(4095, true), (4096, false), (16_384, false)] {
+            let mut m = Manifest {
+                harness: None,
+                entries: vec![
+                    Entry {
+                        path: "workspace".into(),
+                        kind: EntryKind::Dir,
+                    },
+                    Entry {
+                        path: "workspace/l".into(),
+                        kind: EntryKind::Symlink("x".repeat(len).into()),
+                    },
+                ],
+            };
+            let bytes = m.encode();
+            let parsed = Manifest::parse(&bytes, &wide).and_then(|p| {
+                m = p;
+                m.validate(&wide)
+            });
+            match parsed {
+                Ok(_) => assert!(ok, "{len} bytes accepted"),
+                Err(e) => {
+                    assert!(!ok, "{len} bytes: {e}");
+                    assert_eq!(e.kind(), "format_limit", "{len}: {e}");
+                    assert!(e.to_string().starts_with("workspace/l: "), "{e}");
+                }
+            }
+        }
     }
 
     #[test]
