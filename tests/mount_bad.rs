@@ -694,7 +694,10 @@ fn mounts_are_known_by_the_mount_table() {
         run(["status", l]).ok()["mountpoint"],
         real.to_str().unwrap()
     );
-    run(["umount", l]).ok();
+    assert_eq!(
+        run(["umount", l]).ok()["mountpoint"],
+        real.to_str().unwrap()
+    );
     assert!(!is_mounted(&real));
 }
 

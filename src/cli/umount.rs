@@ -212,7 +212,8 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     Ok(Output::new(
         "sessionfs.umount-result/1",
         Result {
-            mountpoint: a.mountpoint.clone(),
+            // Resolved, as mount, status and seal give it.
+            mountpoint: real.clone(),
             unmounted: true,
             via,
         },
