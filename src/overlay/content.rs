@@ -4,9 +4,18 @@
 //! no `chunks`); one bit per chunk records that it was hashed and matched
 //! the manifest. The first read touching a chunk reads and hashes all of it
 //! (serving the request from the same buffer); later reads go straight to
-//! the packet file. Bits only go from 0 to 1, so readers need no lock. A
-//! reader moving forward through a chunked file gets the next chunk
-//! verified on another thread while it reads this one.
+//! the packet file. A reader moving forward through a chunked file gets the
+//! next chunk verified on another thread while it reads this one.
+//!
+//! The bits hold for the packet file as it was when they were set: its
+//! size, mtime and ctime (its [`Identity`]). When those move, the bits are
+//! forgotten and content is verified again as it is read. A `chmod`, a
+//! hard link, a rename or an unlink of the packet moves its ctime and
+//! nothing else (the daemon holds the file open, so its bytes stay), a
+//! write moves them as well; both are told apart by hashing again, not by
+//! failing. After such a change, a chunk is marked verified only by a read
+//! that began well after the new ctime: a write in the same tick of the
+//! kernel's coarse clock would leave the identity as it was.
 
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
@@ -41,15 +50,54 @@ fn identity_of(m: &std::fs::Metadata) -> Identity {
     }
 }
 
+/// The identity the verified bits hold for, and how many times they were
+/// forgotten (a reader that saw another epoch trusts none of its reads).
+#[derive(Clone, Copy, Debug)]
+struct Trusted {
+    identity: Identity,
+    epoch: u64,
+}
+
+/// What a reader saw of [`Trusted`] when it began.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    epoch: u64,
+    /// Long enough after the identity's ctime that any later write moves
+    /// it: chunks verified now may be marked.
+    may_mark: bool,
+}
+
+/// How long after a ctime a change to the file surely shows in its ctime:
+/// above the kernel's coarse clock tick (at most 10 ms).
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Whether `id`'s ctime is [`SETTLE`] in the past.
+fn settled(id: &Identity) -> bool {
+    let ctime = std::time::UNIX_EPOCH
+        + std::time::Duration::new(
+            id.ctime.0.max(0) as u64,
+            id.ctime.1.clamp(0, 999_999_999) as u32,
+        );
+    std::time::SystemTime::now()
+        .duration_since(ctime)
+        .is_ok_and(|d| d >= SETTLE)
+}
+
+/// Times a read starts over when the packet changes under it, before it
+/// fails with [`Error::PacketChanged`].
+const READ_TRIES: usize = 3;
+
 /// Verified-chunk bitmap and counters.
 pub struct Verifier {
     /// First bit of each entry (files only).
     base: Vec<u64>,
     bits: Vec<AtomicU64>,
-    /// The packet file's identity at open, moved on only by a rename of
-    /// this daemon's own seal over the packet's path (which moves the old
-    /// file's ctime): see [`Self::around_own_rename`].
-    at_open: parking_lot::RwLock<Identity>,
+    /// The packet file's identity the bits hold for: at open, then as
+    /// [`Self::refresh`] finds it moved (forgetting the bits), or as a
+    /// rename of this daemon's own seal over the packet's path leaves it
+    /// (see [`Self::around_own_rename`]). Written while bits are forgotten,
+    /// read while one is marked.
+    trusted: parking_lot::RwLock<Trusted>,
     /// Bytes hashed to verify chunks.
     pub hashed: AtomicU64,
     /// Chunks verified.
@@ -112,7 +160,10 @@ impl Verifier {
         Ok(Verifier {
             base,
             bits,
-            at_open: parking_lot::RwLock::new(identity(packet)?),
+            trusted: parking_lot::RwLock::new(Trusted {
+                identity: identity(packet)?,
+                epoch: 0,
+            }),
             hashed: AtomicU64::new(0),
             chunks: AtomicU64::new(0),
             hashing: (0..HASH_STRIPES)
@@ -130,7 +181,7 @@ impl Verifier {
         packet
             .file()
             .metadata()
-            .is_ok_and(|m| committed.is(&m) && identity_of(&m) == *self.at_open.read())
+            .is_ok_and(|m| committed.is(&m) && identity_of(&m) == self.trusted.read().identity)
     }
 
     /// Marks every chunk verified: for a packet this daemon just wrote from
@@ -149,18 +200,69 @@ impl Verifier {
         self.written_here.load(Ordering::Acquire)
     }
 
-    /// Fails with [`Error::PacketChanged`] if the packet file is not the
-    /// one the chunks were verified in (its size, mtime or ctime moved):
-    /// nothing verified before can be trusted then.
-    pub fn check_unchanged(&self, packet: &Packet) -> Result<()> {
-        let at_open = *self.at_open.read();
-        if identity(packet).map_err(|e| Error::packet_io(packet, e))? != at_open {
-            tracing::error!(packet = %packet.path().display(), "the packet file changed while mounted");
-            return Err(Error::PacketChanged {
-                packet: crate::packet::path::shown_path(packet.path()),
-            });
+    /// The bits as they hold for the packet file now: forgotten (every
+    /// chunk to verify again) if its size, mtime or ctime moved since they
+    /// were set.
+    fn refresh(&self, packet: &Packet) -> Result<Seen> {
+        let now = identity(packet).map_err(|e| Error::packet_io(packet, e))?;
+        // The identity at open is taken by a mount well after the packet
+        // was last written (a process start at least, which is longer than
+        // a tick); one taken right after a change may not be.
+        let seen = |t: &Trusted| Seen {
+            epoch: t.epoch,
+            may_mark: t.epoch == 0 || settled(&t.identity),
+        };
+        {
+            let t = self.trusted.read();
+            if t.identity == now {
+                return Ok(seen(&t));
+            }
         }
-        Ok(())
+        let mut t = self.trusted.write();
+        if t.identity != now {
+            tracing::warn!(
+                packet = %packet.path().display(),
+                "the packet file's size, times or links changed while mounted; its content is \
+                 verified again as it is read"
+            );
+            for w in &self.bits {
+                w.store(0, Ordering::Release);
+            }
+            t.identity = now;
+            t.epoch += 1;
+        }
+        Ok(seen(&t))
+    }
+
+    /// Whether the packet file is still as it was when `seen`: bytes read
+    /// since without hashing them were verified in it.
+    fn still(&self, packet: &Packet, seen: Seen) -> Result<bool> {
+        let now = identity(packet).map_err(|e| Error::packet_io(packet, e))?;
+        let t = self.trusted.read();
+        Ok(t.identity == now && t.epoch == seen.epoch)
+    }
+
+    /// For a seal, before it copies lower content: the bits as they hold
+    /// now (see [`Self::refresh`]); pass the result to [`Self::check_still`]
+    /// after the copy.
+    pub fn settle(&self, packet: &Packet) -> Result<u64> {
+        Ok(self.refresh(packet)?.epoch)
+    }
+
+    /// After a seal's copy begun at `epoch` (from [`Self::settle`]): fails
+    /// with [`Error::PacketChanged`] if the packet file moved meanwhile,
+    /// since chunks verified earlier were copied without hashing them.
+    pub fn check_still(&self, packet: &Packet, epoch: u64) -> Result<()> {
+        let seen = Seen {
+            epoch,
+            may_mark: false,
+        };
+        if self.still(packet, seen)? {
+            return Ok(());
+        }
+        Err(Error::PacketChanged {
+            packet: crate::packet::path::shown_path(packet.path()),
+        })
     }
 
     /// Runs `rename`, a seal's commit of a packet over the path of this
@@ -171,12 +273,12 @@ impl Verifier {
     /// moving onto the new packet, instead of taking the rename for a
     /// change and failing every read.
     pub fn around_own_rename<R>(&self, packet: &Packet, rename: impl FnOnce() -> R) -> R {
-        let mut at_open = self.at_open.write();
+        let mut t = self.trusted.write();
         let r = rename();
         if let Ok(now) = identity(packet)
-            && (now.len, now.mtime) == (at_open.len, at_open.mtime)
+            && (now.len, now.mtime) == (t.identity.len, t.identity.mtime)
         {
-            *at_open = now;
+            t.identity = now;
         }
         r
     }
@@ -187,6 +289,15 @@ impl Verifier {
 
     fn mark(&self, bit: u64) {
         self.bits[(bit / 64) as usize].fetch_or(1 << (bit % 64), Ordering::AcqRel);
+    }
+
+    /// Marks `bit` verified by a read that began as `seen`, if the bits
+    /// were not forgotten since and the read may mark (see [`Seen`]).
+    fn mark_seen(&self, bit: u64, seen: Seen) {
+        let t = self.trusted.read();
+        if seen.may_mark && t.epoch == seen.epoch {
+            self.mark(bit);
+        }
     }
 
     /// Whether every chunk of entry `i` has been verified.
@@ -213,12 +324,17 @@ impl Verifier {
     }
 
     /// Records that entry `i`'s whole-file hash was checked against its
-    /// content (by a seal that copied it).
-    pub fn mark_whole(&self, packet: &Packet, i: Idx) {
+    /// content (by a seal that copied it, begun at `epoch`: see
+    /// [`Self::settle`]), unless the bits were forgotten since.
+    pub fn mark_whole(&self, packet: &Packet, i: Idx, epoch: u64) {
         if let Some(f) = packet.manifest.entries[i as usize].file()
             && !f.chunks.is_empty()
         {
-            self.mark(self.base[i as usize] + chunks_of(f.size, true));
+            let seen = Seen {
+                epoch,
+                may_mark: true,
+            };
+            self.mark_seen(self.base[i as usize] + chunks_of(f.size, true), seen);
         }
     }
 
@@ -239,7 +355,40 @@ impl Verifier {
         if offset >= f.size || len == 0 {
             return Ok(());
         }
-        self.check_unchanged(packet)?;
+        let kept = out.len();
+        for _ in 0..READ_TRIES {
+            let seen = self.refresh(packet)?;
+            // Bytes of chunks verified earlier are read without hashing:
+            // the packet is checked again after reading them, so that a
+            // write to it that landed between the first check and the read
+            // is caught (a write moves the file's times before it copies
+            // its bytes); the read then starts over, hashing every chunk.
+            if !self.read_once(packet, i, offset, len, out, seen)? || self.still(packet, seen)? {
+                return Ok(());
+            }
+            out.truncate(kept);
+        }
+        tracing::error!(packet = %packet.path().display(), "the packet file keeps changing while it is read");
+        Err(Error::PacketChanged {
+            packet: crate::packet::path::shown_path(packet.path()),
+        })
+    }
+
+    /// One try of [`Self::read`], as the bits stood when `seen`; returns
+    /// whether it read bytes of chunks verified earlier, without hashing
+    /// them.
+    fn read_once(
+        &self,
+        packet: &Packet,
+        i: Idx,
+        offset: u64,
+        len: u64,
+        out: &mut Vec<u8>,
+        seen: Seen,
+    ) -> Result<bool> {
+        let Some(f) = packet.manifest.entries[i as usize].file() else {
+            return Err(Error::IsDir);
+        };
         let end = f.size.min(offset.saturating_add(len));
         let csize = chunk_size(f);
         let mut pos = offset;
@@ -266,7 +415,7 @@ impl Verifier {
                 if self.forward(i, k) {
                     prefetch_after(packet, i, k);
                 }
-                if let Err(err) = self.verify(packet, i, k, (pos, take_end), out) {
+                if let Err(err) = self.verify(packet, i, k, (pos, take_end), out, seen) {
                     if let Error::Corrupt { path, start, end } = &err {
                         tracing::error!(%path, start, end, "lower content does not match the manifest; failing the read");
                     }
@@ -275,14 +424,7 @@ impl Verifier {
             }
             pos = take_end;
         }
-        // Bytes of chunks verified earlier were read without hashing: the
-        // packet is checked again after reading them, so that a write to
-        // it that landed between the first check and the read is caught
-        // (a write moves the file's times before it copies its bytes).
-        if trusted {
-            self.check_unchanged(packet)?;
-        }
-        Ok(())
+        Ok(trusted)
     }
 
     /// Whether a reader of chunk `k` of file `i` is moving forward through
@@ -329,18 +471,22 @@ impl Verifier {
         let Some(_hashing) = self.hashing[(bit % HASH_STRIPES) as usize].try_lock() else {
             return;
         };
-        if self.is_verified(bit) || self.check_unchanged(packet).is_err() {
+        if self.is_verified(bit) {
             return;
         }
+        let Ok(seen) = self.refresh(packet) else {
+            return;
+        };
         prefetch_after(packet, i, k);
-        if let Err(e) = self.verify(packet, i, k, (0, 0), &mut Vec::new()) {
+        if let Err(e) = self.verify(packet, i, k, (0, 0), &mut Vec::new(), seen) {
             tracing::debug!(entry = i, chunk = k, error = %e, "verifying ahead failed; left to the reader");
         }
     }
 
     /// Reads and hashes chunk `k` of lower file `i`, appending the bytes of
     /// `want` (a range of file offsets inside the chunk) to `out` on the
-    /// way, and marks the chunk verified if it matches the manifest. On any
+    /// way, and marks the chunk verified if it matches the manifest (and the
+    /// read began as `seen` allows, see [`Self::mark_seen`]). On any
     /// failure `out` is left as it was. The caller holds the chunk's stripe.
     fn verify(
         &self,
@@ -349,6 +495,7 @@ impl Verifier {
         k: u64,
         (pos, take_end): (u64, u64),
         out: &mut Vec<u8>,
+        seen: Seen,
     ) -> Result<()> {
         let e = &packet.manifest.entries[i as usize];
         let f = e.file().ok_or(Error::IsDir)?;
@@ -417,7 +564,7 @@ impl Verifier {
                 end: cend,
             });
         }
-        self.mark(self.base[i as usize] + k);
+        self.mark_seen(self.base[i as usize] + k, seen);
         self.chunks.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

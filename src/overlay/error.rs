@@ -59,9 +59,10 @@ pub enum Error {
         /// Chunk end.
         end: u64,
     },
-    /// The packet file changed after it was opened.
+    /// The packet file changed while content verified earlier was read
+    /// from it without hashing it again.
     #[error(
-        "{packet}: the packet file changed while mounted (it must not be written while in use); lower content is no longer served"
+        "{packet}: the packet file changed while content was copied from it (it must not be written while in use); try again: content is then verified afresh"
     )]
     PacketChanged {
         /// The packet file.

@@ -387,8 +387,9 @@ impl Overlay {
         phase("sized");
 
         // Chunks verified earlier are trusted only in the file they were
-        // verified in: checked before the copy and after it.
-        lower.verifier.check_unchanged(&lower.packet)?;
+        // verified in: the bits are forgotten before the copy if it moved,
+        // and the copy fails if it moved during it.
+        let epoch = lower.verifier.settle(&lower.packet)?;
         // Around the page cache: the packet is shipped, or read back
         // lazily by a rebased mount; copying it into the cache cost more
         // than it saved (docs/SEMANTICS.md, "Seal").
@@ -402,7 +403,7 @@ impl Overlay {
             &stats,
             progress,
         )?;
-        lower.verifier.check_unchanged(&lower.packet)?;
+        lower.verifier.check_still(&lower.packet, epoch)?;
         for i in 0..manifest.entries.len() {
             if sources.check_whole(i)
                 && let ItemKind::File(FileItem {
@@ -410,7 +411,7 @@ impl Overlay {
                     ..
                 }) = &sources.items[i].kind
             {
-                lower.verifier.mark_whole(&lower.packet, *idx);
+                lower.verifier.mark_whole(&lower.packet, *idx, epoch);
             }
         }
         let digest = Digest::of_manifest(&manifest_bytes);
