@@ -544,6 +544,16 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// A raw control character (TAB, LF and CR included) inside a string
+    /// at the current position: not JSON at all (RFC 8259 wants them
+    /// escaped), not merely whitespace out of place.
+    fn raw_control(&self) -> Error {
+        Error::ManifestSyntax {
+            offset: self.pos,
+            reason: "raw control character in a string".into(),
+        }
+    }
+
     fn not_canonical(&self, offset: usize, reason: impl Into<String>) -> Error {
         Error::ManifestNotCanonical {
             offset,
@@ -964,7 +974,7 @@ impl<'a> Parser<'a> {
                 b'\\' => break,
                 0..=0x1f => {
                     self.pos = i;
-                    return Err(self.syntax("raw control character in a string"));
+                    return Err(self.raw_control());
                 }
                 _ => i += 1,
             }
@@ -1034,7 +1044,7 @@ impl<'a> Parser<'a> {
                 }
                 0..=0x1f => {
                     self.pos = i;
-                    return Err(self.syntax("raw control character in a string"));
+                    return Err(self.raw_control());
                 }
                 _ => {
                     // Copy the run up to the next special byte.
@@ -1482,6 +1492,20 @@ mod tests {
             (
                 Box::new(|t| t.replacen("packet/1", "packet/2", 1)),
                 "unsupported_schema",
+            ),
+            // Raw control characters inside a string are not JSON, whether
+            // or not they are whitespace.
+            (
+                Box::new(|t| t.replacen("\"workspace\"", "\"work\tspace\"", 1)),
+                "manifest_syntax",
+            ),
+            (
+                Box::new(|t| t.replacen("\"workspace\"", "\"work\nspace\"", 1)),
+                "manifest_syntax",
+            ),
+            (
+                Box::new(|t| t.replacen("\"workspace\"", "\"work\u{1}space\"", 1)),
+                "manifest_syntax",
             ),
             (
                 Box::new(|t| {
