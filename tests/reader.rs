@@ -482,6 +482,65 @@ fn member_refusals() {
 }
 
 #[test]
+fn pax_records_written_otherwise_are_named_as_such() {
+    // A PAX header's size is its records' length: a record more is an
+    // encoding the format does not allow, not another member size; and
+    // the records' block is padded with zeros like any member's data.
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let long = format!("{}/f", "d".repeat(200));
+    write(&ws, &long, b"long\n");
+    let good = tmp.path().join("good.packet");
+    pack(&ws, &good, &[]);
+    let bytes = fs::read(&good).unwrap();
+    // The PAX header: the first header of type `x`.
+    let mut at = 0;
+    let (pax, records) = loop {
+        let h = tar::Header::from_byte_slice(&bytes[at..at + 512]);
+        let size = h.entry_size().unwrap() as usize;
+        if bytes[at + 156] == b'x' {
+            break (at, size);
+        }
+        at += 512 + size.next_multiple_of(512);
+    };
+    assert!(records + 13 < 512, "{records}");
+    let verify = |name: &str, bytes: &[u8]| {
+        let p = tmp.path().join(name);
+        fs::write(&p, bytes).unwrap();
+        run(["verify", p.to_str().unwrap()])
+    };
+    // A `comment` record after the path record, the header's size and
+    // checksum made to match: still within the records' one block.
+    let mut extra = bytes.clone();
+    let comment = b"13 comment=x\n";
+    extra[pax + 512 + records..pax + 512 + records + comment.len()].copy_from_slice(comment);
+    let mut h = tar::Header::new_old();
+    h.as_mut_bytes().copy_from_slice(&extra[pax..pax + 512]);
+    h.set_size((records + comment.len()) as u64);
+    extra[pax..pax + 512].copy_from_slice(h.as_bytes());
+    reseal(&mut extra, pax);
+    let r = verify("extra.packet", &extra);
+    let e = r.fails(3, "non_canonical_header");
+    assert!(
+        e["message"].as_str().unwrap().contains("pax records"),
+        "{e}"
+    );
+    // A byte in the padding after the records.
+    let mut padded = bytes.clone();
+    padded[pax + 512 + records + 5] = b'x';
+    verify("padding.packet", &padded).fails(3, "bad_padding");
+    // A byte in the records themselves.
+    let mut changed = bytes.clone();
+    changed[pax + 512 + records - 3] ^= 1;
+    let r = verify("records.packet", &changed);
+    let e = r.fails(3, "non_canonical_header");
+    assert!(
+        e["message"].as_str().unwrap().contains("pax records"),
+        "{e}"
+    );
+}
+
+#[test]
 fn content_tampering_is_caught_with_its_range() {
     let f = fixture();
     // A byte in the second chunk of the big file.

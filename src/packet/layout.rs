@@ -349,6 +349,15 @@ pub fn diagnose(actual: &[u8], expected: &[u8], offset: u64, member: &str) -> Er
             found,
         };
     }
+    // A PAX header's size is that of its records: other records, not
+    // another member.
+    if flag == b'x' && actual[124..136] != expected[124..136] {
+        return Error::NonCanonicalHeader {
+            offset,
+            member,
+            field: "pax records",
+        };
+    }
     // Likewise another size, against the same size written otherwise
     // (base-256, other padding).
     if actual[124..136] != expected[124..136] {

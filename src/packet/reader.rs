@@ -407,6 +407,18 @@ fn diagnose_blocks(actual: &[u8], expected: &[u8], start: u64, member: &str) -> 
         if a != e {
             let is_pax_records = expected.len() > b && k != 0 && k + b != expected.len();
             if is_pax_records {
+                // The records are as long as the PAX header (the first
+                // block, equal here) says; the rest of their blocks is
+                // padding, which must be zero.
+                let records = tar::Header::from_byte_slice(&expected[..b])
+                    .entry_size()
+                    .map_or(usize::MAX, |n| n as usize);
+                let first = (k..k + b).find(|&j| actual[j] != expected[j]).unwrap_or(k);
+                if first - b >= records {
+                    return Error::BadPadding {
+                        member: member.into(),
+                    };
+                }
                 return Error::NonCanonicalHeader {
                     offset: start + k as u64,
                     member: member.into(),
