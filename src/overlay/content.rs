@@ -27,7 +27,7 @@ use sha2::Digest as _;
 
 use crate::packet::digest::Sha256;
 use crate::packet::format::CHUNK_SIZE;
-use crate::packet::manifest::{EntryKind, Manifest};
+use crate::packet::manifest::{EntryKind, FileMeta, Manifest};
 use crate::packet::reader::Packet;
 
 /// What identifies the packet file's content at open time.
@@ -363,7 +363,9 @@ impl Verifier {
             // write to it that landed between the first check and the read
             // is caught (a write moves the file's times before it copies
             // its bytes); the read then starts over, hashing every chunk.
-            if !self.read_once(packet, i, offset, len, out, seen)? || self.still(packet, seen)? {
+            if !self.read_once(packet, i, f, (offset, len), out, seen)?
+                || self.still(packet, seen)?
+            {
                 return Ok(());
             }
             out.truncate(kept);
@@ -374,21 +376,19 @@ impl Verifier {
         })
     }
 
-    /// One try of [`Self::read`], as the bits stood when `seen`; returns
+    /// One try of [`Self::read`] of lower file `i` (whose metadata is `f`),
+    /// as the bits stood when `seen`; returns
     /// whether it read bytes of chunks verified earlier, without hashing
     /// them.
     fn read_once(
         &self,
         packet: &Packet,
         i: Idx,
-        offset: u64,
-        len: u64,
+        f: &FileMeta,
+        (offset, len): (u64, u64),
         out: &mut Vec<u8>,
         seen: Seen,
     ) -> Result<bool> {
-        let Some(f) = packet.manifest.entries[i as usize].file() else {
-            return Err(Error::IsDir);
-        };
         let end = f.size.min(offset.saturating_add(len));
         let csize = chunk_size(f);
         let mut pos = offset;
