@@ -7,15 +7,18 @@
 //! the packet file. A reader moving forward through a chunked file gets the
 //! next chunk verified on another thread while it reads this one.
 //!
-//! The bits hold for the packet file as it was when they were set: its
-//! size, mtime and ctime (its [`Identity`]). When those move, the bits are
-//! forgotten and content is verified again as it is read. A `chmod`, a
-//! hard link, a rename or an unlink of the packet moves its ctime and
-//! nothing else (the daemon holds the file open, so its bytes stay), a
-//! write moves them as well; both are told apart by hashing again, not by
-//! failing. After such a change, a chunk is marked verified only by a read
-//! that began well after the new ctime: a write in the same tick of the
-//! kernel's coarse clock would leave the identity as it was.
+//! The bits hold for the packet file as it was when the mount opened it:
+//! its size, mtime and ctime (its [`Identity`]). When those move, the bits
+//! are forgotten and never set again: from then on every read hashes the
+//! chunks it serves. A `chmod`, a hard link, a rename or an unlink of the
+//! packet moves its ctime and nothing else (the daemon holds the file
+//! open, so its bytes stay), and the mount goes on serving, more slowly;
+//! a write is caught by the hashes. The identity cannot vouch for the bytes
+//! once somebody has written the file: a long `write` moves the times
+//! once, at its start, then copies for as long as it takes, and stores
+//! through a shared mapping move them only at a page's first store after
+//! writeback, so a chunk hashed after the change shows may still change
+//! without the identity moving again.
 
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
@@ -62,25 +65,9 @@ struct Trusted {
 #[derive(Clone, Copy, Debug)]
 struct Seen {
     epoch: u64,
-    /// Long enough after the identity's ctime that any later write moves
-    /// it: chunks verified now may be marked.
+    /// The packet is as the mount opened it: chunks verified now may be
+    /// marked (see the module's text for why never after a change).
     may_mark: bool,
-}
-
-/// How long after a ctime a change to the file surely shows in its ctime:
-/// above the kernel's coarse clock tick (at most 10 ms).
-const SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Whether `id`'s ctime is [`SETTLE`] in the past.
-fn settled(id: &Identity) -> bool {
-    let ctime = std::time::UNIX_EPOCH
-        + std::time::Duration::new(
-            id.ctime.0.max(0) as u64,
-            id.ctime.1.clamp(0, 999_999_999) as u32,
-        );
-    std::time::SystemTime::now()
-        .duration_since(ctime)
-        .is_ok_and(|d| d >= SETTLE)
 }
 
 /// Times a read starts over when the packet changes under it, before it
@@ -205,12 +192,9 @@ impl Verifier {
     /// were set.
     fn refresh(&self, packet: &Packet) -> Result<Seen> {
         let now = identity(packet).map_err(|e| Error::packet_io(packet, e))?;
-        // The identity at open is taken by a mount well after the packet
-        // was last written (a process start at least, which is longer than
-        // a tick); one taken right after a change may not be.
         let seen = |t: &Trusted| Seen {
             epoch: t.epoch,
-            may_mark: t.epoch == 0 || settled(&t.identity),
+            may_mark: t.epoch == 0,
         };
         {
             let t = self.trusted.read();
@@ -220,18 +204,24 @@ impl Verifier {
         }
         let mut t = self.trusted.write();
         if t.identity != now {
-            tracing::warn!(
-                packet = %packet.path().display(),
-                "the packet file's size, times or links changed while mounted; its content is \
-                 verified again as it is read"
-            );
-            for w in &self.bits {
-                w.store(0, Ordering::Release);
-            }
-            t.identity = now;
-            t.epoch += 1;
+            self.forget(packet, &mut t, now);
         }
         Ok(seen(&t))
+    }
+
+    /// Forgets every verified chunk for good and takes the file's identity
+    /// now as the one to compare with (see the module's text).
+    fn forget(&self, packet: &Packet, t: &mut Trusted, now: Identity) {
+        tracing::warn!(
+            packet = %packet.path().display(),
+            "the packet file's size, times or links changed while mounted; every read of its \
+             content is hashed from now on (a remount makes reads fast again)"
+        );
+        for w in &self.bits {
+            w.store(0, Ordering::Release);
+        }
+        t.identity = now;
+        t.epoch += 1;
     }
 
     /// Whether the packet file is still as it was when `seen`: bytes read
@@ -274,6 +264,13 @@ impl Verifier {
     /// change and failing every read.
     pub fn around_own_rename<R>(&self, packet: &Packet, rename: impl FnOnce() -> R) -> R {
         let mut t = self.trusted.write();
+        // A change before the rename is not the rename's: forgotten as
+        // any change is, before the rename's own move is taken for one.
+        if let Ok(now) = identity(packet)
+            && now != t.identity
+        {
+            self.forget(packet, &mut t, now);
+        }
         let r = rename();
         if let Ok(now) = identity(packet)
             && (now.len, now.mtime) == (t.identity.len, t.identity.mtime)
@@ -474,7 +471,8 @@ impl Verifier {
         if self.is_verified(bit) {
             return;
         }
-        let Ok(seen) = self.refresh(packet) else {
+        // Nothing is marked after a change: hashing ahead would be lost.
+        let Some(seen) = self.refresh(packet).ok().filter(|seen| seen.may_mark) else {
             return;
         };
         prefetch_after(packet, i, k);
