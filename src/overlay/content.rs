@@ -8,7 +8,7 @@
 //! next chunk verified on another thread while it reads this one.
 //!
 //! The bits hold for the packet file as it was when the mount opened it:
-//! its size, mtime and ctime (its [`Identity`]). When those move, the bits
+//! its size, mtime and ctime (its identity). When those move, the bits
 //! are forgotten and never set again: from then on every read hashes the
 //! chunks it serves. A `chmod`, a hard link, a rename or an unlink of the
 //! packet moves its ctime and nothing else (the daemon holds the file
@@ -233,7 +233,7 @@ impl Verifier {
     }
 
     /// For a seal, before it copies lower content: the bits as they hold
-    /// now (see [`Self::refresh`]); pass the result to [`Self::check_still`]
+    /// now (forgotten if the file moved); pass the result to [`Self::check_still`]
     /// after the copy.
     pub fn settle(&self, packet: &Packet) -> Result<u64> {
         Ok(self.refresh(packet)?.epoch)
