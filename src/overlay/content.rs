@@ -187,9 +187,8 @@ impl Verifier {
         self.written_here.load(Ordering::Acquire)
     }
 
-    /// The bits as they hold for the packet file now: forgotten (every
-    /// chunk to verify again) if its size, mtime or ctime moved since they
-    /// were set.
+    /// The bits as they hold for the packet file now: forgotten for good
+    /// if its size, mtime or ctime moved since the last look.
     fn refresh(&self, packet: &Packet) -> Result<Seen> {
         let now = identity(packet).map_err(|e| Error::packet_io(packet, e))?;
         let seen = |t: &Trusted| Seen {
