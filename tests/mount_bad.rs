@@ -649,22 +649,19 @@ m[at:at + 16] = bytes.fromhex(sys.argv[5])
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let out = std::process::Command::new("python3")
-        .args(["-c", script, p.to_str().unwrap(), &at.to_string()])
-        .arg(m.path("big.bin"))
-        .args([&file_at.to_string(), &want])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (at, file_at_s) = (at.to_string(), file_at.to_string());
+    let big_path = m.path("big.bin");
+    let out = python(
+        script,
+        &[
+            p.as_os_str(),
+            at.as_ref(),
+            big_path.as_os_str(),
+            file_at_s.as_ref(),
+            want.as_ref(),
+        ],
     );
-    let lines: Vec<String> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let lines: Vec<&str> = out.lines().collect();
     // Served while the bytes are right, hashed each time; then the store
     // that moved no time is caught by the hash.
     assert_eq!(lines[0], want, "{lines:?}");

@@ -51,22 +51,6 @@ fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     r.expect_err("expected an error").raw_os_error().unwrap()
 }
 
-/// Runs a Python script with `arg`; its stdout, trimmed (it must succeed).
-fn python(script: &str, arg: &Path) -> String {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(arg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 #[test]
 fn lower_entries_show_manifest_metadata_and_nothing_is_read_at_mount() {
     // "The mount is then ready: no file content has been read yet."
@@ -474,7 +458,10 @@ mm[2:4] = b"zw"
 print(bytes(mm[0:12]).decode())
 mm.close()
 "#;
-    assert_eq!(python(script, &m.path("src/main.rs")), "XYzwain() {");
+    assert_eq!(
+        python(script, &[m.path("src/main.rs").as_os_str()]),
+        "XYzwain() {"
+    );
     assert!(!m.path("src/main.rs").exists());
     // Once the kernel forgets the inode, its data file goes.
     let mut left = data_files_of(&m);
@@ -790,7 +777,10 @@ with open(p, "rb") as f:
     pm.close()
 print(open(p, "rb").read(12).decode())
 "#;
-    assert_eq!(python(script, &m.path("README.md")), "SHARED!!");
+    assert_eq!(
+        python(script, &[m.path("README.md").as_os_str()]),
+        "SHARED!!"
+    );
     assert_eq!(&fs::read(m.path("README.md")).unwrap()[..8], b"SHARED!!");
     m.umount();
 }
@@ -815,7 +805,10 @@ fcntl.lockf(f, fcntl.LOCK_EX)
 other2 = other.replace("fcntl.flock(f, fcntl.LOCK_EX|fcntl.LOCK_NB)", "fcntl.lockf(f, fcntl.LOCK_EX|fcntl.LOCK_NB)")
 print(subprocess.run([sys.executable, "-c", other2, p], capture_output=True, text=True).stdout.strip())
 "#;
-    assert_eq!(python(script, &m.path("README.md")), "busy\nbusy");
+    assert_eq!(
+        python(script, &[m.path("README.md").as_os_str()]),
+        "busy\nbusy"
+    );
     m.umount();
 }
 

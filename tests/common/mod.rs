@@ -569,3 +569,19 @@ pub fn names_in(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<String> {
         .filter(|n| keep(n))
         .collect()
 }
+
+/// Runs a Python script with `args`; its stdout, trimmed (it must succeed).
+pub fn python(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
