@@ -30,12 +30,7 @@ fn tree(root: &Path) {
 }
 
 fn listing(cmd: &mut Command) -> Vec<String> {
-    let out = cmd.output().expect("the tool runs (make test installs it)");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeed(cmd);
     let mut names: Vec<String> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()

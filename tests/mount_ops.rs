@@ -1074,16 +1074,11 @@ fn status_and_mount_give_absolute_paths_whatever_the_mount_was_given() {
     }
     let (tmp, p) = setup();
     fs::create_dir_all(tmp.path().join("mnt")).unwrap();
-    let out = Command::new(bin())
-        .current_dir(tmp.path())
-        .args(["mount", p.file_name().unwrap().to_str().unwrap(), "mnt"])
-        .args(["--upper", "upper"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeed(
+        Command::new(bin())
+            .current_dir(tmp.path())
+            .args(["mount", p.file_name().unwrap().to_str().unwrap(), "mnt"])
+            .args(["--upper", "upper"]),
     );
     let mounted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mnt = tmp.path().join("mnt");

@@ -6,24 +6,13 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
 
 #[track_caller]
 fn sh(dir: &Path, script: &str) -> String {
-    let out: Output = Command::new("sh")
-        .arg("-ec")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "`{script}` failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeed(Command::new("sh").arg("-ec").arg(script).current_dir(dir));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -188,24 +177,14 @@ fn a_non_root_agent_can_use_a_mount_made_for_it() {
          HOME=/tmp {GIT} -c safe.directory='*' status --porcelain | sort",
         m.mnt.display()
     );
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "sh",
-            "-ec",
-            &script,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{:?} {} {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeed(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "sh",
+        "-ec",
+        &script,
+    ]));
     let status = String::from_utf8_lossy(&out.stdout);
     assert!(
         status.contains(" M README.md") && status.contains("?? newdir/"),

@@ -37,14 +37,7 @@ fn python_pack(ws: &Path, harness: Option<(&Path, &str)>, out: &Path, zero: bool
     if zero {
         cmd.arg("--zero-mtimes");
     }
-    let o = cmd.output().unwrap_or_else(|e| {
-        panic!("cannot run python3 (it is required for this test, install it): {e}")
-    });
-    assert!(
-        o.status.success(),
-        "write_packet.py failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = succeed(&mut cmd);
     String::from_utf8(o.stdout).unwrap().trim().to_owned()
 }
 

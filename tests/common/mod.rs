@@ -570,18 +570,26 @@ pub fn names_in(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<String> {
         .collect()
 }
 
-/// Runs a Python script with `args`; its stdout, trimmed (it must succeed).
-pub fn python(script: &str, args: &[&std::ffi::OsStr]) -> String {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .args(args)
+/// Runs `cmd`, which must succeed (if not, the command, its status,
+/// stdout and stderr are shown); its output.
+#[track_caller]
+pub fn succeed(cmd: &mut Command) -> std::process::Output {
+    let out = cmd
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (make test installs what tests run): {e}"));
     assert!(
         out.status.success(),
-        "{}",
+        "{cmd:?}: {}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+/// Runs a Python script with `args`; its stdout, trimmed (it must succeed).
+#[track_caller]
+pub fn python(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = succeed(Command::new("python3").arg("-c").arg(script).args(args));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
