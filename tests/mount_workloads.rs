@@ -10,15 +10,6 @@ use std::process::Command;
 
 use common::*;
 
-#[track_caller]
-fn sh(dir: &Path, script: &str) -> String {
-    let out = succeed(Command::new("sh").arg("-ec").arg(script).current_dir(dir));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-const GIT: &str =
-    "git -c user.name=agent -c user.email=agent@example.com -c init.defaultBranch=main";
-
 /// A git repository holding a small Rust crate.
 fn repo(root: &Path) {
     write(

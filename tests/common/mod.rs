@@ -332,6 +332,20 @@ impl Mounted {
         Mounted::new(packet, &mnt, &upper, &["--part", "workspace"])
     }
 
+    /// `sessionfs seal` of this mount to `out` (extra args), which must
+    /// succeed; its result.
+    #[track_caller]
+    pub fn seal(&self, out: &Path, extra: &[&str]) -> Value {
+        let mut args = vec![
+            "seal".to_string(),
+            self.mnt.display().to_string(),
+            "-o".into(),
+            out.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        run(&args).ok().clone()
+    }
+
     /// The daemon's process id.
     pub fn pid(&self) -> i32 {
         self.result["pid"].as_i64().unwrap() as i32
@@ -586,6 +600,18 @@ pub fn succeed(cmd: &mut Command) -> std::process::Output {
     );
     out
 }
+
+/// Runs `script` with `sh -e` in `dir` (it must succeed); its stdout.
+#[track_caller]
+pub fn sh(dir: &Path, script: &str) -> String {
+    let out = succeed(Command::new("sh").arg("-ec").arg(script).current_dir(dir));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// git with an identity and a default branch, whatever the machine's
+/// configuration says.
+pub const GIT: &str =
+    "git -c user.name=agent -c user.email=agent@example.com -c init.defaultBranch=main";
 
 /// Runs a Python script with `args`; its stdout, trimmed (it must succeed).
 #[track_caller]
