@@ -124,11 +124,31 @@ fn caller(req: &Request) -> Caller {
 fn set_time(t: TimeOrNow) -> SetTime {
     match t {
         TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(st) => SetTime::At(match st.duration_since(UNIX_EPOCH) {
-            Ok(d) => d.as_nanos().min(i64::MAX as u128) as i64,
-            Err(e) => -(e.duration().as_nanos().min(i64::MAX as u128) as i64),
-        }),
+        TimeOrNow::SpecificTime(st) => SetTime::At(kernel_nanos(st)),
     }
+}
+
+/// The time the kernel sent, in nanoseconds since the epoch, clamped to
+/// what the mount holds (an `i64` of nanoseconds: 1677-09-21 to
+/// 2262-04-11, docs/SEMANTICS.md "Times").
+///
+/// fuser 0.18 builds a time before the epoch from the kernel's
+/// `(sec < 0, nsec)` as `UNIX_EPOCH - (-sec s + nsec ns)` instead of
+/// `UNIX_EPOCH - (-sec s - nsec ns)` (its `system_time_from_time`, marked
+/// "TODO: 1_000_000_000 - nsec"), so `1969-12-31 23:59:59.25` arrives as
+/// 1.25 s before the epoch. Its mapping is one to one, so this undoes it:
+/// whole seconds back, nanoseconds forward. (Tested through a real mount
+/// in tests/stat_times.rs, which fails if fuser changes.)
+fn kernel_nanos(st: SystemTime) -> i64 {
+    const NS: i128 = 1_000_000_000;
+    let ns: i128 = match st.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => {
+            let d = e.duration();
+            -(d.as_secs() as i128) * NS + d.subsec_nanos() as i128
+        }
+    };
+    ns.clamp(i64::MIN as i128, i64::MAX as i128) as i64
 }
 
 /// Logs a failed request once: routine "no such entry" at debug, the rest
@@ -647,5 +667,31 @@ impl Filesystem for SessionFs {
             "fallocate",
             ino.0,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_times_keep_their_sign_and_clamp_at_the_ends() {
+        let before = |s: u64, n: u32| UNIX_EPOCH - Duration::new(s, n);
+        let after = |s: u64, n: u32| UNIX_EPOCH + Duration::new(s, n);
+        // As fuser 0.18 builds them from the kernel's (sec, nsec).
+        for (st, ns) in [
+            (after(0, 0), 0),
+            (after(1, 250_000_000), 1_250_000_000),
+            // (-1 s, 0.25 s): 1969-12-31 23:59:59.25.
+            (before(1, 250_000_000), -750_000_000),
+            // (-2 s, 0.75 s).
+            (before(2, 750_000_000), -1_250_000_000),
+            (before(1, 0), -1_000_000_000),
+            // 2^40 s: past what an i64 of nanoseconds holds.
+            (after(1 << 40, 0), i64::MAX),
+            (before(1 << 40, 0), i64::MIN),
+        ] {
+            assert_eq!(kernel_nanos(st), ns, "{st:?}");
+        }
     }
 }
