@@ -387,9 +387,9 @@ impl Overlay {
                 Ok(st) => {
                     a.size = st.st_size as u64;
                     a.blocks = st.st_blocks as u64;
-                    a.atime = st.st_atime * 1_000_000_000 + st.st_atime_nsec;
-                    a.mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
-                    a.ctime = a.ctime.max(st.st_ctime * 1_000_000_000 + st.st_ctime_nsec);
+                    a.atime = stat_nanos(st.st_atime, st.st_atime_nsec);
+                    a.mtime = stat_nanos(st.st_mtime, st.st_mtime_nsec);
+                    a.ctime = a.ctime.max(stat_nanos(st.st_ctime, st.st_ctime_nsec));
                 }
                 // An unlinked file nothing has open any more: its data is gone.
                 Err(_) if n.nlink == 0 => {}
@@ -1197,20 +1197,28 @@ fn set_file_times(f: &File, atime: Option<Nanos>, mtime: Option<Nanos>) -> Resul
 }
 
 /// Attributes of a pristine lower entry.
+/// A stat time in nanoseconds since the epoch, clamped to an `i64` (a data
+/// file dated past 2262 by hand reads as 2262, not as a wrapped time).
+#[allow(clippy::unnecessary_cast)] // (`time_t` and the nanoseconds differ by platform)
+pub(crate) fn stat_nanos(secs: libc::time_t, nanos: i64) -> Nanos {
+    (secs as i64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(nanos as i64)
+}
+
 fn lower_attr(lower: &Lower, ino: Ino, i: index::Idx, generation: u64) -> Attr {
     let e = &lower.manifest().entries[i as usize];
-    let t = lower.dir_time;
-    let (kind, size, perm, time, nlink) = match &e.kind {
-        EntryKind::Dir => (Kind::Dir, 4096, 0o755, t, 2 + lower.index.subdirs(i)),
+    let (kind, size, perm, nlink) = match &e.kind {
+        EntryKind::Dir => (Kind::Dir, 4096, 0o755, 2 + lower.index.subdirs(i)),
         EntryKind::File(f) => (
             Kind::File,
             f.size,
             if f.executable { 0o755 } else { 0o644 },
-            f.mtime_ns as Nanos,
             1,
         ),
-        EntryKind::Symlink(s) => (Kind::Symlink, s.len() as u64, 0o777, t, 1),
+        EntryKind::Symlink(s) => (Kind::Symlink, s.len() as u64, 0o777, 1),
     };
+    let (time, ctime) = lower.times(i);
     Attr {
         ino,
         generation,
@@ -1219,7 +1227,7 @@ fn lower_attr(lower: &Lower, ino: Ino, i: index::Idx, generation: u64) -> Attr {
         blocks: size.div_ceil(512),
         atime: time,
         mtime: time,
-        ctime: time,
+        ctime,
         perm,
         nlink,
         uid: lower.uid,

@@ -126,19 +126,35 @@ impl Lower {
         super::index::entry_kind(&self.manifest().entries[i as usize])
     }
 
+    /// The mtime (also the atime) and ctime a lower entry shows: a file's
+    /// mtime is its `mtime_ns`, a directory's and a symlink's the newest
+    /// file mtime in the packet; the ctime of a file or symlink is the
+    /// [`content_stamp`] of its content (its SHA-256, or its target's), of
+    /// a directory its mtime.
+    pub fn times(&self, i: Idx) -> (Nanos, Nanos) {
+        match &self.manifest().entries[i as usize].kind {
+            EntryKind::Dir => (self.dir_time, self.dir_time),
+            EntryKind::File(f) => (f.mtime_ns as Nanos, content_stamp(&f.sha256)),
+            EntryKind::Symlink(target) => (
+                self.dir_time,
+                content_stamp(&crate::packet::digest::Sha256::of(target.as_bytes())),
+            ),
+        }
+    }
+
     /// A pristine node for lower entry `i` (not yet in the state).
     pub fn node(&self, i: Idx, parent: Ino) -> Node {
         let e = &self.manifest().entries[i as usize];
-        let (kind, perm, time, content) = match &e.kind {
-            EntryKind::Dir => (Kind::Dir, MODE_DIR, self.dir_time, Content::None),
+        let (kind, perm, content) = match &e.kind {
+            EntryKind::Dir => (Kind::Dir, MODE_DIR, Content::None),
             EntryKind::File(f) => (
                 Kind::File,
                 if f.executable { MODE_EXEC } else { MODE_FILE },
-                f.mtime_ns as Nanos,
                 Content::Lower(i),
             ),
-            EntryKind::Symlink(_) => (Kind::Symlink, MODE_SYMLINK, self.dir_time, Content::None),
+            EntryKind::Symlink(_) => (Kind::Symlink, MODE_SYMLINK, Content::None),
         };
+        let (time, ctime) = self.times(i);
         Node {
             kind,
             generation: 1,
@@ -151,7 +167,7 @@ impl Lower {
             gid: self.gid,
             atime: time,
             mtime: time,
-            ctime: time,
+            ctime,
             nlink: 1,
             children: None,
             subdirs: self.index.subdirs(i),
@@ -740,6 +756,35 @@ impl State {
 pub struct Applied {
     /// An inode that lost a name (it may now be droppable).
     pub unlinked: Option<Ino>,
+}
+
+/// Bits of a [`content_stamp`]'s whole seconds: 2^30 s ends in January
+/// 2004, so a stamp is never in the future and never reads as a recent
+/// change.
+const STAMP_SECOND_BITS: u32 = 30;
+
+/// The ctime a lower file or symlink shows, a function of its content
+/// alone: whole seconds below 2^30 from the first 8 bytes of its SHA-256,
+/// nanoseconds from the next 8. Git (and Bazel, and backup tools) decide
+/// that a file is unchanged when its stat data is what they recorded: with
+/// the ctime a stamp of the content, a file whose content changed never
+/// shows the stat data recorded for other content (but by a 2^-30 chance,
+/// 2^-60 where nanoseconds count, and only when the mtime, inode number
+/// and size also match), on this mount, after a rebase or on a fresh
+/// mount of a later packet, whatever the mtimes (`--zero-mtimes`
+/// included); and a file whose content did not change shows the same
+/// ctime on every mount of every packet that holds it. Part of the mount's
+/// contract (docs/SEMANTICS.md, "Times"): a change here makes git re-read
+/// every file once.
+pub fn content_stamp(sha256: &crate::packet::digest::Sha256) -> Nanos {
+    let word = |k: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&sha256.0[k..k + 8]);
+        u64::from_le_bytes(b)
+    };
+    let secs = (word(0) >> (64 - STAMP_SECOND_BITS)) as Nanos;
+    let nanos = (word(8) % 1_000_000_000) as Nanos;
+    secs * 1_000_000_000 + nanos
 }
 
 fn replay(reason: &str) -> Error {
