@@ -635,7 +635,7 @@ impl Overlay {
             for r in &kept {
                 fresh.apply(&new_lower, r)?;
             }
-            let (modes, stale) = carry_modes(&st, &fresh, items, &new_numbers, t);
+            let (modes, stale) = self.carry_shown(&st, &fresh, items, &new_numbers);
             for r in &modes {
                 fresh.apply(&new_lower, r)?;
             }
@@ -747,8 +747,8 @@ impl Overlay {
             }
             f(Stale::Attr(super::ino::ROOT));
             // Entries the old view served from its packet whose time the
-            // new packet gives otherwise (`--zero-mtimes`, a directory's
-            // time, which is its packet's newest file's).
+            // new packet moves forward (a directory's time, which is its
+            // packet's newest file's).
             for ino in stale_times {
                 f(Stale::Attr(ino));
             }
@@ -1123,7 +1123,7 @@ impl Overlay {
                 }
                 Content::Upper(id) => {
                     let st = self.upper.stat_data(id)?;
-                    let mtime = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+                    let mtime = super::stat_nanos(st.st_mtime, st.st_mtime_nsec);
                     let size = st.st_size as u64;
                     // A copy-up nothing wrote to since holds the lower bytes.
                     match n.lower.filter(|_| !n.modified.get()) {
@@ -1629,68 +1629,70 @@ impl DirectLower {
     }
 }
 
-/// What a packet cannot hold of the entries it holds, kept on the mount
-/// across a rebase onto it: their permission bits beyond the executable
-/// one, and their owners. A file made private on the mount (`chmod 600`)
-/// must not turn readable by others when the mount moves onto the packet,
-/// nor a file change hands. Returns the records that set them again in
-/// `fresh` (the new view, with the left-out entries made again; the
-/// renumbered names of `items` by index in `new_numbers`), and the
-/// numbers the kernel holds of entries the old view served from its
-/// packet whose time `fresh` gives otherwise, to tell the kernel.
-fn carry_modes(
-    old: &super::state::State,
-    fresh: &super::state::State,
-    items: &[Item],
-    new_numbers: &HashMap<usize, Ino>,
-    t: super::journal::Nanos,
-) -> (Vec<Record>, Vec<Ino>) {
-    use super::state::Ref;
-    let shown = |st: &super::state::State,
-                 ino: Ino|
-     -> Option<(u16, u32, u32, Option<super::journal::Nanos>)> {
-        Some(match st.get(&st.lower, ino)? {
-            // (A node's own time, for one without a data file: a data
-            // file's is the file's.)
-            Ref::Node(n) => {
-                let own_time = !matches!(n.content, Content::Upper(_));
-                (n.perm, n.uid, n.gid, own_time.then_some(n.mtime))
+/// What the mount showed of the entries a packet holds that the packet
+/// cannot give, kept on the mount across a rebase onto it: their
+/// permission bits beyond the executable one, their owners, and any time
+/// the new view would show earlier than the old one did. A file made
+/// private on the mount (`chmod 600`) must not turn readable by others
+/// when the mount moves onto the packet, nor a file change hands; and a
+/// time the mount has shown never goes back (a directory renamed into
+/// keeps the rename's time, which no file's mtime in the packet gives, so
+/// a process caching its listing by mtime, as Python's importer does,
+/// sees the listing change; a file sealed `--zero-mtimes` keeps its mtime
+/// until a fresh mount; a file changed this turn keeps its ctime, which
+/// its content stamp would put decades back). A time the new view shows
+/// later stays later. Returns the records that set them in `fresh` (the
+/// new view, with the left-out entries made again; the renumbered names
+/// of `items` by index in `new_numbers`), and the numbers the kernel holds
+/// of entries the old view served from its packet whose times move
+/// forward, to tell the kernel.
+impl Overlay {
+    fn carry_shown(
+        &self,
+        old: &super::state::State,
+        fresh: &super::state::State,
+        items: &[Item],
+        new_numbers: &HashMap<usize, Ino>,
+    ) -> (Vec<Record>, Vec<Ino>) {
+        use super::state::Ref;
+        let held: HashSet<Ino> = old.kernel_refs().into_iter().map(|(i, _)| i).collect();
+        let mut records = Vec::new();
+        let mut stale = Vec::new();
+        for (k, it) in items.iter().enumerate() {
+            // A renumbered name (another name of a hard-linked file) has
+            // the number the new packet gave it.
+            let ino = new_numbers.get(&k).copied().unwrap_or(it.ino);
+            let (Ok(was), Ok(now)) = (self.attr_of(old, it.ino), self.attr_of(fresh, ino)) else {
+                continue;
+            };
+            let perm = (was.perm != now.perm).then_some(was.perm);
+            let uid = (was.uid != now.uid).then_some(was.uid);
+            let gid = (was.gid != now.gid).then_some(was.gid);
+            let mtime_back = now.mtime < was.mtime;
+            if perm.is_some()
+                || uid.is_some()
+                || gid.is_some()
+                || mtime_back
+                || now.ctime < was.ctime
+            {
+                records.push(Record::Setattr {
+                    // (A setattr's time becomes the ctime.)
+                    t: was.ctime.max(now.ctime),
+                    ino,
+                    perm,
+                    uid,
+                    gid,
+                    atime: mtime_back.then_some(was.atime),
+                    mtime: mtime_back.then_some(was.mtime),
+                });
             }
-            Ref::Lower(i) => {
-                let a = super::lower_attr(&st.lower, ino, i, 0);
-                (a.perm, a.uid, a.gid, Some(a.mtime))
+            // (The old view's nodes are all told of anyway.)
+            let was_lower = matches!(old.get(&old.lower, it.ino), Some(Ref::Lower(_)));
+            let forward = now.mtime > was.mtime || now.ctime > was.ctime;
+            if was_lower && forward && held.contains(&it.ino) {
+                stale.push(ino);
             }
-        })
-    };
-    let held: HashSet<Ino> = old.kernel_refs().into_iter().map(|(i, _)| i).collect();
-    let mut records = Vec::new();
-    let mut stale = Vec::new();
-    for (k, it) in items.iter().enumerate() {
-        // A renumbered name (another name of a hard-linked file) has the
-        // number the new packet gave it.
-        let ino = new_numbers.get(&k).copied().unwrap_or(it.ino);
-        let (Some(was), Some(now)) = (shown(old, it.ino), shown(fresh, ino)) else {
-            continue;
-        };
-        let perm = (was.0 != now.0).then_some(was.0);
-        let uid = (was.1 != now.1).then_some(was.1);
-        let gid = (was.2 != now.2).then_some(was.2);
-        if perm.is_some() || uid.is_some() || gid.is_some() {
-            records.push(Record::Setattr {
-                t,
-                ino,
-                perm,
-                uid,
-                gid,
-                atime: None,
-                mtime: None,
-            });
         }
-        // (The old view's nodes are all told of anyway.)
-        let was_lower = matches!(old.get(&old.lower, it.ino), Some(Ref::Lower(_)));
-        if was_lower && was.3 != now.3 && held.contains(&it.ino) {
-            stale.push(ino);
-        }
+        (records, stale)
     }
-    (records, stale)
 }
