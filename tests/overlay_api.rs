@@ -10,7 +10,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::ops::{NAMES, Op, apply, op};
+use common::ops::{FIFO, NAMES, Op, apply, op, opened};
 use common::*;
 use proptest::prelude::*;
 use sessionfs::fuse::errno::errno;
@@ -167,6 +167,12 @@ fn write_at(
 fn api(o: &Overlay, op: &Op) -> Result<String, i32> {
     let n = |i: &usize| NAMES[*i];
     let e = |x: Error| errno(&x).code();
+    if let Some(a) = opened(op)
+        && let Ok(ino) = resolve_follow(o, n(a), 0)
+        && o.getattr(ino).is_ok_and(|a| a.kind == Kind::Fifo)
+    {
+        return Ok(FIFO.into());
+    }
     let r: Result<String, Error> = (|| match op {
         Op::Write(a, b) => write_at(o, n(a), Some(0), b, true, true).map(|_| String::new()),
         Op::Append(a, b) => write_at(o, n(a), None, b, false, false).map(|_| String::new()),
@@ -237,6 +243,16 @@ fn api(o: &Overlay, op: &Op) -> Result<String, i32> {
             v.sort();
             Ok(v.join(","))
         }
+        Op::Mkfifo(a) => {
+            let (d, name) = split(n(a));
+            o.mknod(resolve_dir(o, d)?, name.as_bytes(), 0o010644, 0, ME)
+                .map(|_| String::new())
+        }
+        Op::SymlinkOut(a) => {
+            let (d, name) = split(n(a));
+            o.symlink(resolve_dir(o, d)?, name.as_bytes(), b"../../../outside", ME)
+                .map(|_| String::new())
+        }
         Op::Read(a) => {
             let ino = resolve_follow(o, n(a), 0)?;
             let mut buf = Vec::new();
@@ -272,6 +288,7 @@ fn api_tree(o: &Overlay) -> BTreeMap<String, String> {
                     "symlink {}",
                     String::from_utf8(o.readlink(e.ino).unwrap()).unwrap()
                 ),
+                Kind::Fifo => format!("fifo {:o}", a.perm),
                 _ => {
                     let mut buf = Vec::new();
                     o.read(e.ino, 0, u32::MAX, &mut buf).unwrap();
@@ -298,6 +315,8 @@ fn disk_tree(root: &Path) -> BTreeMap<String, String> {
                 format!("symlink {}", fs::read_link(&p).unwrap().display())
             } else if m.is_dir() {
                 format!("dir {:o}", m.permissions().mode() & 0o7777)
+            } else if !m.is_file() {
+                format!("fifo {:o}", m.permissions().mode() & 0o7777)
             } else {
                 format!(
                     "file {:o} {}",

@@ -82,21 +82,26 @@ proptest! {
         }
         let z_seal = tmp.path().join("z-seal.packet");
         let z_pack = tmp.path().join("z-pack.packet");
-        let a = seal(&m, &z_seal, &["--zero-mtimes"]);
-        let b = pack(&model, &z_pack, &["--zero-mtimes"]);
+        // (`app.db` and its side files: an exclusion acting on them.)
+        let exclude = ["--exclude", "workspace/app.db"];
+        let a = seal(&m, &z_seal, &["--zero-mtimes", exclude[0], exclude[1]]);
+        let b = pack(&model, &z_pack, &["--zero-mtimes", exclude[0], exclude[1]]);
+        prop_assert_eq!(&a["excluded"], &b["excluded"]);
+        prop_assert_eq!(&a["dropped"], &b["dropped"]);
+        prop_assert_eq!(&a["external_symlinks"], &b["external_symlinks"]);
         prop_assert_eq!(&a["digest"], &b["digest"]);
         prop_assert!(fs::read(&z_seal).unwrap() == fs::read(&z_pack).unwrap(), "same digest, different bytes");
         // With mtimes: the mount's, copied onto the model.
         copy_mtimes(&m.mnt, &model);
         let t_seal = tmp.path().join("t-seal.packet");
         let t_pack = tmp.path().join("t-pack.packet");
-        let a = seal(&m, &t_seal, &[]);
-        let b = pack(&model, &t_pack, &[]);
+        let a = seal(&m, &t_seal, &exclude);
+        let b = pack(&model, &t_pack, &exclude);
         prop_assert_eq!(&a["digest"], &b["digest"]);
         m.umount();
         // Offline, from the same packet and upper directory.
         let off = tmp.path().join("offline.packet");
-        run(["seal", "--packet", packet.to_str().unwrap(), "--upper", tmp.path().join("upper").to_str().unwrap(), "-o", off.to_str().unwrap()]).ok();
+        run(["seal", "--packet", packet.to_str().unwrap(), "--upper", tmp.path().join("upper").to_str().unwrap(), "-o", off.to_str().unwrap(), exclude[0], exclude[1]]).ok();
         prop_assert!(fs::read(&off).unwrap() == fs::read(&t_seal).unwrap(), "the offline seal differs from the daemon's");
         run(["verify", t_seal.to_str().unwrap()]).ok();
     }

@@ -4,6 +4,7 @@
 pub mod error;
 pub mod pack;
 pub mod policy;
+pub mod report;
 pub mod symlink;
 pub mod walk;
 

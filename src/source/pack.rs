@@ -27,7 +27,8 @@ use serde::Serialize;
 
 use super::error::Error;
 use super::policy::Policy;
-use super::walk::{FoundFile, FoundKind, Root, ScanOptions, ScanReport, scan};
+use super::report::ScanReport;
+use super::walk::{FoundFile, FoundKind, Root, ScanOptions, scan};
 use crate::output::{
     Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
 };

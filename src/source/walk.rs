@@ -3,7 +3,6 @@
 //! symlink traversal refused by the kernel (`openat2`), names are judged by
 //! the exclusion policy, special files are dropped and reported.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -15,15 +14,14 @@ use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag, readlinkat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
 use rayon::prelude::*;
-use serde::Serialize;
 
 use super::error::Error;
-use super::policy::{ChildType, Policy, Reason, SQLITE_SIDE_SUFFIXES, Verdict};
-use super::symlink::{LinkClass, rebase, rebase_after};
+use super::policy::{Policy, Reason, Verdict};
+use super::report::{Clamped, EntryType, Excluded, ScanReport, Step, judge};
+use super::symlink::{rebase, rebase_after};
 use crate::packet::error::LimitKind;
 use crate::packet::format::{Limits, MAX_FILE_SIZE, MAX_MTIME_NS};
-use crate::packet::manifest::EntryKind;
-use crate::packet::path::{Part, check_path};
+use crate::packet::path::Part;
 use crate::sys;
 
 /// One part root being packed.
@@ -146,75 +144,6 @@ pub struct FoundFile {
     pub linked: bool,
 }
 
-/// What the walk left out or changed, reported in results.
-#[derive(Default, Debug, Serialize)]
-pub struct ScanReport {
-    /// Entries excluded by policy (directories once, not their contents).
-    pub excluded: Vec<Excluded>,
-    /// Sockets, FIFOs and devices, which a packet cannot hold.
-    pub dropped: Vec<Dropped>,
-    /// Symlinks whose targets leave their part.
-    pub external_symlinks: Vec<Link>,
-    /// Absolute symlinks into their part, rewritten as relative.
-    pub rebased_symlinks: Vec<Rebased>,
-    /// Files whose mtime was outside the format's range, recorded clamped.
-    pub clamped_mtimes: Vec<Clamped>,
-}
-
-/// An excluded entry.
-#[derive(Debug, Serialize)]
-pub struct Excluded {
-    /// Packet path.
-    pub path: String,
-    /// `file` or `dir`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// Why.
-    pub reason: Reason,
-}
-
-/// A dropped special file.
-#[derive(Debug, Serialize)]
-pub struct Dropped {
-    /// Packet path.
-    pub path: String,
-    /// `fifo`, `socket`, `char_device`, `block_device`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-}
-
-/// A symlink and its target.
-#[derive(Debug, Serialize)]
-pub struct Link {
-    /// Packet path.
-    pub path: String,
-    /// Target, as stored.
-    pub target: String,
-}
-
-/// A rebased symlink.
-#[derive(Debug, Serialize)]
-pub struct Rebased {
-    /// Packet path.
-    pub path: String,
-    /// Target on disk.
-    pub from: String,
-    /// Target stored.
-    pub to: String,
-}
-
-/// A clamped mtime.
-#[derive(Debug, Serialize)]
-pub struct Clamped {
-    /// Packet path.
-    pub path: String,
-    /// The mtime on disk, in nanoseconds (as a string: it may be negative
-    /// or beyond 64 bits).
-    pub mtime_ns: String,
-    /// What was recorded.
-    pub recorded_ns: u64,
-}
-
 /// Walk settings.
 pub struct ScanOptions<'a> {
     /// Exclusions.
@@ -248,17 +177,17 @@ pub struct Scan {
     pub report: ScanReport,
 }
 
-/// The name a result gives an entry of type `ty`.
-fn type_name(ty: SFlag) -> &'static str {
+/// The type of an entry whose `S_IFMT` bits are `ty`.
+fn entry_type(ty: SFlag) -> EntryType {
     match ty {
-        SFlag::S_IFDIR => "dir",
-        SFlag::S_IFREG => "file",
-        SFlag::S_IFLNK => "symlink",
-        SFlag::S_IFIFO => "fifo",
-        SFlag::S_IFSOCK => "socket",
-        SFlag::S_IFCHR => "char_device",
-        SFlag::S_IFBLK => "block_device",
-        _ => "unknown",
+        SFlag::S_IFDIR => EntryType::Dir,
+        SFlag::S_IFREG => EntryType::File,
+        SFlag::S_IFLNK => EntryType::Symlink,
+        SFlag::S_IFIFO => EntryType::Fifo,
+        SFlag::S_IFSOCK => EntryType::Socket,
+        SFlag::S_IFCHR => EntryType::CharDevice,
+        SFlag::S_IFBLK => EntryType::BlockDevice,
+        _ => EntryType::Unknown,
     }
 }
 
@@ -330,85 +259,6 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
         found,
         report,
     })
-}
-
-impl ScanReport {
-    /// Leaves out of `items` every file that is another name of a file
-    /// left out as a credential: a hard link to `auth.json` from the
-    /// workspace, say, whose bytes are the credentials the rule kept out.
-    /// (Names left out by `--exclude` are the user's choice of paths, not
-    /// of content: their other names stay.) `excluded` holds the identity
-    /// and path of each such file; `file` gives an item's, for files. Each
-    /// is reported as a `hard_link` of the first excluded name in path
-    /// order, and its SQLite side files follow it; nothing else is
-    /// reported of them.
-    pub fn exclude_other_names<T, K: Eq + std::hash::Hash>(
-        &mut self,
-        items: &mut Vec<T>,
-        mut excluded: Vec<(K, String)>,
-        file: impl Fn(&T) -> Option<(K, &str)>,
-    ) {
-        if excluded.is_empty() {
-            return;
-        }
-        excluded.sort_by(|a, b| a.1.cmp(&b.1));
-        let mut of = HashMap::new();
-        for (k, path) in excluded {
-            of.entry(k).or_insert(path);
-        }
-        let mut gone: HashMap<String, Reason> = items
-            .iter()
-            .filter_map(|t| {
-                let (k, path) = file(t)?;
-                let of = of.get(&k)?.clone();
-                Some((path.to_owned(), Reason::HardLink { of }))
-            })
-            .collect();
-        let sides: HashMap<String, String> = gone
-            .keys()
-            .flat_map(|db| {
-                SQLITE_SIDE_SUFFIXES
-                    .iter()
-                    .map(move |s| (format!("{db}{s}"), db.clone()))
-            })
-            .collect();
-        for (_, path) in items.iter().filter_map(&file) {
-            if let Some(database) = sides.get(path) {
-                gone.entry(path.to_owned())
-                    .or_insert(Reason::SqliteSideFile {
-                        database: database.clone(),
-                    });
-            }
-        }
-        items.retain(|t| file(t).is_none_or(|(_, path)| !gone.contains_key(path)));
-        self.clamped_mtimes.retain(|c| !gone.contains_key(&c.path));
-        for (path, reason) in gone {
-            tracing::debug!(%path, ?reason, "excluded: another name of a credential");
-            self.excluded.push(Excluded {
-                path,
-                kind: "file",
-                reason,
-            });
-        }
-    }
-
-    /// Puts every list in path order, so that results are deterministic
-    /// too.
-    pub fn sort(&mut self) {
-        self.excluded.sort_by(|a, b| a.path.cmp(&b.path));
-        self.dropped.sort_by(|a, b| a.path.cmp(&b.path));
-        self.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-        self.rebased_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-        self.clamped_mtimes.sort_by(|a, b| a.path.cmp(&b.path));
-    }
-
-    fn merge(&mut self, o: ScanReport) {
-        self.excluded.extend(o.excluded);
-        self.dropped.extend(o.dropped);
-        self.external_symlinks.extend(o.external_symlinks);
-        self.rebased_symlinks.extend(o.rebased_symlinks);
-        self.clamped_mtimes.extend(o.clamped_mtimes);
-    }
 }
 
 struct Walker<'o, 'p> {
@@ -703,7 +553,6 @@ impl Walker<'_, '_> {
                 ),
                 None => (format!("{ppath}/{}", child.name), rel.join(&child.name)),
             };
-            let kind_name = type_name(child.ty);
             // Only a directory going in is stat'ed: one left out may be a
             // mount that hangs.
             let id = match verdict {
@@ -716,39 +565,7 @@ impl Walker<'_, '_> {
                 }),
                 None => verdict,
             };
-            match verdict {
-                Verdict::Include => {}
-                Verdict::Exclude(reason) => {
-                    tracing::debug!(path = %cpath, ?reason, "excluded");
-                    if let Some(st) = child.st.as_ref()
-                        && child.ty == SFlag::S_IFREG
-                        && reason.is_credential()
-                    {
-                        out.linked_out.push((sys::dev_ino(st), cpath.clone()));
-                    }
-                    if child.ty == SFlag::S_IFDIR && reason.is_credential() {
-                        out.credential_dirs.push(CredentialDir {
-                            root: task.root,
-                            rel: crel,
-                            path: cpath.clone(),
-                        });
-                    }
-                    out.report.excluded.push(Excluded {
-                        path: cpath,
-                        kind: kind_name,
-                        reason,
-                    });
-                    continue;
-                }
-                Verdict::Refuse(reason) => {
-                    return Err(Error::Refused {
-                        path: cpath,
-                        kind: "credential_store",
-                        reason,
-                    });
-                }
-            }
-            if child.raw.is_some() {
+            if matches!(verdict, Verdict::Include) && child.raw.is_some() {
                 return Err(Error::Refused {
                     path: cpath,
                     kind: "non_utf8_name",
@@ -757,9 +574,30 @@ impl Walker<'_, '_> {
                         .into(),
                 });
             }
-            check_path(&cpath, &self.opts.limits).map_err(Error::from_validation)?;
-            match child.ty {
-                SFlag::S_IFDIR => {
+            let ty = entry_type(child.ty);
+            match out
+                .report
+                .classify(&cpath, ty, verdict, &self.opts.limits)?
+            {
+                Step::Take => {}
+                Step::LeftOut => continue,
+                Step::CredentialFile => {
+                    if let Some(st) = child.st.as_ref() {
+                        out.linked_out.push((sys::dev_ino(st), cpath));
+                    }
+                    continue;
+                }
+                Step::CredentialDir => {
+                    out.credential_dirs.push(CredentialDir {
+                        root: task.root,
+                        rel: crel,
+                        path: cpath,
+                    });
+                    continue;
+                }
+            }
+            match ty {
+                EntryType::Dir => {
                     self.count(&cpath, 0)?;
                     out.found.push(Found {
                         path: cpath.clone(),
@@ -773,7 +611,7 @@ impl Walker<'_, '_> {
                         id,
                     });
                 }
-                SFlag::S_IFREG => {
+                EntryType::File => {
                     let Some(st) = child.st else { continue };
                     if self.opts.skip.contains(&sys::dev_ino(&st)) {
                         out.report.excluded.push(Excluded {
@@ -790,7 +628,7 @@ impl Walker<'_, '_> {
                         kind: FoundKind::File(file),
                     });
                 }
-                SFlag::S_IFLNK => {
+                EntryType::Symlink => {
                     let target =
                         readlinkat(dirfd.as_fd(), child.name.as_str()).map_err(|e| match e {
                             // No longer a symlink, or gone, since the directory was read.
@@ -812,11 +650,8 @@ impl Walker<'_, '_> {
                         kind: FoundKind::Symlink(stored),
                     });
                 }
-                other => {
-                    let kind = type_name(other);
-                    tracing::debug!(path = %cpath, kind, "dropped special file");
-                    out.report.dropped.push(Dropped { path: cpath, kind });
-                }
+                // (Special files: dropped and reported by `classify`.)
+                _ => {}
             }
         }
         Ok(out)
@@ -893,18 +728,11 @@ impl Walker<'_, '_> {
     /// Applies the policy to a directory's children; SQLite side files then
     /// follow their database.
     fn judge_all(&self, part: Part, ppath: &str, children: &[Child]) -> Vec<Verdict> {
-        let names: Vec<(&str, ChildType)> = children
+        let typed: Vec<(&str, EntryType)> = children
             .iter()
-            .map(|c| {
-                let t = match c.ty {
-                    SFlag::S_IFDIR => ChildType::Dir,
-                    SFlag::S_IFREG => ChildType::File,
-                    _ => ChildType::Other,
-                };
-                (c.name.as_str(), t)
-            })
+            .map(|c| (c.name.as_str(), entry_type(c.ty)))
             .collect();
-        self.opts.policy.judge_dir(part, ppath, &names)
+        judge(self.opts.policy, part, ppath, &typed)
     }
 
     fn file(
@@ -996,133 +824,5 @@ impl Walker<'_, '_> {
                 kind: "external_symlink",
                 reason,
             })
-    }
-}
-
-impl ScanReport {
-    /// Checks the manifest a tree gives before anything is hashed, for pack
-    /// and seal alike: the packet rules ([`Manifest::validate`]), the length
-    /// readers allow it, and symlinks that leave their part through others
-    /// ([`ScanReport::resolved_escapes`]).
-    ///
-    /// [`Manifest::validate`]: crate::packet::manifest::Manifest::validate
-    pub fn check_manifest(
-        &mut self,
-        manifest: &crate::packet::manifest::Manifest,
-        limits: &Limits,
-        reject_external: bool,
-    ) -> Result<(), Error> {
-        manifest.validate(limits).map_err(Error::from_validation)?;
-        manifest.check_encoded_len(limits)?;
-        self.resolved_escapes(manifest, reject_external)
-            .map_err(|(path, reason)| Error::Refused {
-                path,
-                kind: "external_symlink",
-                reason,
-            })
-    }
-
-    /// Adds to `external_symlinks` the symlinks of `manifest` that stay in
-    /// their part by their text but leave it through the packet's own
-    /// symlinks (`sub/alias/../../x` with `alias -> ..`), resolved as
-    /// `unpack --strict-symlinks` resolves them, so that a packet made with
-    /// `--reject-external-symlinks` passes that check. With
-    /// `reject_external`, the first such link is refused instead: `Err`
-    /// with its path and the reason.
-    pub fn resolved_escapes(
-        &mut self,
-        manifest: &crate::packet::manifest::Manifest,
-        reject_external: bool,
-    ) -> Result<(), (String, String)> {
-        use crate::packet::resolve::{Escape, escaping};
-        let known: std::collections::HashSet<String> = self
-            .external_symlinks
-            .iter()
-            .map(|l| l.path.clone())
-            .collect();
-        let before = self.external_symlinks.len();
-        for (i, escape) in escaping(manifest, None, false) {
-            let e = &manifest.entries[i];
-            let (EntryKind::Symlink(target), Some(part)) = (&e.kind, Part::of(&e.path)) else {
-                continue;
-            };
-            if known.contains(&*e.path) {
-                continue;
-            }
-            if reject_external {
-                let how = match escape {
-                    Escape::Leaves => "through the symlinks it passes",
-                    Escape::Budget => "as far as resolving it within its step budget shows",
-                };
-                return Err((
-                    e.path.to_string(),
-                    format!(
-                        "symlink target `{target}` leaves the {part} part {how} \
-                         (--reject-external-symlinks)"
-                    ),
-                ));
-            }
-            self.external_symlinks.push(Link {
-                path: e.path.to_string(),
-                target: target.to_string(),
-            });
-        }
-        if self.external_symlinks.len() > before {
-            self.external_symlinks.sort_by(|a, b| a.path.cmp(&b.path));
-        }
-        Ok(())
-    }
-
-    /// The target to store for the symlink at `path`, `depth` below the
-    /// root of `part` (spelled `roots`), reporting it when rebased or
-    /// external; `Err` with the reason when it is external and
-    /// `reject_external` refuses it. Shared by pack and seal.
-    pub fn symlink(
-        &mut self,
-        path: &str,
-        target: &str,
-        depth: usize,
-        roots: &[String],
-        part: Part,
-        reject_external: bool,
-    ) -> Result<String, String> {
-        self.note_symlink(
-            path,
-            target,
-            rebase(target, depth, roots),
-            part,
-            reject_external,
-        )
-    }
-
-    /// Reports the symlink at `path` whose target `target` was decided to be
-    /// stored as `stored`, of class `class` (see [`ScanReport::symlink`]).
-    fn note_symlink(
-        &mut self,
-        path: &str,
-        target: &str,
-        (stored, class): (String, LinkClass),
-        part: Part,
-        reject_external: bool,
-    ) -> Result<String, String> {
-        if matches!(class, LinkClass::External | LinkClass::RebasedExternal) {
-            if reject_external {
-                return Err(format!(
-                    "symlink target `{target}` leaves the {part} part (--reject-external-symlinks)"
-                ));
-            }
-            self.external_symlinks.push(Link {
-                path: path.into(),
-                target: stored.clone(),
-            });
-        }
-        if matches!(class, LinkClass::Rebased | LinkClass::RebasedExternal) {
-            self.rebased_symlinks.push(Rebased {
-                path: path.into(),
-                from: target.into(),
-                to: stored.clone(),
-            });
-        }
-        Ok(stored)
     }
 }

@@ -206,6 +206,18 @@ pub fn snapshot(root: &Path) -> Vec<(String, String)> {
             } else if m.is_dir() {
                 walk(root, &p, out);
                 format!("dir {:o}", m.permissions().mode() & 0o7777)
+            } else if !m.is_file() {
+                // (A FIFO, not opened: an open would wait for a writer.)
+                use std::os::unix::fs::FileTypeExt;
+                format!(
+                    "{} {:o}",
+                    if m.file_type().is_fifo() {
+                        "fifo"
+                    } else {
+                        "special"
+                    },
+                    m.permissions().mode() & 0o7777
+                )
             } else {
                 use std::hash::{Hash, Hasher};
                 let data = fs::read(&p).unwrap();

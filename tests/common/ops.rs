@@ -12,7 +12,9 @@ use proptest::prelude::*;
 use super::snapshot;
 
 /// Names the operations draw from: existing lower entries and new ones, at
-/// two depths, so operations collide often.
+/// two depths, so operations collide often; and names the exclusion policy
+/// acts on (credentials, a SQLite database and its side files), so that
+/// seal and pack are compared on what they leave out too.
 pub const NAMES: &[&str] = &[
     "README.md",
     "empty",
@@ -31,6 +33,14 @@ pub const NAMES: &[&str] = &[
     "d",
     "d/e",
     "bin/a",
+    ".env",
+    ".ssh",
+    ".ssh/id_ed25519",
+    "src/key.pem",
+    "app.db",
+    "app.db-wal",
+    "app.db-shm",
+    "auth.json",
 ];
 
 #[derive(Clone, Debug)]
@@ -48,6 +58,10 @@ pub enum Op {
     Chmod(usize, u32),
     ReadDir(usize),
     Read(usize),
+    /// A FIFO, which a packet cannot hold.
+    Mkfifo(usize),
+    /// A symlink whose target leaves the tree.
+    SymlinkOut(usize),
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -70,14 +84,38 @@ pub fn op() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(a, m)| Op::Chmod(a, m)),
         n.clone().prop_map(Op::ReadDir),
+        n.clone().prop_map(Op::Mkfifo),
+        n.clone().prop_map(Op::SymlinkOut),
         n.prop_map(Op::Read),
     ]
+}
+
+/// What an operation that opens a FIFO (or a link to one) gives instead:
+/// the open would wait for a peer, so no side opens it.
+pub const FIFO: &str = "fifo: not opened";
+
+/// The name an operation opens, if it opens one.
+pub fn opened(op: &Op) -> Option<&usize> {
+    match op {
+        Op::Write(a, _)
+        | Op::Append(a, _)
+        | Op::WriteAt(a, _, _)
+        | Op::Truncate(a, _)
+        | Op::Read(a) => Some(a),
+        _ => None,
+    }
 }
 
 /// Applies `op` under `root`; returns what it produced, or the errno.
 pub fn apply(root: &Path, op: &Op) -> Result<String, i32> {
     let p = |i: &usize| root.join(NAMES[*i]);
     let e = |r: std::io::Error| r.raw_os_error().unwrap_or(-1);
+    if let Some(a) = opened(op) {
+        use std::os::unix::fs::FileTypeExt;
+        if fs::metadata(p(a)).is_ok_and(|m| m.file_type().is_fifo()) {
+            return Ok(FIFO.into());
+        }
+    }
     match op {
         Op::Write(a, b) => fs::write(p(a), b).map(|_| String::new()).map_err(e),
         Op::Append(a, b) => fs::OpenOptions::new()
@@ -120,6 +158,14 @@ pub fn apply(root: &Path, op: &Op) -> Result<String, i32> {
                 v.sort();
                 v.join(",")
             })
+            .map_err(e),
+        Op::Mkfifo(a) => {
+            nix::unistd::mkfifo(&p(a), nix::sys::stat::Mode::from_bits_truncate(0o644))
+                .map(|_| String::new())
+                .map_err(|e| e as i32)
+        }
+        Op::SymlinkOut(a) => std::os::unix::fs::symlink("../../../outside", p(a))
+            .map(|_| String::new())
             .map_err(e),
         Op::Read(a) => fs::read(p(a))
             .map(|d| format!("{} bytes {:?}", d.len(), &d[..d.len().min(16)]))

@@ -1,0 +1,536 @@
+//! `seal`: the merged view written as a fresh packet, atomically, at a cost
+//! proportional to what changed.
+//!
+//! Changes are held (readers keep going) while the merged view is walked
+//! and written. Unchanged files keep their manifest hashes and their bytes
+//! come from the old packet: chunks a mount already verified are copied as
+//! they are (by the kernel when a file is large), the others are verified
+//! as they are copied; only new and changed content is hashed. The output
+//! follows the same exclusion and symlink policy as `pack`, so sealing a
+//! mount gives the bytes `pack` gives for an extracted copy of its view.
+
+mod collect;
+mod contents;
+mod rebase;
+mod receipt;
+
+use collect::refusal;
+use contents::SealContents;
+use receipt::receipt;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use serde::Serialize;
+
+use super::error::{Error, Result};
+use super::index::Idx;
+use super::ino::Ino;
+use super::journal::Record;
+use super::node::{Content, Kind};
+use super::split;
+use super::state::{Lower, Ref};
+use super::{Overlay, Stale};
+use crate::output::{
+    Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
+};
+use crate::packet::digest::{Digest, Sha256};
+use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
+use crate::packet::layout::Layout;
+use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
+use crate::packet::path::Part;
+use crate::packet::reader::Packet;
+use crate::source::policy::Policy;
+use crate::source::report::{Clamped, EntryType, ScanReport, Step, judge};
+
+/// What to seal, and how.
+pub struct SealOptions {
+    /// Where the new packet goes.
+    pub output: PathBuf,
+    /// Its mode.
+    pub mode: u32,
+    /// Record every mtime as 0.
+    pub zero_mtimes: bool,
+    /// Refuse symlinks leaving their part.
+    pub reject_external_symlinks: bool,
+    /// `--exclude` patterns.
+    pub exclude: Vec<String>,
+    /// `--keep` patterns.
+    pub keep: Vec<String>,
+    /// Limits of the new packet.
+    pub limits: Limits,
+    /// Absolute spellings of each part's root where it is mounted, for
+    /// rebasing absolute symlinks into it (empty: none are rebased).
+    pub roots: HashMap<Part, Vec<String>>,
+    /// Test hook: pause at named points (see `barrier`).
+    pub barrier: Option<PathBuf>,
+    /// After sealing, continue on the new packet with an empty upper
+    /// directory.
+    pub rebase: bool,
+    /// Set to give the seal up (its client went away): it stops at the
+    /// next file it reads or step it takes, unless it has committed the
+    /// packet, after which it runs to the end.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl SealOptions {
+    /// Refuses to go on when the seal was given up (see `cancel`).
+    fn refuse_if_cancelled(&self) -> Result<()> {
+        match &self.cancel {
+            Some(c) if c.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Refused {
+                path: crate::packet::path::shown_path(&self.output),
+                kind: "cancelled",
+                reason: "the seal was given up before it placed the packet (its client went \
+                         away): nothing was written and the mount is as it was"
+                    .into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One change, in the receipt.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Change {
+    /// A new entry.
+    Added {
+        /// Its path.
+        path: String,
+        /// `file`, `dir` or `symlink`.
+        #[serde(rename = "type")]
+        kind: &'static str,
+        /// Content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        sha256: Option<Sha256>,
+    },
+    /// An entry whose content or metadata changed.
+    Modified {
+        /// Its path.
+        path: String,
+        /// Previous content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old_sha256: Option<Sha256>,
+        /// New content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        new_sha256: Option<Sha256>,
+    },
+    /// An entry gone.
+    Deleted {
+        /// Its path.
+        path: String,
+        /// Content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old_sha256: Option<Sha256>,
+    },
+    /// A file or symlink moved (possibly changed too).
+    Renamed {
+        /// Old path.
+        from: String,
+        /// New path.
+        to: String,
+        /// Previous content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        old_sha256: Option<Sha256>,
+        /// New content hash of a file.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        new_sha256: Option<Sha256>,
+    },
+}
+
+/// What a seal did.
+#[derive(Debug, Serialize)]
+pub struct SealOutcome {
+    /// The new packet.
+    pub output: PathBuf,
+    /// Its digest.
+    pub digest: Digest,
+    /// The digest of the packet the mount served.
+    pub parent: Digest,
+    /// SHA-256 of the new packet file.
+    pub file_sha256: Sha256,
+    /// Its length.
+    pub packet_bytes: u64,
+    /// Entries in it.
+    pub entries: u64,
+    /// Entries added.
+    pub added: u64,
+    /// Entries modified.
+    pub changed: u64,
+    /// Entries removed.
+    pub removed: u64,
+    /// Entries renamed.
+    pub renamed: u64,
+    /// Entries carried over unchanged.
+    pub reused: u64,
+    /// Bytes hashed to compute new hashes (new and changed content, and the
+    /// manifest).
+    pub bytes_hashed: u64,
+    /// Bytes of unchanged content hashed to verify them as they were copied.
+    pub bytes_verified: u64,
+    /// Bytes of unchanged content copied from the old packet.
+    pub bytes_copied: u64,
+    /// What the policy left out, and other reports as for `pack`.
+    #[serde(flatten)]
+    pub report: ScanReport,
+    /// Whether the mount now serves the new packet.
+    pub rebased: bool,
+    /// Every change, for the receipt.
+    #[serde(skip)]
+    pub changes: Vec<Change>,
+}
+
+/// A file of the merged view, as the walk found it.
+#[derive(Clone, Debug)]
+struct FileItem {
+    /// Where its bytes are read from.
+    from: Source,
+    /// The lower entry whose hashes apply (unchanged content).
+    reuse: Option<Idx>,
+    /// The lower entry it descends from (for the receipt).
+    origin: Option<Idx>,
+    size: u64,
+    mtime_ns: u64,
+    executable: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    Lower(Idx),
+    Upper(u64),
+}
+
+/// An entry of the merged view.
+struct Item {
+    path: String,
+    /// Its inode number on the mount.
+    ino: Ino,
+    kind: ItemKind,
+    /// The lower entry a directory or symlink descends from.
+    origin: Option<Idx>,
+}
+
+/// How far a rebase went: whether the mount serves the new packet, and
+/// the names it gave other numbers (their directory's number, the name),
+/// for the kernel to drop once changes may go on.
+#[derive(Default)]
+struct Moved {
+    /// The mount serves the new packet.
+    serves_new: bool,
+    /// Names given other numbers: `(directory's number, name)`.
+    renumbered: Vec<(Ino, String)>,
+}
+
+enum ItemKind {
+    Dir,
+    /// Its target as stored, and whether that differs from the target on
+    /// the mount (an absolute one rebased).
+    Symlink(String, bool),
+    File(FileItem),
+}
+
+impl Overlay {
+    /// Seals the merged view into `opts.output`. Changes wait until it is
+    /// done; readers do not.
+    pub fn seal(&self, opts: &SealOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<SealOutcome> {
+        let mut renumbered = Vec::new();
+        let sealed = self.seal_holding(opts, progress, &mut renumbered);
+        // Once changes may go on: a node forgotten after this finds the
+        // gate open and is dropped at once (see `forget`).
+        self.drop_forgotten();
+        // Names a rebase gave other numbers, told to the kernel once
+        // changes may go on: it drops a name under its directory's lock,
+        // which an operation waiting for the seal may hold. Until then a
+        // cached name still leads to the file that kept the number.
+        if let Some(f) = &*self.invalidate.lock() {
+            for (dir, name) in &renumbered {
+                f(Stale::Entry(*dir, name));
+            }
+        }
+        sealed
+    }
+
+    /// Holds changes at a moment no `write` call is half sent: a request
+    /// the kernel may have cut off a write is waited out until the rest
+    /// arrives, or [`split::SETTLE`] has passed (see `split`). A writer
+    /// that keeps leaving such requests open holds a seal up at most five
+    /// times that long.
+    fn hold_changes(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        use std::time::{Duration, Instant};
+        let give_up = Instant::now() + 5 * split::SETTLE;
+        loop {
+            let hold = self.mutations.write();
+            let now = Instant::now();
+            let wait = self.splits.unsettled(now);
+            if wait.is_zero() || now >= give_up {
+                return hold;
+            }
+            drop(hold);
+            std::thread::sleep(wait.min(Duration::from_micros(200)));
+        }
+    }
+
+    /// Waits for the seal before this one to end, unless this one is
+    /// given up meanwhile (its client went away): a seal queued behind a
+    /// long one must not run, and move the mount, long after its client
+    /// stopped waiting. The wait for changes to stop that follows is
+    /// short (the operations in progress), so it need not be given up.
+    fn take_turn(&self, opts: &SealOptions) -> Result<parking_lot::MutexGuard<'_, ()>> {
+        loop {
+            opts.refuse_if_cancelled()?;
+            if let Some(turn) = self
+                .seal_turn
+                .try_lock_for(std::time::Duration::from_millis(20))
+            {
+                return Ok(turn);
+            }
+        }
+    }
+
+    /// [`Overlay::seal`], holding changes, in phases: collect the merged
+    /// view, build and check the manifest, hash new content, write the
+    /// packet, commit it, rebase onto it, and report. The names a rebase
+    /// gave other numbers go to `renumbered` (their directory's number and
+    /// the name).
+    fn seal_holding(
+        &self,
+        opts: &SealOptions,
+        progress: &(dyn Fn(u64) + Sync),
+        renumbered: &mut Vec<(Ino, String)>,
+    ) -> Result<SealOutcome> {
+        let _turn = self.take_turn(opts)?;
+        let _hold = self.hold_changes();
+        // A seal given up while it waited for changes to stop.
+        opts.refuse_if_cancelled()?;
+        let t0 = std::time::Instant::now();
+        let phase = |name: &str| {
+            tracing::debug!(phase = name, ms = t0.elapsed().as_millis() as u64, "seal")
+        };
+        // Nothing can rebase while the seal holds changes.
+        let lower = self.lower();
+        let harness = lower.manifest().harness;
+        let policy =
+            Policy::new(harness, &opts.exclude, &opts.keep).map_err(|reason| Error::Refused {
+                path: String::new(),
+                kind: "bad_pattern",
+                reason,
+            })?;
+        let (items, mut report) = self.collect(opts, &policy)?;
+        crate::barrier::wait(opts.barrier.as_deref(), "collected");
+        phase("collected");
+        opts.refuse_if_cancelled()?;
+
+        let mut manifest = manifest_of(lower.manifest(), &items, opts.zero_mtimes);
+        report
+            .check_manifest(&manifest, &opts.limits, opts.reject_external_symlinks)
+            .map_err(refusal)?;
+        phase("validated");
+
+        let sources = SealContents::new(opts, self, &lower, &items);
+        let stats = WriteStats::default();
+        hash_new_content(&mut manifest, &sources, &stats)?;
+        crate::barrier::wait(opts.barrier.as_deref(), "hashed");
+        phase("hashed");
+        opts.refuse_if_cancelled()?;
+
+        let written = write_packet(opts, &manifest, &sources, &stats, progress, &phase)?;
+        let committed = commit_packet(opts, &lower, written.output, &phase)?;
+
+        if opts.rebase {
+            let mut moved = Moved::default();
+            let rebased = self.rebase_onto(
+                &opts.output,
+                (&committed, written.digest),
+                &items,
+                &opts.limits,
+                opts.barrier.as_deref(),
+                &mut moved,
+            );
+            renumbered.append(&mut moved.renumbered);
+            rebased.map_err(|e| Error::Rebase {
+                output: crate::packet::path::shown_path(&opts.output),
+                digest: written.digest.to_string(),
+                moved: moved.serves_new,
+                source: Box::new(e),
+            })?;
+        }
+
+        report.sort();
+        let changes = receipt(lower.manifest(), &items, &manifest);
+        let count = |f: fn(&Change) -> bool| changes.iter().filter(|c| f(c)).count() as u64;
+        Ok(SealOutcome {
+            output: opts.output.clone(),
+            digest: written.digest,
+            parent: lower.packet.digest,
+            file_sha256: written.file_sha256,
+            packet_bytes: written.packet_bytes,
+            entries: manifest.entries.len() as u64,
+            added: count(|c| matches!(c, Change::Added { .. })),
+            changed: count(|c| matches!(c, Change::Modified { .. })),
+            removed: count(|c| matches!(c, Change::Deleted { .. })),
+            renamed: count(|c| matches!(c, Change::Renamed { .. })),
+            reused: items
+                .iter()
+                .filter(|it| matches!(&it.kind, ItemKind::File(f) if f.reuse.is_some()))
+                .count() as u64,
+            bytes_hashed: stats.hashed.load(Ordering::Relaxed) + written.manifest_len,
+            bytes_verified: stats.verified.load(Ordering::Relaxed),
+            bytes_copied: stats.copied.load(Ordering::Relaxed),
+            report,
+            rebased: opts.rebase,
+            changes,
+        })
+    }
+}
+
+/// Writes the packet of `manifest` (complete: every hash known) to a
+/// temporary file beside `opts.output`, in one ordered pass, and syncs
+/// it. Chunks of the parent that were verified earlier are trusted only
+/// in the file they were verified in.
+fn write_packet(
+    opts: &SealOptions,
+    manifest: &Manifest,
+    sources: &SealContents<'_>,
+    stats: &WriteStats,
+    progress: &(dyn Fn(u64) + Sync),
+    phase: &dyn Fn(&str),
+) -> Result<Written> {
+    let lower = sources.lower;
+    let manifest_bytes = manifest.encode();
+    let manifest_len = manifest_bytes.len() as u64;
+    let layout = Layout::compute(manifest, manifest_len);
+    let output = Output::create(&opts.output)?;
+    output.size_for(&layout)?;
+    crate::barrier::wait(opts.barrier.as_deref(), "sized");
+    phase("sized");
+    // The bits are forgotten before the copy if the parent moved, and
+    // the copy fails if it moved during it.
+    let epoch = lower.verifier.settle(&lower.packet)?;
+    // Around the page cache: the packet is shipped, or read back
+    // lazily by a rebased mount; copying it into the cache cost more
+    // than it saved (docs/SEMANTICS.md, "Seal").
+    let file_sha256 = write_in_order(
+        &output,
+        true,
+        manifest,
+        &manifest_bytes,
+        &layout,
+        sources,
+        stats,
+        progress,
+    )?;
+    lower.verifier.check_still(&lower.packet, epoch)?;
+    for i in 0..manifest.entries.len() {
+        if sources.check_whole(i)
+            && let ItemKind::File(FileItem {
+                from: Source::Lower(idx),
+                ..
+            }) = &sources.items[i].kind
+        {
+            lower.verifier.mark_whole(&lower.packet, *idx, epoch);
+        }
+    }
+    crate::barrier::wait(opts.barrier.as_deref(), "written");
+    phase("written");
+    // The last moment to give up: the packet goes into place next.
+    opts.refuse_if_cancelled()?;
+    output.sync_data()?;
+    crate::barrier::wait(opts.barrier.as_deref(), "synced");
+    phase("synced");
+    Ok(Written {
+        output,
+        digest: Digest::of_manifest(&manifest_bytes),
+        file_sha256,
+        packet_bytes: layout.total_len(),
+        manifest_len,
+    })
+}
+
+/// Puts the written packet in place at `opts.output`.
+fn commit_packet(
+    opts: &SealOptions,
+    lower: &Lower,
+    output: Output,
+    phase: &dyn Fn(&str),
+) -> Result<crate::output::Committed> {
+    // Over the packet this mount serves (`--rebase` onto the same
+    // path), the rename is the seal's own change to it.
+    let committed = if lower.serves(&opts.output) {
+        lower
+            .verifier
+            .around_own_rename(&lower.packet, || output.commit(opts.mode))?
+    } else {
+        output.commit(opts.mode)?
+    };
+    crate::barrier::wait(opts.barrier.as_deref(), "committed");
+    phase("committed");
+    Ok(committed)
+}
+
+/// A packet written and synced, not yet in place.
+struct Written {
+    output: Output,
+    digest: Digest,
+    file_sha256: Sha256,
+    packet_bytes: u64,
+    manifest_len: u64,
+}
+
+/// The manifest of `items`: the old manifest's hashes for reused content,
+/// placeholders for the rest until [`hash_new_content`] fills them in.
+fn manifest_of(old: &Manifest, items: &[Item], zero_mtimes: bool) -> Manifest {
+    // The harness part cannot be removed on a mount, so its kind carries over.
+    let has_harness = items.iter().any(|i| i.path == "harness");
+    let mut manifest = Manifest {
+        harness: if has_harness { old.harness } else { None },
+        entries: Vec::with_capacity(items.len()),
+    };
+    for it in items {
+        let kind = match &it.kind {
+            ItemKind::Dir => EntryKind::Dir,
+            ItemKind::Symlink(t, _) => EntryKind::Symlink(t.as_str().into()),
+            ItemKind::File(f) => {
+                let (sha256, chunks) = match f.reuse.and_then(|i| old.entries[i as usize].file()) {
+                    Some(m) => (m.sha256, m.chunks.clone()),
+                    None => (
+                        Sha256::default(),
+                        vec![Sha256::default(); chunk_count(f.size) as usize].into(),
+                    ),
+                };
+                EntryKind::File(FileMeta {
+                    size: f.size,
+                    mtime_ns: if zero_mtimes { 0 } else { f.mtime_ns },
+                    executable: f.executable,
+                    sha256,
+                    chunks,
+                })
+            }
+        };
+        manifest.entries.push(Entry {
+            path: it.path.as_str().into(),
+            kind,
+        });
+    }
+    manifest
+}
+
+/// Hashes new content on all cores and completes `manifest` with it, so
+/// that the manifest is complete before anything is written and the
+/// packet goes out in one ordered pass.
+fn hash_new_content(
+    manifest: &mut Manifest,
+    sources: &SealContents<'_>,
+    stats: &WriteStats,
+) -> Result<()> {
+    for h in hash_new(manifest, sources, stats, Keep::default(), &|_| {})? {
+        if let EntryKind::File(f) = &mut manifest.entries[h.entry].kind {
+            f.sha256 = h.sha256;
+            f.chunks = h.chunks.into();
+        }
+    }
+    Ok(())
+}
