@@ -10,6 +10,8 @@ have fusermount3 || need+=(fuse3)
 have bsdtar || need+=(libarchive-tools)
 have sqlite3 || need+=(sqlite3)
 have git || need+=(git)
+# tests/stat_times.rs asks make what it would rebuild.
+have make || need+=(make)
 have gcc || need+=(gcc)
 # Python: the schema check's venv, and the second writer tests/spec_writer.rs runs.
 if have python3; then
