@@ -10,7 +10,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::ops::{FIFO, NAMES, Op, apply, op, opened};
+use common::ops::{FIFO, NAMES, OUTSIDE, Op, apply, op, opened};
 use common::*;
 use proptest::prelude::*;
 use sessionfs::fuse::errno::errno;
@@ -250,7 +250,7 @@ fn api(o: &Overlay, op: &Op) -> Result<String, i32> {
         }
         Op::SymlinkOut(a) => {
             let (d, name) = split(n(a));
-            o.symlink(resolve_dir(o, d)?, name.as_bytes(), b"../../../outside", ME)
+            o.symlink(resolve_dir(o, d)?, name.as_bytes(), OUTSIDE.as_bytes(), ME)
                 .map(|_| String::new())
         }
         Op::Read(a) => {

@@ -94,6 +94,11 @@ pub fn op() -> impl Strategy<Value = Op> {
 /// the open would wait for a peer, so no side opens it.
 pub const FIFO: &str = "fifo: not opened";
 
+/// The target of [`Op::SymlinkOut`]: out of the tree, through a directory
+/// that no machine has, so that a write through the link fails alike
+/// everywhere and never makes a file outside the test's directory.
+pub const OUTSIDE: &str = "../../../../../../../../sessionfs-test-nowhere/outside";
+
 /// The name an operation opens, if it opens one.
 pub fn opened(op: &Op) -> Option<&usize> {
     match op {
@@ -164,7 +169,7 @@ pub fn apply(root: &Path, op: &Op) -> Result<String, i32> {
                 .map(|_| String::new())
                 .map_err(|e| e as i32)
         }
-        Op::SymlinkOut(a) => std::os::unix::fs::symlink("../../../outside", p(a))
+        Op::SymlinkOut(a) => std::os::unix::fs::symlink(OUTSIDE, p(a))
             .map(|_| String::new())
             .map_err(e),
         Op::Read(a) => fs::read(p(a))
