@@ -310,6 +310,7 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
         "copy_ups": s.copy_ups.load(Ordering::Relaxed),
         "verified_bytes": o.verified_bytes(),
         "read_inodes": read_inodes,
+        "secrets": o.secrets().iter().map(|s| json!({"path": s.path, "host": s.host})).collect::<Vec<_>>(),
     })
 }
 
