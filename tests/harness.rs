@@ -289,7 +289,19 @@ fn codex_resumes_by_thread_id_across_laptop_pod_and_another_machine_with_fresh_c
         "-o",
         p1.to_str().unwrap(),
     ]);
-    assert!(excluded_paths(packed.ok()).contains(&"harness/auth.json"));
+    let excluded = excluded_paths(packed.ok());
+    assert!(excluded.contains(&"harness/auth.json"), "{excluded:?}");
+    // Codex's files of this machine stay here (docs/harnesses.md).
+    for machine in ["harness/installation_id", "harness/thread-writer-locks"] {
+        assert!(excluded.contains(&machine), "{excluded:?}");
+    }
+    assert!(
+        packed.json["excluded"]
+            .to_string()
+            .contains(r#""reason":{"rule":"machine_state","what":"codex installation_id"}"#),
+        "{}",
+        packed.json
+    );
     let v = run(["inspect", p1.to_str().unwrap()]).ok().clone();
     let threads = v["threads"].as_array().unwrap();
     assert_eq!(threads.len(), 1, "{v}");
