@@ -620,7 +620,7 @@ mod tests {
             let generic = Policy::new(Some(HarnessKind::Generic), &[], &[]).unwrap();
             assert_eq!(judge(&generic, path, dir), Verdict::Include, "{path}");
             let name = crate::packet::path::file_name(path).to_string();
-            let keep = Policy::new(Some(kind), &[], &[name.clone()]).unwrap();
+            let keep = Policy::new(Some(kind), &[], std::slice::from_ref(&name)).unwrap();
             assert_eq!(judge(&keep, path, dir), Verdict::Include, "{path}");
             // An --exclude of it is the user's choice of path, not a credential.
             let ex = Policy::new(Some(kind), &[name], &[]).unwrap();
