@@ -535,6 +535,20 @@ fn opencode_resumes_by_session_id_across_mounts() {
     let last = unpacked(&p3, &t.join("unpacked"));
     assert!(sqlite_ok(&last.join("harness"), &t.join("scratch")) >= 1);
     holds_none(&[&p1, &p2, &p3], &[&api_key]);
+    // What `--keep opencode.db` packs knowingly: its credential tables,
+    // empty with a provider whose key comes from the environment.
+    let db = last.join("harness/data/opencode/opencode.db");
+    let counts = python(
+        "import sqlite3, sys\n\
+         c = sqlite3.connect(sys.argv[1])\n\
+         print([c.execute(f'select count(*) from {t}').fetchone()[0] \
+                for t in ('account', 'control_account', 'credential', 'session')])",
+        &[db.as_os_str()],
+    );
+    assert_eq!(
+        counts, "[0, 0, 0, 1]",
+        "account, control_account, credential, session"
+    );
 }
 
 /// Every file under `dir`.
