@@ -140,7 +140,8 @@ pub fn read_first_line(t: &mut Thread, line: &[u8]) {
 }
 
 /// Reads a rollout's content as it streams by: its first line (bounded)
-/// and whether [`ENCRYPTED`] occurs, across piece boundaries too.
+/// and whether provider-encrypted reasoning (`"encrypted_content":"`)
+/// occurs, across piece boundaries too.
 #[derive(Default)]
 pub struct Scan {
     first: Vec<u8>,
