@@ -189,18 +189,19 @@ print(n)
 /// `needles`.
 #[track_caller]
 fn holds_none(paths: &[&Path], needles: &[&str]) {
-    let mut stack: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
-    while let Some(p) = stack.pop() {
-        let md = fs::symlink_metadata(&p).unwrap();
-        if md.is_dir() {
-            stack.extend(fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
-        } else if md.is_file() {
-            let hay = fs::read(&p).unwrap();
+    for p in paths {
+        let files = if p.is_dir() {
+            files_under(p)
+        } else {
+            vec![p.to_path_buf()]
+        };
+        for f in files {
+            let hay = fs::read(&f).unwrap();
             for n in needles {
                 assert!(
                     !hay.windows(n.len()).any(|w| w == n.as_bytes()),
                     "{} holds the credential {n}",
-                    p.display()
+                    f.display()
                 );
             }
         }
@@ -234,11 +235,86 @@ fn unpacked(packet: &Path, into: &Path) -> PathBuf {
     into.to_path_buf()
 }
 
+/// `pack --workspace ws --harness h --harness-kind kind -o out [extra]`.
+#[track_caller]
+fn pack_harness(ws: &Path, h: &Path, kind: &str, out: &Path, extra: &[&str]) -> Value {
+    let h = h.to_str().unwrap();
+    let mut args = vec!["--harness", h, "--harness-kind", kind];
+    args.extend_from_slice(extra);
+    pack(ws, out, &args)
+}
+
 /// Fresh bytes for a credential nobody else has.
 fn key(what: &str) -> String {
     use std::hash::BuildHasher;
     let r = std::collections::hash_map::RandomState::new().hash_one(what);
     format!("sk-{what}-{r:016x}")
+}
+
+/// A test's session: a temporary directory with the mock model API, and
+/// the fixed path every placement uses (docs/harnesses.md: `/session`)
+/// with its workspace (a README) and harness directory.
+struct Session {
+    _tmp: tempfile::TempDir,
+    /// The temporary directory.
+    t: PathBuf,
+    mock: Mock,
+    /// The fixed path.
+    s: PathBuf,
+    ws: PathBuf,
+    h: PathBuf,
+    /// `HOME` for the harness: empty, so nothing of the user's is used.
+    home: PathBuf,
+}
+
+impl Session {
+    fn new() -> Session {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path().to_path_buf();
+        let mock = Mock::start(&t);
+        let s = t.join("session");
+        let (ws, h) = (s.join("workspace"), s.join("harness"));
+        write(&ws, "README.md", b"# a project\n");
+        fs::create_dir_all(&h).unwrap();
+        Session {
+            _tmp: tmp,
+            home: t.join("home"),
+            t,
+            mock,
+            s,
+            ws,
+            h,
+        }
+    }
+
+    /// The laptop's turn is done: its directories go aside, leaving the
+    /// fixed path an empty directory to mount on.
+    fn leave_laptop(&self) {
+        fs::rename(&self.s, self.t.join("laptop")).unwrap();
+        fs::create_dir(&self.s).unwrap();
+    }
+
+    /// A pod and then another machine: `p1` mounted at the fixed path,
+    /// `turn("prompt two")`, `seal --rebase` (with `seal_extra`), unmounted;
+    /// the sealed packet mounted there with a new upper directory,
+    /// `turn("prompt three")`. Returns the sealed packet and the mount.
+    fn resume_twice(
+        &self,
+        p1: &Path,
+        seal_extra: &[&str],
+        mut turn: impl FnMut(&str),
+    ) -> (PathBuf, Mounted) {
+        let m = Mounted::new(p1, &self.s, &self.t.join("upper-1"), &[]);
+        turn("prompt two");
+        let p2 = self.t.join("turn-2.packet");
+        let mut extra = vec!["--rebase"];
+        extra.extend_from_slice(seal_extra);
+        seal(&self.s, &p2, &extra);
+        m.umount();
+        let m = Mounted::new(&p2, &self.s, &self.t.join("upper-2"), &[]);
+        turn("prompt three");
+        (p2, m)
+    }
 }
 
 #[test]
@@ -247,14 +323,10 @@ fn codex_resumes_by_thread_id_across_laptop_pod_and_another_machine_with_fresh_c
         return;
     }
     let Some(codex) = tool("codex") else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let t = tmp.path();
-    let mock = Mock::start(t);
-    // The fixed path every placement uses (docs/harnesses.md: /session).
-    let s = t.join("session");
-    let (ws, h) = (s.join("workspace"), s.join("harness"));
-    let home = t.join("home");
-    write(&ws, "README.md", b"# a project\n");
+    let ses = Session::new();
+    let mock = &ses.mock;
+    let (t, s) = (ses.t.clone(), ses.s.clone());
+    let (ws, h, home) = (ses.ws.clone(), ses.h.clone(), ses.home.clone());
     let config = format!(
         "model = \"mock-model\"\nmodel_provider = \"mock\"\n\n[model_providers.mock]\n\
          name = \"mock\"\nbase_url = \"http://127.0.0.1:{}/v1\"\nwire_api = \"responses\"\n\
@@ -272,35 +344,24 @@ fn codex_resumes_by_thread_id_across_laptop_pod_and_another_machine_with_fresh_c
             .args(args);
         harness(&mut c)
     };
-    let mut hist = History::new(&mock, "/v1/responses");
+    let mut hist = History::new(mock, "/v1/responses");
 
     // The laptop: a plain CODEX_HOME, the user's own auth.json.
     codex_exec(&["prompt one"]);
     hist.turn("prompt one", &laptop_key);
     let p1 = t.join("turn-1.packet");
-    let packed = run([
-        "pack",
-        "--workspace",
-        ws.to_str().unwrap(),
-        "--harness",
-        h.to_str().unwrap(),
-        "--harness-kind",
-        "codex",
-        "-o",
-        p1.to_str().unwrap(),
-    ]);
-    let excluded = excluded_paths(packed.ok());
+    let packed = pack_harness(&ws, &h, "codex", &p1, &[]);
+    let excluded = excluded_paths(&packed);
     assert!(excluded.contains(&"harness/auth.json"), "{excluded:?}");
     // Codex's files of this machine stay here (docs/harnesses.md).
     for machine in ["harness/installation_id", "harness/thread-writer-locks"] {
         assert!(excluded.contains(&machine), "{excluded:?}");
     }
     assert!(
-        packed.json["excluded"]
+        packed["excluded"]
             .to_string()
             .contains(r#""reason":{"rule":"machine_state","what":"codex installation_id"}"#),
-        "{}",
-        packed.json
+        "{packed}"
     );
     let v = run(["inspect", p1.to_str().unwrap()]).ok().clone();
     let threads = v["threads"].as_array().unwrap();
@@ -313,11 +374,10 @@ fn codex_resumes_by_thread_id_across_laptop_pod_and_another_machine_with_fresh_c
     let rollout = thread["rollout"].as_str().unwrap().to_string();
     let laptop_rollout = fs::read(s.join(&rollout)).unwrap();
     assert_eq!(thread["rollout_bytes"], laptop_rollout.len() as u64);
-    fs::rename(&s, t.join("laptop")).unwrap();
-    fs::create_dir(&s).unwrap();
+    ses.leave_laptop();
 
     // A pod: the whole packet at the same path, the credential a Secret.
-    write(t, "pod-secret/auth.json", auth(&pod_key).as_bytes());
+    write(&t, "pod-secret/auth.json", auth(&pod_key).as_bytes());
     let secret = format!(
         "harness/auth.json={}",
         t.join("pod-secret/auth.json").display()
@@ -339,7 +399,7 @@ fn codex_resumes_by_thread_id_across_laptop_pod_and_another_machine_with_fresh_c
 
     // Another machine: the sealed packet at the same path, a new upper
     // directory, its own credential.
-    write(t, "other-secret/auth.json", auth(&other_key).as_bytes());
+    write(&t, "other-secret/auth.json", auth(&other_key).as_bytes());
     let secret = format!(
         "harness/auth.json={}",
         t.join("other-secret/auth.json").display()
@@ -381,21 +441,15 @@ fn claude_code_resumes_by_session_id_across_mounts() {
         return;
     }
     let Some(claude) = tool("claude") else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let t = tmp.path();
-    let mock = Mock::start(t);
-    let s = t.join("session");
-    let (ws, h) = (s.join("workspace"), s.join("harness"));
-    let home = t.join("home");
-    write(&ws, "README.md", b"# a project\n");
-    fs::create_dir_all(&h).unwrap();
+    let ses = Session::new();
+    let (t, s, ws, h) = (&ses.t, &ses.s, &ses.ws, &ses.h);
     let api_key = key("ant");
     let turn = |args: &[&str]| -> Value {
-        let mut c = command(&claude, &ws, &home);
-        c.env("CLAUDE_CONFIG_DIR", &h)
+        let mut c = command(&claude, ws, &ses.home);
+        c.env("CLAUDE_CONFIG_DIR", h)
             .env(
                 "ANTHROPIC_BASE_URL",
-                format!("http://127.0.0.1:{}", mock.port),
+                format!("http://127.0.0.1:{}", ses.mock.port),
             )
             .env("ANTHROPIC_API_KEY", &api_key)
             .env("DISABLE_AUTOUPDATER", "1")
@@ -404,47 +458,30 @@ fn claude_code_resumes_by_session_id_across_mounts() {
             .args(args);
         serde_json::from_str(&harness(&mut c)).unwrap()
     };
-    let mut hist = History::new(&mock, "/v1/messages");
+    let mut hist = History::new(&ses.mock, "/v1/messages");
     let first = turn(&["prompt one"]);
     hist.turn("prompt one", &api_key);
     let id = first["session_id"].as_str().unwrap().to_string();
     let p1 = t.join("turn-1.packet");
-    let packed = run([
-        "pack",
-        "--workspace",
-        ws.to_str().unwrap(),
-        "--harness",
-        h.to_str().unwrap(),
-        "--harness-kind",
-        "claude",
-        "-o",
-        p1.to_str().unwrap(),
-    ]);
-    packed.ok();
-    fs::rename(&s, t.join("laptop")).unwrap();
-    fs::create_dir(&s).unwrap();
+    pack_harness(ws, h, "claude", &p1, &[]);
+    ses.leave_laptop();
 
-    let m = Mounted::new(&p1, &s, &t.join("upper-1"), &[]);
-    turn(&["--resume", &id, "prompt two"]);
-    hist.turn("prompt two", &api_key);
-    let p2 = t.join("turn-2.packet");
-    seal(&s, &p2, &["--rebase"]);
-    m.umount();
-    let m = Mounted::new(&p2, &s, &t.join("upper-2"), &[]);
-    let again = turn(&["--resume", &id, "prompt three"]);
-    hist.turn("prompt three", &api_key);
-    assert_eq!(again["session_id"], id.as_str());
+    let (p2, m) = ses.resume_twice(&p1, &[], |prompt| {
+        let r = turn(&["--resume", &id, prompt]);
+        assert_eq!(r["session_id"], id.as_str());
+        hist.turn(prompt, &api_key);
+    });
     // Claude Code keeps the transcript under projects/, by working
     // directory: the same path on every placement finds it.
-    let transcripts: Vec<PathBuf> = walk(&h.join("projects"))
+    let transcripts: Vec<PathBuf> = files_under(&h.join("projects"))
         .into_iter()
         .filter(|p| p.to_string_lossy().ends_with(&format!("{id}.jsonl")))
         .collect();
     assert_eq!(transcripts.len(), 1, "{transcripts:?}");
     let written = fs::read(&transcripts[0]).unwrap();
-    let rel = transcripts[0].strip_prefix(&s).unwrap().to_path_buf();
+    let rel = transcripts[0].strip_prefix(s).unwrap().to_path_buf();
     let p3 = t.join("turn-3.packet");
-    seal(&s, &p3, &[]);
+    seal(s, &p3, &[]);
     m.umount();
     let last = unpacked(&p3, &t.join("unpacked"));
     assert_eq!(fs::read(last.join(rel)).unwrap(), written);
@@ -459,13 +496,8 @@ fn opencode_resumes_by_session_id_across_mounts() {
     let Some(opencode) = tool("opencode") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let t = tmp.path();
-    let mock = Mock::start(t);
-    let s = t.join("session");
-    let (ws, h) = (s.join("workspace"), s.join("harness"));
-    let home = t.join("home");
-    write(&ws, "README.md", b"# a project\n");
+    let ses = Session::new();
+    let (t, s, ws, h) = (&ses.t, &ses.s, &ses.ws, &ses.h);
     let config = serde_json::json!({
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": false,
@@ -474,19 +506,19 @@ fn opencode_resumes_by_session_id_across_mounts() {
         "provider": {"mock": {
             "npm": "@ai-sdk/openai-compatible",
             "name": "mock",
-            "options": {"baseURL": format!("http://127.0.0.1:{}/v1", mock.port),
+            "options": {"baseURL": format!("http://127.0.0.1:{}/v1", ses.mock.port),
                         "apiKey": "{env:MOCK_API_KEY}"},
             "models": {"mock-model": {"name": "mock model"}}
         }}
     });
     write(
-        &h,
+        h,
         "config/opencode/opencode.json",
         config.to_string().as_bytes(),
     );
     let api_key = key("opencode");
     let turn = |args: &[&str]| -> String {
-        let mut c = command(&opencode, &ws, &home);
+        let mut c = command(&opencode, ws, &ses.home);
         c.env("XDG_CONFIG_HOME", h.join("config"))
             .env("XDG_DATA_HOME", h.join("data"))
             .env("XDG_STATE_HOME", h.join("state"))
@@ -498,39 +530,20 @@ fn opencode_resumes_by_session_id_across_mounts() {
         let first: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
         first["sessionID"].as_str().unwrap().to_string()
     };
-    let mut hist = History::new(&mock, "/v1/chat/completions");
+    let mut hist = History::new(&ses.mock, "/v1/chat/completions");
     let id = turn(&["prompt one"]);
     hist.turn("prompt one", &api_key);
     let p1 = t.join("turn-1.packet");
     // opencode.db holds the sessions: packed knowingly (see harnesses.md).
-    let packed = run([
-        "pack",
-        "--workspace",
-        ws.to_str().unwrap(),
-        "--harness",
-        h.to_str().unwrap(),
-        "--harness-kind",
-        "opencode",
-        "--keep",
-        "opencode.db",
-        "-o",
-        p1.to_str().unwrap(),
-    ]);
-    packed.ok();
-    fs::rename(&s, t.join("laptop")).unwrap();
-    fs::create_dir(&s).unwrap();
+    pack_harness(ws, h, "opencode", &p1, &["--keep", "opencode.db"]);
+    ses.leave_laptop();
 
-    let m = Mounted::new(&p1, &s, &t.join("upper-1"), &[]);
-    assert_eq!(turn(&["--session", &id, "prompt two"]), id);
-    hist.turn("prompt two", &api_key);
-    let p2 = t.join("turn-2.packet");
-    seal(&s, &p2, &["--rebase", "--keep", "opencode.db"]);
-    m.umount();
-    let m = Mounted::new(&p2, &s, &t.join("upper-2"), &[]);
-    assert_eq!(turn(&["--session", &id, "prompt three"]), id);
-    hist.turn("prompt three", &api_key);
+    let (p2, m) = ses.resume_twice(&p1, &["--keep", "opencode.db"], |prompt| {
+        assert_eq!(turn(&["--session", &id, prompt]), id);
+        hist.turn(prompt, &api_key);
+    });
     let p3 = t.join("turn-3.packet");
-    seal(&s, &p3, &["--keep", "opencode.db"]);
+    seal(s, &p3, &["--keep", "opencode.db"]);
     m.umount();
     let last = unpacked(&p3, &t.join("unpacked"));
     assert!(sqlite_ok(&last.join("harness"), &t.join("scratch")) >= 1);
@@ -549,21 +562,4 @@ fn opencode_resumes_by_session_id_across_mounts() {
         counts, "[0, 0, 0, 1]",
         "account, control_account, credential, session"
     );
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                out.push(e.path());
-            }
-        }
-    }
-    out
 }

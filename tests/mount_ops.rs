@@ -1373,16 +1373,8 @@ fn a_secret_is_served_read_only_from_the_host_and_never_reaches_the_upper_or_a_p
     };
     grep(&out);
     grep(&receipt);
-    let mut stack = vec![upper];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                grep(&e.path());
-            }
-        }
+    for f in files_under(&upper) {
+        grep(&f);
     }
     let listing = tar_listing(&out);
     assert!(!listing.contains("auth.json\n"), "{listing}");
@@ -1399,6 +1391,19 @@ fn a_secret_is_refused_where_it_cannot_be_shown_and_nothing_is_mounted() {
     write(t, "host/auth.json", b"token");
     fs::create_dir_all(t.join("mnt")).unwrap();
     let host = t.join("host/auth.json");
+    let mount = |secret: &str| {
+        run([
+            "mount",
+            p.to_str().unwrap(),
+            t.join("mnt").to_str().unwrap(),
+            "--upper",
+            t.join("upper").to_str().unwrap(),
+            "--part",
+            "workspace",
+            "--secret",
+            secret,
+        ])
+    };
     for (spec, why) in [
         (
             format!("nodir/auth.json={}", host.display()),
@@ -1417,30 +1422,11 @@ fn a_secret_is_refused_where_it_cannot_be_shown_and_nothing_is_mounted() {
             "not a regular file",
         ),
     ] {
-        let r = run([
-            "mount",
-            p.to_str().unwrap(),
-            t.join("mnt").to_str().unwrap(),
-            "--upper",
-            t.join("upper").to_str().unwrap(),
-            "--part",
-            "workspace",
-            "--secret",
-            &spec,
-        ]);
+        let r = mount(&spec);
         let e = r.fails(7, "secret_unusable");
         assert!(e["message"].as_str().unwrap().contains(why), "{spec}: {e}");
         // Nothing mounted: the mountpoint is the empty directory it was.
         assert_eq!(fs::read_dir(t.join("mnt")).unwrap().count(), 0, "{spec}");
     }
-    let r = run([
-        "mount",
-        p.to_str().unwrap(),
-        t.join("mnt").to_str().unwrap(),
-        "--upper",
-        t.join("upper").to_str().unwrap(),
-        "--secret",
-        "no-equals-sign",
-    ]);
-    r.fails(2, "usage");
+    mount("no-equals-sign").fails(2, "usage");
 }

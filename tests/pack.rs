@@ -2621,18 +2621,12 @@ fn inspect_of_a_codex_packet_names_its_threads_and_flags_encrypted_ones() {
     );
     write(&h, "auth.json", b"{\"OPENAI_API_KEY\":\"sk-x\"}");
     let out = tmp.path().join("p.packet");
-    let packed = run([
-        "pack",
-        "--workspace",
-        ws.to_str().unwrap(),
-        "--harness",
-        h.to_str().unwrap(),
-        "--harness-kind",
-        "codex",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(excluded_paths(packed.ok()), ["harness/auth.json"]);
+    let packed = pack(
+        &ws,
+        &out,
+        &["--harness", h.to_str().unwrap(), "--harness-kind", "codex"],
+    );
+    assert_eq!(excluded_paths(&packed), ["harness/auth.json"]);
     let v = run(["inspect", out.to_str().unwrap()]).ok().clone();
     assert_eq!(v["schema"], "sessionfs.inspect-result/2");
     let threads = v["threads"].as_array().unwrap();
@@ -2689,18 +2683,8 @@ fn inspect_of_a_codex_packet_names_its_threads_and_flags_encrypted_ones() {
     );
     // Other harness kinds have no threads.
     let c = tmp.path().join("c.packet");
-    run([
-        "pack",
-        "--workspace",
-        ws.to_str().unwrap(),
-        "--harness",
-        h.to_str().unwrap(),
-        "--harness-kind",
-        "generic",
-        "-o",
-        c.to_str().unwrap(),
-    ])
-    .ok();
+    let hs = h.to_str().unwrap();
+    pack(&ws, &c, &["--harness", hs, "--harness-kind", "generic"]);
     assert!(
         run(["inspect", c.to_str().unwrap()])
             .ok()

@@ -1201,20 +1201,7 @@ impl Overlay {
                 let f = self.upper.data(id)?;
                 let len = f.metadata().map_err(Error::upper("read"))?;
                 let size = u64::from(size).min(len.len().saturating_sub(offset)) as u32;
-                let at = out.len();
-                out.resize(at + size as usize, 0);
-                let mut got = 0;
-                while got < size as usize {
-                    match f.read_at(&mut out[at + got..], offset + got as u64) {
-                        Ok(0) => break,
-                        Ok(n) => got += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            return Err(Error::upper("read")(e));
-                        }
-                    }
-                }
-                out.truncate(at + got);
+                crate::sys::read_append_at(&f, offset, size, out).map_err(Error::upper("read"))?;
             }
             Content::None => return Err(Error::IsDir),
         }

@@ -15,7 +15,7 @@
 //! (a rotated Secret is served as it is now).
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::error::{Error, Result};
@@ -144,22 +144,7 @@ impl Secret {
     /// rotated one is then served as it is).
     pub fn read(&self, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
         let f = File::open(&self.host).map_err(|e| self.host_error(e))?;
-        let at = out.len();
-        out.resize(at + size as usize, 0);
-        let mut got = 0;
-        while got < size as usize {
-            match f.read_at(&mut out[at + got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    out.truncate(at);
-                    return Err(self.host_error(e));
-                }
-            }
-        }
-        out.truncate(at + got);
-        Ok(())
+        crate::sys::read_append_at(&f, offset, size, out).map_err(|e| self.host_error(e))
     }
 
     /// Its position in its directory's listing.
