@@ -1404,22 +1404,38 @@ fn a_secret_is_refused_where_it_cannot_be_shown_and_nothing_is_mounted() {
             secret,
         ])
     };
+    // Refused before the upper directory is touched: its form, the host file.
     for (spec, why) in [
         (
-            format!("nodir/auth.json={}", host.display()),
-            "is not a directory",
-        ),
-        (
-            format!("../auth.json={}", host.display()),
+            format!("../a={}", host.display()),
             "not a path inside the view",
         ),
         (
-            format!("dir/auth.json={}", t.join("host/none").display()),
+            format!("dir//a={}", host.display()),
+            "not a path inside the view",
+        ),
+        (
+            format!("dir/a={}", t.join("host/none").display()),
             "cannot read",
         ),
         (
-            format!("dir/auth.json={}", t.join("host").display()),
+            format!("dir/a={}", t.join("host").display()),
             "not a regular file",
+        ),
+    ] {
+        let e = mount(&spec).fails(7, "secret_unusable").clone();
+        assert!(e["message"].as_str().unwrap().contains(why), "{spec}: {e}");
+        assert!(
+            !t.join("upper").exists(),
+            "{spec}: the upper directory was made"
+        );
+    }
+    // Refused once the view is known: its directory must be one.
+    for (spec, why) in [
+        (format!("nodir/a={}", host.display()), "is not a directory"),
+        (
+            format!("README.md/a={}", host.display()),
+            "is not a directory",
         ),
     ] {
         let r = mount(&spec);
@@ -1429,4 +1445,19 @@ fn a_secret_is_refused_where_it_cannot_be_shown_and_nothing_is_mounted() {
         assert_eq!(fs::read_dir(t.join("mnt")).unwrap().count(), 0, "{spec}");
     }
     mount("no-equals-sign").fails(2, "usage");
+    // The same path given twice.
+    let spec = format!("dir/auth.json={}", host.display());
+    let r = run([
+        "mount",
+        p.to_str().unwrap(),
+        t.join("mnt").to_str().unwrap(),
+        "--upper",
+        t.join("upper2").to_str().unwrap(),
+        "--secret",
+        &spec,
+        "--secret",
+        &spec,
+    ]);
+    let e = r.fails(7, "secret_unusable");
+    assert!(e["message"].as_str().unwrap().contains("twice"), "{e}");
 }

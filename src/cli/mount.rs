@@ -257,6 +257,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         PartArg::Harness => Part::Harness,
     });
     // Before the upper directory is touched.
+    crate::overlay::secret::check(&a.secrets)?;
     if let Some(p) = part.filter(|p| !packet.manifest.has_part(*p)) {
         return Err(CliError::new(
             Some(ErrorClass::Refused),

@@ -314,24 +314,15 @@ impl Overlay {
     /// and not be the packet root; `host` must be a regular file this
     /// process can read. Refusals are `secret_unusable`.
     pub fn add_secret(&mut self, path: &str, host: &Path) -> Result<()> {
-        let refuse = |reason: &str| Error::Refused {
-            path: path.into(),
-            kind: "secret_unusable",
-            reason: reason.into(),
-        };
-        let names: Vec<&str> = path.split('/').collect();
+        let refuse = |reason: &str| secret::refuse(path, reason);
+        secret::check(&[(path.to_string(), host.to_path_buf())])?;
+        if self.secrets.list().iter().any(|s| s.path == path) {
+            return Err(refuse("given twice with --secret"));
+        }
+        let names = secret::components(path)?;
         let Some((name, dirs)) = names.split_last() else {
             return Err(refuse("an empty path"));
         };
-        if names
-            .iter()
-            .any(|n| n.is_empty() || *n == "." || *n == ".." || n.len() > MAX_COMPONENT_BYTES)
-        {
-            return Err(refuse(
-                "not a path inside the view: write it relative to the mountpoint, \
-                 without empty, `.` or `..` components (`harness/auth.json`)",
-            ));
-        }
         let st = self.state.read();
         let lower = st.lower.clone();
         let mut dir = ROOT;
@@ -353,7 +344,8 @@ impl Overlay {
             ));
         }
         drop(st);
-        self.secrets.add(path, dir, name, host)
+        self.secrets.add(path, dir, name, host);
+        Ok(())
     }
 
     /// The files shown from the host (`mount --secret`).

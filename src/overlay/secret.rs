@@ -74,37 +74,69 @@ impl Secrets {
     }
 
     /// Adds the secret at view path `path` (in directory `parent`, named
-    /// `name`), served from `host`. The host file must be a regular file
-    /// this process can read; `path` must not be given twice.
-    pub(super) fn add(&mut self, path: &str, parent: Ino, name: &str, host: &Path) -> Result<()> {
-        let refuse = |reason: String| Error::Refused {
-            path: path.into(),
-            kind: "secret_unusable",
-            reason,
-        };
-        if self.list.iter().any(|s| s.path == path) {
-            return Err(refuse("given twice with --secret".into()));
-        }
-        let host = crate::sys::absolute(host);
-        let shown = crate::packet::path::shown_path(&host);
-        let f = File::open(&host).map_err(|e| refuse(format!("cannot read {shown}: {e}")))?;
-        let meta = f
-            .metadata()
-            .map_err(|e| refuse(format!("cannot read {shown}: {e}")))?;
-        if !meta.is_file() {
-            return Err(refuse(format!(
-                "{shown} is not a regular file; name the credential file itself"
-            )));
-        }
+    /// `name`), served from `host`, once [`check`] has passed them.
+    pub(super) fn add(&mut self, path: &str, parent: Ino, name: &str, host: &Path) {
         self.list.push(Secret {
             path: path.into(),
-            host,
+            host: crate::sys::absolute(host),
             parent,
             name: name.into(),
             ino: candidate(&format!("\0secret\0{path}"), 0),
         });
-        Ok(())
     }
+}
+
+/// A refusal of the secret at `path`.
+pub(super) fn refuse(path: &str, reason: &str) -> Error {
+    Error::Refused {
+        path: path.into(),
+        kind: "secret_unusable",
+        reason: reason.into(),
+    }
+}
+
+/// The components of view path `path`, refused unless it is a relative
+/// path inside the view (no empty, `.` or `..` component, none too long).
+pub fn components(path: &str) -> Result<Vec<&str>> {
+    let names: Vec<&str> = path.split('/').collect();
+    if names.iter().any(|n| {
+        n.is_empty()
+            || *n == "."
+            || *n == ".."
+            || n.len() > crate::packet::format::MAX_COMPONENT_BYTES
+    }) {
+        return Err(refuse(
+            path,
+            "not a path inside the view: write it relative to the mountpoint, without \
+             empty, `.` or `..` components (`harness/auth.json`)",
+        ));
+    }
+    Ok(names)
+}
+
+/// Checks what can be checked of `mount --secret` values before anything
+/// is mounted or the upper directory touched: each view path's form, no
+/// path given twice, and each host file a regular file this process can
+/// read (its directory in the view is checked by
+/// [`super::Overlay::add_secret`]).
+pub fn check(specs: &[(String, PathBuf)]) -> Result<()> {
+    for (k, (path, host)) in specs.iter().enumerate() {
+        components(path)?;
+        if specs[..k].iter().any(|(p, _)| p == path) {
+            return Err(refuse(path, "given twice with --secret"));
+        }
+        let shown = crate::packet::path::shown_path(host);
+        let meta = File::open(host)
+            .and_then(|f| f.metadata())
+            .map_err(|e| refuse(path, &format!("cannot read {shown}: {e}")))?;
+        if !meta.is_file() {
+            return Err(refuse(
+                path,
+                &format!("{shown} is not a regular file; name the credential file itself"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Secret {
