@@ -1461,3 +1461,49 @@ fn a_secret_is_refused_where_it_cannot_be_shown_and_nothing_is_mounted() {
     let e = r.fails(7, "secret_unusable");
     assert!(e["message"].as_str().unwrap().contains("twice"), "{e}");
 }
+
+#[test]
+fn a_mountpoint_can_be_mounted_again_while_a_copy_of_its_last_mount_lives_on_elsewhere() {
+    // "A mount copied into another mount namespace (a sandbox a harness
+    // started: bwrap) is served until that namespace ends; the mountpoint
+    // can be mounted again meanwhile." Before, the old daemon kept its
+    // control socket and the new mount failed: `a sessionfs daemon
+    // already serves` (Codex's sandbox made the harness test flaky).
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let t = tmp.path();
+    let old = mount_ws(t, &p, &[]);
+    let old_pid = old.pid();
+    let mut sandbox = KillOnDrop(
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sleep", "60"])
+            .spawn()
+            .expect("unshare (util-linux)"),
+    );
+    let sandbox_pid = sandbox.0.id();
+    let mnt = old.mnt.clone();
+    wait_for("the sandbox's copy of the mount", || {
+        fs::read_to_string(format!("/proc/{sandbox_pid}/mountinfo"))
+            .is_ok_and(|m| m.contains(mnt.to_str().unwrap()))
+    });
+    run(["umount", mnt.to_str().unwrap(), "--lazy"]).ok();
+    std::mem::forget(old); // unmounted here; its daemon serves the sandbox
+    assert!(
+        Path::new(&format!("/proc/{old_pid}")).exists(),
+        "the old daemon serves the sandbox's copy"
+    );
+    let new = Mounted::new(&p, &mnt, &t.join("upper-2"), &["--part", "workspace"]);
+    assert_eq!(new.status()["pid"], new.pid());
+    // The old daemon ends with the sandbox, leaving the new one's socket.
+    let _ = sandbox.0.kill();
+    let _ = sandbox.0.wait();
+    wait_for("the old daemon to exit", || {
+        fs::read_to_string(format!("/proc/{old_pid}/stat")).map_or(true, |s| {
+            s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+        })
+    });
+    assert_eq!(new.status()["pid"], new.pid());
+    new.umount();
+}
