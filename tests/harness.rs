@@ -208,9 +208,16 @@ fn holds_none(paths: &[&Path], needles: &[&str]) {
     }
 }
 
-/// `seal MNT -o OUT --receipt OUT.receipt.json [extra]`; the receipt's path.
+/// `seal MNT -o OUT --receipt OUT.receipt.json [extra]`; the receipt's
+/// path (the result in [`seal_result`]).
 #[track_caller]
 fn seal(mnt: &Path, out: &Path, extra: &[&str]) -> PathBuf {
+    seal_result(mnt, out, extra).0
+}
+
+/// [`seal`], with the seal's result.
+#[track_caller]
+fn seal_result(mnt: &Path, out: &Path, extra: &[&str]) -> (PathBuf, Value) {
     let receipt = out.with_extension("receipt.json");
     let mut args = vec![
         "seal".to_string(),
@@ -221,12 +228,7 @@ fn seal(mnt: &Path, out: &Path, extra: &[&str]) -> PathBuf {
         receipt.display().to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let r = run(&args).ok().clone();
-    assert!(
-        !r["excluded"].to_string().contains("auth.json\""),
-        "a seal met a credential the harness wrote: {r}"
-    );
-    receipt
+    (receipt, run(&args).ok().clone())
 }
 
 /// The unpacked tree of `packet`, at `into`.
@@ -389,8 +391,20 @@ fn codex_resumes_by_thread_id_across_laptop_pod_and_another_machine_with_fresh_c
     hist.turn("prompt two", &pod_key);
     codex_exec(&["resume", &id, "prompt three"]);
     hist.turn("prompt three", &pod_key);
+    // A credential the agent writes itself (a login made in the session)
+    // is left out by every seal, and stays on the mount.
+    let agent_key = key("agent");
+    let own = h.join(".credentials.json");
+    fs::write(&own, auth(&agent_key)).unwrap();
     let p2 = t.join("turn-3.packet");
-    let r2 = seal(&s, &p2, &["--rebase"]);
+    let (r2, sealed) = seal_result(&s, &p2, &["--rebase"]);
+    assert!(
+        sealed["excluded"].to_string().contains(
+            r#"{"path":"harness/.credentials.json","type":"file","reason":{"rule":"credential""#
+        ),
+        "{sealed}"
+    );
+    assert_eq!(fs::read_to_string(&own).unwrap(), auth(&agent_key));
     codex_exec(&["resume", &id, "prompt four"]);
     hist.turn("prompt four", &pod_key);
     let p3 = t.join("turn-4.packet");
@@ -433,6 +447,19 @@ fn codex_resumes_by_thread_id_across_laptop_pod_and_another_machine_with_fresh_c
         &[&p1, &p2, &p3, &p4, &r2, &r3, &r4, &pod_upper, &other_upper],
         &[&laptop_key, &pod_key, &other_key],
     );
+    // The agent's own credential: in no packet or receipt, and (as it wrote
+    // it there) in the pod's upper directory only.
+    holds_none(
+        &[&p1, &p2, &p3, &p4, &r2, &r3, &r4, &other_upper],
+        &[&agent_key],
+    );
+    let in_upper = files_under(&pod_upper).iter().any(|f| {
+        fs::read(f)
+            .unwrap()
+            .windows(agent_key.len())
+            .any(|w| w == agent_key.as_bytes())
+    });
+    assert!(in_upper, "the agent's own credential stays on the mount");
 }
 
 #[test]

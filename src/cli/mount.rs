@@ -34,8 +34,7 @@ use crate::packet::reader::Packet;
 ///   sessionfs mount big.packet ./mnt --upper ./upper --threads 4
 ///   sessionfs mount big.packet ./mnt --upper ./upper --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs mount deep.packet ./mnt --upper ./upper --max-path-bytes 8192
-///   sessionfs mount s.packet /session --upper /var/lib/s/upper \
-///       --secret harness/auth.json=/var/run/secrets/codex/auth.json
+///   sessionfs mount s.packet /session --upper ./up --secret harness/auth.json=./auth.json
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
