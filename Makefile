@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
-.PHONY: suites build release deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
+.PHONY: suites build release deps harness-deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
 
 build:
 	$(CARGO) build --all-targets
@@ -15,8 +15,13 @@ release:
 deps:
 	scripts/deps.sh
 
-test: deps fmt-check clippy doc
-	SESSIONFS_REQUIRE_FUSE=1 $(CARGO) test --all-targets
+# The pinned harness CLIs (Codex, Claude Code, OpenCode) that
+# tests/harness.rs resumes across mounts, into .harness/ when missing.
+harness-deps:
+	scripts/harness/install.sh
+
+test: deps harness-deps fmt-check clippy doc
+	SESSIONFS_REQUIRE_FUSE=1 SESSIONFS_REQUIRE_HARNESS=1 $(CARGO) test --all-targets
 	$(MAKE) schema-check suites demo bench-quick
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
 

@@ -11,6 +11,7 @@
 pub mod barrier;
 pub mod cli;
 pub mod fuse;
+pub mod harness;
 pub mod interrupt;
 pub mod output;
 pub mod overlay;

@@ -379,6 +379,33 @@ pub fn mtime_ns(st: &FileStat) -> i128 {
     i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec)
 }
 
+/// Appends up to `size` bytes of `file` at `offset` to `out`: fewer at
+/// its end. `EINTR` is retried; on another error `out` is left as it was.
+pub fn read_append_at(
+    file: &std::fs::File,
+    offset: u64,
+    size: u32,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let at = out.len();
+    out.resize(at + size as usize, 0);
+    let mut got = 0;
+    while got < size as usize {
+        match file.read_at(&mut out[at + got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                out.truncate(at);
+                return Err(e);
+            }
+        }
+    }
+    out.truncate(at + got);
+    Ok(())
+}
+
 /// The kernel's page size (4096 where it cannot be asked).
 pub fn page_size() -> u64 {
     use nix::unistd::{SysconfVar, sysconf};

@@ -1273,3 +1273,242 @@ fn a_directory_changed_while_it_is_read_lists_every_other_name_once() {
     fs::remove_dir_all(m.mnt.join("remove_all")).unwrap();
     assert!(!m.mnt.join("remove_all").exists());
 }
+
+#[test]
+fn a_secret_is_served_read_only_from_the_host_and_never_reaches_the_upper_or_a_packet() {
+    // "A secret is served from its host file at each request, read-only:
+    // a write, truncate or metadata change fails with EROFS, its name
+    // cannot be removed, renamed or replaced (EBUSY) or linked (EXDEV);
+    // its bytes are never in the upper directory, a packet or a receipt."
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let t = tmp.path();
+    const TOKEN: &[u8] = b"sk-test-7f3a9c-NEVER-IN-A-PACKET";
+    let host = t.join("secrets/auth.json");
+    write(t, "secrets/auth.json", TOKEN);
+    let spec = format!("dir/auth.json={}", host.display());
+    let m = mount_ws(t, &p, &["--secret", &spec]);
+    let at = m.path("dir/auth.json");
+    assert_eq!(fs::read(&at).unwrap(), TOKEN);
+    let md = fs::metadata(&at).unwrap();
+    assert_eq!(md.permissions().mode() & 0o7777, 0o400);
+    assert_eq!(md.len(), TOKEN.len() as u64);
+    let names = names_in(&m.path("dir"), |_| true);
+    assert!(names.contains(&"auth.json".to_string()), "{names:?}");
+    assert!(names.contains(&"sub".to_string()), "{names:?}");
+
+    // A token refresh written in place, or by truncation: EROFS.
+    let w = fs::OpenOptions::new().append(true).open(&at);
+    assert_eq!(errno_of(w.and_then(|mut f| f.write_all(b"x"))), libc::EROFS);
+    assert_eq!(
+        errno_of(fs::OpenOptions::new().write(true).truncate(true).open(&at)),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(fs::set_permissions(&at, fs::Permissions::from_mode(0o600))),
+        libc::EROFS
+    );
+    // Written aside and renamed over it, removed, moved, linked: refused.
+    write(&m.mnt, "dir/auth.json.tmp", b"{\"refreshed\":true}");
+    assert_eq!(
+        errno_of(fs::rename(m.path("dir/auth.json.tmp"), &at)),
+        libc::EBUSY
+    );
+    assert_eq!(errno_of(fs::remove_file(&at)), libc::EBUSY);
+    assert_eq!(errno_of(fs::rename(&at, m.path("stolen"))), libc::EBUSY);
+    assert_eq!(errno_of(fs::hard_link(&at, m.path("stolen"))), libc::EXDEV);
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&at)
+        ),
+        libc::EEXIST
+    );
+    // Its directory, emptied of everything else, still holds it.
+    for name in names_in(&m.path("dir"), |n| n != "auth.json") {
+        let p = m.path("dir").join(name);
+        if p.is_dir() {
+            fs::remove_dir_all(&p).unwrap();
+        } else {
+            fs::remove_file(&p).unwrap();
+        }
+    }
+    assert_eq!(names_in(&m.path("dir"), |_| true), ["auth.json"]);
+    assert_eq!(errno_of(fs::remove_dir(m.path("dir"))), libc::ENOTEMPTY);
+    write(&m.mnt, "dir/kept.txt", b"the agent's own file\n");
+
+    // Rotated on the host: served as it is now.
+    const ROTATED: &[u8] = b"sk-test-rotated-2-NEVER-IN-A-PACKET-EITHER";
+    write(t, "secrets/auth.json", ROTATED);
+    assert_eq!(fs::read(&at).unwrap(), ROTATED);
+
+    let s = m.status();
+    assert_eq!(s["secrets"][0]["path"], "dir/auth.json");
+    assert_eq!(s["secrets"][0]["host"], host.to_str().unwrap());
+
+    let out = t.join("sealed.packet");
+    let receipt = t.join("sealed.receipt.json");
+    run([
+        "seal",
+        m.mnt.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--receipt",
+        receipt.to_str().unwrap(),
+        "--rebase",
+    ])
+    .ok();
+    // Still served after the rebase.
+    assert_eq!(fs::read(&at).unwrap(), ROTATED);
+    let upper = m.upper.clone();
+    m.umount();
+    let grep = |path: &Path| {
+        let hay = fs::read(path).unwrap();
+        for needle in [TOKEN, ROTATED] {
+            assert!(
+                !hay.windows(needle.len()).any(|w| w == needle),
+                "{} holds the secret's bytes",
+                path.display()
+            );
+        }
+    };
+    grep(&out);
+    grep(&receipt);
+    for f in files_under(&upper) {
+        grep(&f);
+    }
+    let listing = tar_listing(&out);
+    assert!(!listing.contains("auth.json\n"), "{listing}");
+    assert!(listing.contains("workspace/dir/kept.txt"), "{listing}");
+}
+
+#[test]
+fn a_secret_is_refused_where_it_cannot_be_shown_and_nothing_is_mounted() {
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let t = tmp.path();
+    write(t, "host/auth.json", b"token");
+    fs::create_dir_all(t.join("mnt")).unwrap();
+    let host = t.join("host/auth.json");
+    let mount = |secret: &str| {
+        run([
+            "mount",
+            p.to_str().unwrap(),
+            t.join("mnt").to_str().unwrap(),
+            "--upper",
+            t.join("upper").to_str().unwrap(),
+            "--part",
+            "workspace",
+            "--secret",
+            secret,
+        ])
+    };
+    // Refused before the upper directory is touched: its form, the host file.
+    for (spec, why) in [
+        (
+            format!("../a={}", host.display()),
+            "not a path inside the view",
+        ),
+        (
+            format!("dir//a={}", host.display()),
+            "not a path inside the view",
+        ),
+        (
+            format!("dir/a={}", t.join("host/none").display()),
+            "cannot read",
+        ),
+        (
+            format!("dir/a={}", t.join("host").display()),
+            "not a regular file",
+        ),
+    ] {
+        let e = mount(&spec).fails(7, "secret_unusable").clone();
+        assert!(e["message"].as_str().unwrap().contains(why), "{spec}: {e}");
+        assert!(
+            !t.join("upper").exists(),
+            "{spec}: the upper directory was made"
+        );
+    }
+    // Refused once the view is known: its directory must be one.
+    for (spec, why) in [
+        (format!("nodir/a={}", host.display()), "is not a directory"),
+        (
+            format!("README.md/a={}", host.display()),
+            "is not a directory",
+        ),
+    ] {
+        let r = mount(&spec);
+        let e = r.fails(7, "secret_unusable");
+        assert!(e["message"].as_str().unwrap().contains(why), "{spec}: {e}");
+        // Nothing mounted: the mountpoint is the empty directory it was.
+        assert_eq!(fs::read_dir(t.join("mnt")).unwrap().count(), 0, "{spec}");
+    }
+    mount("no-equals-sign").fails(2, "usage");
+    // The same path given twice.
+    let spec = format!("dir/auth.json={}", host.display());
+    let r = run([
+        "mount",
+        p.to_str().unwrap(),
+        t.join("mnt").to_str().unwrap(),
+        "--upper",
+        t.join("upper2").to_str().unwrap(),
+        "--secret",
+        &spec,
+        "--secret",
+        &spec,
+    ]);
+    let e = r.fails(7, "secret_unusable");
+    assert!(e["message"].as_str().unwrap().contains("twice"), "{e}");
+}
+
+#[test]
+fn a_mountpoint_can_be_mounted_again_while_a_copy_of_its_last_mount_lives_on_elsewhere() {
+    // "A mount copied into another mount namespace (a sandbox a harness
+    // started: bwrap) is served until that namespace ends; the mountpoint
+    // can be mounted again meanwhile." Before, the old daemon kept its
+    // control socket and the new mount failed: `a sessionfs daemon
+    // already serves` (Codex's sandbox made the harness test flaky).
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let t = tmp.path();
+    let old = mount_ws(t, &p, &[]);
+    let old_pid = old.pid();
+    let mut sandbox = KillOnDrop(
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sleep", "60"])
+            .spawn()
+            .expect("unshare (util-linux)"),
+    );
+    let sandbox_pid = sandbox.0.id();
+    let mnt = old.mnt.clone();
+    wait_for("the sandbox's copy of the mount", || {
+        fs::read_to_string(format!("/proc/{sandbox_pid}/mountinfo"))
+            .is_ok_and(|m| m.contains(mnt.to_str().unwrap()))
+    });
+    run(["umount", mnt.to_str().unwrap(), "--lazy"]).ok();
+    std::mem::forget(old); // unmounted here; its daemon serves the sandbox
+    assert!(
+        Path::new(&format!("/proc/{old_pid}")).exists(),
+        "the old daemon serves the sandbox's copy"
+    );
+    let new = Mounted::new(&p, &mnt, &t.join("upper-2"), &["--part", "workspace"]);
+    assert_eq!(new.status()["pid"], new.pid());
+    // The old daemon ends with the sandbox, leaving the new one's socket.
+    let _ = sandbox.0.kill();
+    let _ = sandbox.0.wait();
+    wait_for("the old daemon to exit", || {
+        fs::read_to_string(format!("/proc/{old_pid}/stat")).map_or(true, |s| {
+            s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+        })
+    });
+    assert_eq!(new.status()["pid"], new.pid());
+    new.umount();
+}

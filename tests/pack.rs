@@ -2586,3 +2586,109 @@ fn pack_shows_progress_on_a_terminal_while_it_hashes() {
     );
     run(["verify", out.to_str().unwrap()]).ok();
 }
+
+#[test]
+fn inspect_of_a_codex_packet_names_its_threads_and_flags_encrypted_ones() {
+    // What an orchestrator needs to resume without mounting: each thread's
+    // id, cwd, history mode (unknown ones as such), last update and size,
+    // read from the manifest and the rollouts, which are verified as read.
+    let tmp = tempfile::tempdir().unwrap();
+    let (ws, h) = (tmp.path().join("ws"), tmp.path().join("h"));
+    write(&ws, "a.txt", b"a\n");
+    let meta = |id: &str, mode: &str| {
+        format!(
+            "{{\"timestamp\":\"t\",\"type\":\"session_meta\",\"payload\":{{\"id\":\"{id}\",\"cwd\":\"/session/workspace\",\"cli_version\":\"0.169.0\"{mode}}}}}\n"
+        )
+    };
+    let plain = "00000000-0000-0000-0000-00000000000a";
+    let secret = "00000000-0000-0000-0000-00000000000b";
+    let future = "00000000-0000-0000-0000-00000000000c";
+    let r1 = format!("sessions/2026/12/06/rollout-2026-12-06T08-00-00-{plain}.jsonl");
+    let r2 = format!("sessions/2026/12/06/rollout-2026-12-06T09-00-00-{secret}.jsonl");
+    let r3 = format!("archived_sessions/rollout-2026-12-05T09-00-00-{future}.jsonl");
+    write(
+        &h,
+        &r1,
+        meta(plain, ",\"history_mode\":\"paginated\"").as_bytes(),
+    );
+    let enc = meta(secret, "")
+        + "{\"type\":\"response_item\",\"payload\":{\"type\":\"reasoning\",\"encrypted_content\":\"gAAAAB\"}}\n";
+    write(&h, &r2, enc.as_bytes());
+    write(
+        &h,
+        &r3,
+        meta(future, ",\"history_mode\":\"chaptered\"").as_bytes(),
+    );
+    write(&h, "auth.json", b"{\"OPENAI_API_KEY\":\"sk-x\"}");
+    let out = tmp.path().join("p.packet");
+    let packed = pack(
+        &ws,
+        &out,
+        &["--harness", h.to_str().unwrap(), "--harness-kind", "codex"],
+    );
+    assert_eq!(excluded_paths(&packed), ["harness/auth.json"]);
+    let v = run(["inspect", out.to_str().unwrap()]).ok().clone();
+    assert_eq!(v["schema"], "sessionfs.inspect-result/2");
+    let threads = v["threads"].as_array().unwrap();
+    let by_id = |id: &str| threads.iter().find(|t| t["id"] == id).unwrap().clone();
+    assert_eq!(threads.len(), 3, "{v}");
+    let t = by_id(plain);
+    assert_eq!(t["rollout"], format!("harness/{r1}"));
+    assert_eq!(t["cwd"], "/session/workspace");
+    assert_eq!(t["history_mode"], "paginated");
+    assert_eq!(t["history_mode_known"], true);
+    assert_eq!(t["encrypted_content"], false);
+    assert_eq!(t["archived"], false);
+    assert_eq!(t["rollout_bytes"], fs::metadata(h.join(&r1)).unwrap().len());
+    assert!(t["mtime_ns"].as_u64().unwrap() > 0);
+    let t = by_id(secret);
+    assert_eq!(t["encrypted_content"], true);
+    assert!(t.get("history_mode").is_none(), "absent, not guessed: {t}");
+    let t = by_id(future);
+    assert_eq!(t["history_mode"], "chaptered");
+    assert_eq!(t["history_mode_known"], false);
+    assert_eq!(t["archived"], true);
+    assert!(threads.iter().all(|t| t.get("problem").is_none()), "{v}");
+
+    // A rollout whose bytes were changed is reported, not trusted.
+    let mut bytes = fs::read(&out).unwrap();
+    let at = bytes.windows(9).position(|w| w == b"chaptered").unwrap();
+    bytes[at] = b'C';
+    let bad = tmp.path().join("bad.packet");
+    fs::write(&bad, &bytes).unwrap();
+    let v = run(["inspect", bad.to_str().unwrap()]).ok().clone();
+    let t = v["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["rollout"] == format!("harness/{r3}"))
+        .unwrap()
+        .clone();
+    assert!(
+        t["problem"].as_str().unwrap().contains("does not match"),
+        "{t}"
+    );
+    assert!(t.get("history_mode").is_none(), "{t}");
+    // Cut short: the manifest still names the threads.
+    fs::write(&bad, &fs::read(&out).unwrap()[..2048]).unwrap();
+    let v = run(["inspect", bad.to_str().unwrap()]).ok().clone();
+    assert_eq!(v["length_matches"], false);
+    assert_eq!(v["threads"].as_array().unwrap().len(), 3);
+    assert!(
+        v["threads"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("not read"),
+        "{v}"
+    );
+    // Other harness kinds have no threads.
+    let c = tmp.path().join("c.packet");
+    let hs = h.to_str().unwrap();
+    pack(&ws, &c, &["--harness", hs, "--harness-kind", "generic"]);
+    assert!(
+        run(["inspect", c.to_str().unwrap()])
+            .ok()
+            .get("threads")
+            .is_none()
+    );
+}

@@ -16,9 +16,12 @@ use crate::packet::{Error, format::HarnessKind};
 
 /// Show a packet's metadata: schema, digest, counts, harness kind, parts.
 ///
-/// Reads the manifest and nothing else. Works on packets of future schema
-/// versions too, reporting them as unsupported (exit 0): use it to find out
-/// what a packet is before deciding what to do with it.
+/// Reads the manifest and nothing else, but for a Codex packet's rollouts
+/// (its threads: id, cwd, history mode, last update, size, whether they
+/// carry provider-encrypted reasoning), verified as they are read. Works on
+/// packets of future schema versions too, reporting them as unsupported
+/// (exit 0): use it to find out what a packet is before deciding what to
+/// do with it.
 ///
 /// Examples:
 ///   sessionfs inspect session.packet
@@ -57,7 +60,13 @@ struct Result {
     /// Whether the file length matches the layout the manifest implies.
     #[serde(skip_serializing_if = "Option::is_none")]
     length_matches: Option<bool>,
+    /// A Codex packet's threads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    threads: Option<Vec<crate::harness::Thread>>,
 }
+
+/// The result's schema: version 2 added `threads`.
+const RESULT_SCHEMA: &str = "sessionfs.inspect-result/2";
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
@@ -78,13 +87,14 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         symlinks: None,
         content_bytes: None,
         length_matches: None,
+        threads: None,
     };
     let manifest = match Manifest::parse(&raw.bytes, &limits) {
         Ok(m) => m,
         Err(Error::UnsupportedSchema { found, .. }) => {
             out.packet_schema = found;
             out.supported = false;
-            return Ok(Output::new("sessionfs.inspect-result/1", out));
+            return Ok(Output::new(RESULT_SCHEMA, out));
         }
         Err(e) => return Err(at_packet(&a.packet)(e)),
     };
@@ -104,5 +114,13 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     out.symlinks = Some(count(|k| matches!(k, EntryKind::Symlink(_))));
     out.content_bytes = Some(manifest.content_bytes());
     out.length_matches = Some(layout.total_len() == raw.file_len);
-    Ok(Output::new("sessionfs.inspect-result/1", out))
+    if manifest.harness == Some(HarnessKind::Codex) {
+        out.threads = Some(
+            match crate::packet::reader::Packet::from_file(file, &a.packet, &limits) {
+                Ok(p) => crate::harness::codex_threads(&p),
+                Err(e) => crate::harness::codex_threads_unread(&manifest, &e.to_string()),
+            },
+        );
+    }
+    Ok(Output::new(RESULT_SCHEMA, out))
 }

@@ -34,6 +34,7 @@ use crate::packet::reader::Packet;
 ///   sessionfs mount big.packet ./mnt --upper ./upper --threads 4
 ///   sessionfs mount big.packet ./mnt --upper ./upper --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs mount deep.packet ./mnt --upper ./upper --max-path-bytes 8192
+///   sessionfs mount s.packet /session --upper ./up --secret harness/auth.json=./auth.json
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
@@ -66,11 +67,27 @@ pub struct Args {
     #[arg(long, default_value_t = 2, value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
+    /// Show a host file read-only at this path of the view (a credential:
+    /// never copied to the upper directory, never sealed); repeatable.
+    #[arg(long = "secret", value_name = "VIEWPATH=HOSTFILE", value_parser = parse_secret)]
+    secrets: Vec<(String, PathBuf)>,
     /// Internal: this process is the daemon started by `mount`.
     #[arg(long, hide = true)]
     daemon_child: bool,
     #[command(flatten)]
     limits: LimitArgs,
+}
+
+/// `VIEWPATH=HOSTFILE`, split at the first `=`.
+fn parse_secret(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((view, host)) if !view.is_empty() && !host.is_empty() => {
+            Ok((view.trim_end_matches('/').to_string(), PathBuf::from(host)))
+        }
+        _ => Err(format!(
+            "`{s}`: write VIEWPATH=HOSTFILE, such as harness/auth.json=/var/run/secrets/codex/auth.json"
+        )),
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -239,6 +256,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         PartArg::Harness => Part::Harness,
     });
     // Before the upper directory is touched.
+    crate::overlay::secret::check(&a.secrets)?;
     if let Some(p) = part.filter(|p| !packet.manifest.has_part(*p)) {
         return Err(CliError::new(
             Some(ErrorClass::Refused),
@@ -252,11 +270,11 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     }
     let uid = a.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let gid = a.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw());
-    let overlay = Arc::new(Overlay::mount(
-        packet,
-        &a.upper,
-        Options { uid, gid, part },
-    )?);
+    let mut overlay = Overlay::mount(packet, &a.upper, Options { uid, gid, part })?;
+    for (view, host) in &a.secrets {
+        overlay.add_secret(view, host)?;
+    }
+    let overlay = Arc::new(overlay);
     raise_fd_limit();
     let replayed = overlay.records();
     let opts = daemon::ServeOptions {

@@ -57,6 +57,7 @@ pub fn serve(
     let signals = block_signals()?;
 
     let (listener, socket) = control::bind(&opts.mountpoint)?;
+    let own_socket = Arc::new(OwnSocket::new(socket.clone()));
     let digest = overlay.lower().packet.digest.to_string();
     let fs_name = format!("sessionfs:{}", &digest[7..19]);
     let mut config = Config::default();
@@ -83,7 +84,7 @@ pub fn serve(
     let session = match Session::new(fs, &opts.mountpoint, &config) {
         Ok(s) => s,
         Err(e) => {
-            let _ = std::fs::remove_file(&socket);
+            own_socket.remove();
             return Err(e);
         }
     };
@@ -126,12 +127,22 @@ pub fn serve(
         let overlay = overlay.clone();
         let mountpoint = opts.mountpoint.clone();
         let ours = ours.clone();
+        let own_socket = own_socket.clone();
         std::thread::Builder::new().name("control".into()).spawn(move || {
             control::serve(listener, move |req, notify| match req["op"].as_str() {
                 Some("status") => status(&overlay, &mountpoint),
                 Some("unmount") => {
                     let lazy = req["lazy"].as_bool().unwrap_or(false);
                     let r = unmount(&mountpoint, lazy, &ours);
+                    if r.is_ok() {
+                        // The mount is gone from here, but the kernel may
+                        // keep it alive in another mount namespace that
+                        // copied it (a sandbox a harness started: bwrap),
+                        // which this daemon serves until that ends. Its
+                        // socket goes now, so that a new mount can be made
+                        // at this mountpoint meanwhile.
+                        own_socket.remove();
+                    }
                     match r {
                         Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": crate::sys::absolute(overlay.upper_dir())}),
                         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
@@ -179,13 +190,43 @@ pub fn serve(
     } else {
         Ok(())
     };
-    let _ = std::fs::remove_file(&socket);
+    own_socket.remove();
     control::drain(std::time::Duration::from_secs(5));
     if let Err(e) = overlay.fsyncdir() {
         tracing::warn!(error = %e, "cannot sync the journal at exit");
     }
     tracing::info!("unmounted");
     result
+}
+
+/// The control socket this daemon bound, known by its identity: removed
+/// only while the path still names that socket, since a new daemon at the
+/// same mountpoint may have bound its own there once this one's mount was
+/// gone (see the `unmount` request).
+struct OwnSocket {
+    path: PathBuf,
+    /// Device and inode of the socket file, once bound.
+    id: Option<(u64, u64)>,
+}
+
+impl OwnSocket {
+    fn new(path: PathBuf) -> OwnSocket {
+        use std::os::unix::fs::MetadataExt;
+        let id = std::fs::symlink_metadata(&path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        OwnSocket { path, id }
+    }
+
+    /// Removes the socket file if it is still this daemon's.
+    fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        let still = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| Some((m.dev(), m.ino())) == self.id);
+        if still {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// This daemon's mount: the device of the sessionfs mount made at the
@@ -310,6 +351,7 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
         "copy_ups": s.copy_ups.load(Ordering::Relaxed),
         "verified_bytes": o.verified_bytes(),
         "read_inodes": read_inodes,
+        "secrets": o.secrets().iter().map(|s| json!({"path": s.path, "host": s.host})).collect::<Vec<_>>(),
     })
 }
 

@@ -24,13 +24,19 @@ pub fn errno(e: &Error) -> Errno {
         Error::NoData => Errno::from_i32(libc::ENODATA),
         Error::TooManyLinks => Errno::from_i32(libc::EMLINK),
         Error::TooBig => Errno::from_i32(libc::EFBIG),
+        // A secret is a read-only file shown from the host, like a
+        // read-only bind mount of it: EROFS for a change (not EACCES,
+        // which a chmod could lift), EBUSY for its name, EXDEV for a link.
+        Error::ReadOnly => Errno::from_i32(libc::EROFS),
+        Error::Busy => Errno::from_i32(libc::EBUSY),
+        Error::CrossDevice => Errno::from_i32(libc::EXDEV),
         // Never return unverified bytes: the read fails as a device error.
         Error::Corrupt { .. } | Error::PacketChanged { .. } => Errno::EIO,
         // The OS error of the upper filesystem, passed through (ENOSPC,
         // EDQUOT, ...); EIO only when the error carries no errno.
-        Error::Upper { source, .. } | Error::PacketIo { source, .. } => {
-            source.raw_os_error().map_or(Errno::EIO, Errno::from_i32)
-        }
+        Error::Upper { source, .. }
+        | Error::PacketIo { source, .. }
+        | Error::Secret { source, .. } => source.raw_os_error().map_or(Errno::EIO, Errno::from_i32),
         // Mount-time and seal errors; they never reach a FUSE reply, EIO if
         // they did.
         Error::UpperRefused { .. }

@@ -37,7 +37,22 @@ pub struct SessionFs {
     zero_message_open: bool,
 }
 
+/// The timeout for a secret (`mount --secret`): none, since its host
+/// file changes without telling the daemon (a rotated Secret), and the
+/// kernel drops its cached pages when it sees new attributes
+/// (`FUSE_AUTO_INVAL_DATA`).
+const SECRET_TTL: Duration = Duration::ZERO;
+
 impl SessionFs {
+    /// How long the kernel may cache `ino`'s entry and attributes.
+    fn ttl(&self, ino: u64) -> &'static Duration {
+        if self.overlay.is_secret(ino) {
+            &SECRET_TTL
+        } else {
+            &TTL
+        }
+    }
+
     /// Wraps an overlay.
     pub fn new(overlay: Arc<Overlay>) -> SessionFs {
         SessionFs {
@@ -216,7 +231,8 @@ impl Filesystem for SessionFs {
             // the tree goes through this kernel mount, which turns the
             // negative dentry positive itself.
             Err(Error::NotFound) => reply.entry(&TTL, &negative_attr(), Generation(0)),
-            r => entry(reply, r, "lookup", parent.0),
+            Ok(a) => reply.entry(self.ttl(a.ino), &file_attr(&a), Generation(a.generation)),
+            Err(e) => reply.error(failed("lookup", parent.0, &e)),
         }
     }
 
@@ -226,7 +242,7 @@ impl Filesystem for SessionFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.overlay.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(self.ttl(a.ino), &file_attr(&a)),
             Err(e) => reply.error(failed("getattr", ino.0, &e)),
         }
     }
@@ -527,7 +543,7 @@ impl Filesystem for SessionFs {
                 INodeNo(e.ino),
                 e.offset,
                 &*e.name,
-                &TTL,
+                self.ttl(e.ino),
                 &file_attr(&a),
                 Generation(a.generation),
             ) {

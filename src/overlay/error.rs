@@ -49,6 +49,28 @@ pub enum Error {
     /// Past the largest file a packet can hold.
     #[error("file too large")]
     TooBig,
+    /// A secret (`mount --secret`) is read-only: writes, truncates and
+    /// metadata changes of it are refused.
+    #[error("read-only file system")]
+    ReadOnly,
+    /// A secret's name cannot be removed, renamed or replaced, as a
+    /// mount point's cannot.
+    #[error("device or resource busy")]
+    Busy,
+    /// A secret cannot get another name: it is not the view's file.
+    #[error("invalid cross-device link")]
+    CrossDevice,
+    /// Reading a secret's host file failed.
+    #[error("{path}: cannot read the secret's file {host}: {source}")]
+    Secret {
+        /// The secret's path in the view.
+        path: String,
+        /// The host file.
+        host: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// Lower content failed verification.
     #[error("{path}: content at bytes {start}..{end} does not match the packet's manifest")]
     Corrupt {
@@ -187,7 +209,7 @@ impl Error {
             Error::UpperRefused { .. } => "upper_refused",
             Error::UpperMismatch { .. } => "upper_mismatch",
             Error::Replay { .. } => "upper_damaged",
-            Error::Upper { .. } | Error::PacketIo { .. } => "io",
+            Error::Upper { .. } | Error::PacketIo { .. } | Error::Secret { .. } => "io",
             Error::Corrupt { .. } => "content_mismatch",
             Error::PacketChanged { .. } => "packet_changed",
             Error::Refused { kind, .. } => kind,
@@ -205,6 +227,7 @@ impl Error {
             | Error::PacketChanged { packet: path }
             | Error::PacketIo { packet: path, .. }
             | Error::Refused { path, .. }
+            | Error::Secret { path, .. }
             | Error::UpperRefused { path, .. }
             | Error::UpperMismatch { path, .. }
             | Error::Replay { journal: path, .. } => Some(path),

@@ -16,6 +16,7 @@ pub mod journal;
 pub mod listing;
 pub mod node;
 pub mod seal;
+pub mod secret;
 pub mod split;
 pub mod state;
 pub mod upper;
@@ -198,6 +199,8 @@ pub struct Overlay {
     /// Nodes the kernel forgot while a seal held the state, to drop once
     /// it is done (see [`Overlay::forget`]).
     forgotten: Mutex<Vec<Ino>>,
+    /// Files shown from the host (`mount --secret`), beside the state.
+    secrets: secret::Secrets,
     /// Counters.
     pub stats: Stats,
 }
@@ -301,7 +304,59 @@ impl Overlay {
             opts,
             invalidate: Mutex::new(None),
             forgotten: Mutex::new(Vec::new()),
+            secrets: secret::Secrets::default(),
         })
+    }
+
+    /// Shows the host file `host` at `path` in the view (relative to the
+    /// mount's root, `harness/auth.json`), read-only, until the mount ends
+    /// (see [`secret`]). The directory it goes in must exist in the view,
+    /// and not be the packet root; `host` must be a regular file this
+    /// process can read. Refusals are `secret_unusable`.
+    pub fn add_secret(&mut self, path: &str, host: &Path) -> Result<()> {
+        let refuse = |reason: &str| secret::refuse(path, reason);
+        secret::check(&[(path.to_string(), host.to_path_buf())])?;
+        if self.secrets.list().iter().any(|s| s.path == path) {
+            return Err(refuse("given twice with --secret"));
+        }
+        let names = secret::components(path)?;
+        let Some((name, dirs)) = names.split_last() else {
+            return Err(refuse("an empty path"));
+        };
+        let st = self.state.read();
+        let lower = st.lower.clone();
+        let mut dir = ROOT;
+        for d in dirs {
+            dir = match st.child(&lower, dir, d) {
+                Ok(Some(c)) if st.kind(&lower, c) == Some(Kind::Dir) => c,
+                _ => {
+                    return Err(refuse(&format!(
+                        "its directory `{}` is not a directory in the view; a secret goes \
+                         in a directory the packet (or the upper directory) has",
+                        dirs.join("/")
+                    )));
+                }
+            };
+        }
+        if dir == ROOT && lower.root == Root::Packet {
+            return Err(refuse(
+                "the packet root holds only `workspace` and `harness`; put the secret in one of them",
+            ));
+        }
+        drop(st);
+        self.secrets.add(path, dir, name, host);
+        Ok(())
+    }
+
+    /// The files shown from the host (`mount --secret`).
+    pub fn secrets(&self) -> &[secret::Secret] {
+        self.secrets.list()
+    }
+
+    /// Whether `ino` is a secret: its attributes and content follow its
+    /// host file, so the kernel must not cache them.
+    pub fn is_secret(&self, ino: Ino) -> bool {
+        self.secrets.get(ino).is_some()
     }
 
     /// Installs the function that tells the kernel an inode's attributes,
@@ -355,6 +410,9 @@ impl Overlay {
     // -- attributes ----------------------------------------------------------
 
     fn attr_of(&self, st: &State, ino: Ino) -> Result<Attr> {
+        if let Some(s) = self.secrets.get(ino) {
+            return s.attr(self.opts.uid, self.opts.gid);
+        }
         match st.get(&st.lower, ino).ok_or(Error::NotFound)? {
             Ref::Node(n) => self.node_attr(&st.lower, ino, n),
             Ref::Lower(i) => Ok(lower_attr(&st.lower, ino, i, st.lower_generation(ino))),
@@ -429,6 +487,9 @@ impl Overlay {
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
         self.stats.lookups.fetch_add(1, Ordering::Relaxed);
         let name = name_str(name)?;
+        if let Some(s) = self.secrets.at(parent, name) {
+            return s.attr(self.opts.uid, self.opts.gid);
+        }
         let st = self.view();
         let lower = st.lower.clone();
         let ino = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
@@ -439,6 +500,9 @@ impl Overlay {
 
     /// `forget`: the kernel dropped `count` references.
     pub fn forget(&self, ino: Ino, count: u64) {
+        if self.is_secret(ino) {
+            return; // never counted
+        }
         let drop_now = self.view().add_ref(ino, -(count as i64));
         if !drop_now {
             return;
@@ -485,6 +549,9 @@ impl Overlay {
 
     /// `readlink`.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        if self.is_secret(ino) {
+            return Err(Error::Invalid);
+        }
         let st = self.view();
         let lower = st.lower.clone();
         match st.get(&lower, ino).ok_or(Error::NotFound)? {
@@ -524,7 +591,15 @@ impl Overlay {
             }
         }
         let after = offset.max(listing::DOTDOT);
-        for (at, name, child) in st.list_after(&lower, ino, after, max - entries.len())? {
+        let room = max - entries.len();
+        let listed = st.list_after(&lower, ino, after, room)?;
+        // The underlying list may stop short of the directory's end only
+        // when it is full: a secret beyond its last cookie comes later.
+        let full_to = (listed.len() == room).then(|| listed.last().map_or(after, |l| l.0));
+        for (at, name, child) in listed {
+            if self.secrets.at(ino, &name).is_some() {
+                continue; // shadowed by the secret
+            }
             let kind = st.kind(&lower, child).unwrap_or(Kind::File);
             entries.push(DirEntry {
                 name,
@@ -533,6 +608,19 @@ impl Overlay {
                 offset: at,
             });
         }
+        for s in self.secrets.list().iter().filter(|s| s.parent == ino) {
+            let at = s.cookie();
+            if at > after && full_to.is_none_or(|end| at < end) {
+                entries.push(DirEntry {
+                    name: s.name().into(),
+                    ino: s.ino(),
+                    kind: Kind::File,
+                    offset: at,
+                });
+            }
+        }
+        entries.sort_by_key(|e| e.offset);
+        entries.truncate(max);
         Ok(entries)
     }
 
@@ -594,7 +682,7 @@ impl Overlay {
         let mut st = self.state.write();
         let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
-        if st.child(&lower, parent, name)?.is_some() {
+        if self.secrets.at(parent, name).is_some() || st.child(&lower, parent, name)?.is_some() {
             return Err(Error::Exists);
         }
         let (pgid, psetgid) = {
@@ -693,6 +781,9 @@ impl Overlay {
         let mut st = self.state.write();
         let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
+        if self.secrets.at(parent, name).is_some() {
+            return Err(Error::Busy);
+        }
         let ino = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
         if st.kind(&lower, ino) == Some(Kind::Dir) {
             return Err(Error::IsDir);
@@ -716,11 +807,14 @@ impl Overlay {
         let mut st = self.state.write();
         let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
+        if self.secrets.at(parent, name).is_some() {
+            return Err(Error::Busy);
+        }
         let ino = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
         if st.kind(&lower, ino) != Some(Kind::Dir) {
             return Err(Error::NotDir);
         }
-        if !st.is_empty_dir(&lower, ino)? {
+        if self.secrets.holds(ino) || !st.is_empty_dir(&lower, ino)? {
             return Err(Error::NotEmpty);
         }
         let applied = self.commit(
@@ -774,6 +868,10 @@ impl Overlay {
         let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
         self.check_mutable_dir(&st, newparent)?;
+        if self.secrets.at(parent, name).is_some() || self.secrets.at(newparent, newname).is_some()
+        {
+            return Err(Error::Busy);
+        }
         let src = st.child(&lower, parent, name)?.ok_or(Error::NotFound)?;
         let dst = st.child(&lower, newparent, newname)?;
         let src_dir = st.kind(&lower, src) == Some(Kind::Dir);
@@ -800,7 +898,7 @@ impl Overlay {
                 match (src_dir, dst_dir) {
                     (true, false) => return Err(Error::NotDir),
                     (false, true) => return Err(Error::IsDir),
-                    (true, true) if !st.is_empty_dir(&lower, d)? => {
+                    (true, true) if self.secrets.holds(d) || !st.is_empty_dir(&lower, d)? => {
                         return Err(Error::NotEmpty);
                     }
                     _ => {}
@@ -831,8 +929,13 @@ impl Overlay {
         let lower = st.lower.clone();
         self.check_mutable_dir(&st, newparent)?;
         // The order of the kernel's own checks: the new name first.
-        if st.child(&lower, newparent, newname)?.is_some() {
+        if self.secrets.at(newparent, newname).is_some()
+            || st.child(&lower, newparent, newname)?.is_some()
+        {
             return Err(Error::Exists);
+        }
+        if self.is_secret(ino) {
+            return Err(Error::CrossDevice);
         }
         let a = self.attr_of(&st, ino)?;
         if a.kind == Kind::Dir {
@@ -860,6 +963,9 @@ impl Overlay {
 
     /// `setattr`: mode, owner, size (copying up a lower file), times.
     pub fn setattr(&self, ino: Ino, req: SetAttr) -> Result<Attr> {
+        if self.is_secret(ino) {
+            return Err(Error::ReadOnly);
+        }
         let _m = self.changing();
         if let Some(size) = req.size {
             if size > MAX_FILE_SIZE {
@@ -1070,6 +1176,9 @@ impl Overlay {
                 log.push(ino);
             }
         }
+        if let Some(s) = self.secrets.get(ino) {
+            return s.read(offset, size, out);
+        }
         let (content, lower) = self.content(ino)?;
         match content {
             Content::Lower(i) => {
@@ -1084,20 +1193,7 @@ impl Overlay {
                 let f = self.upper.data(id)?;
                 let len = f.metadata().map_err(Error::upper("read"))?;
                 let size = u64::from(size).min(len.len().saturating_sub(offset)) as u32;
-                let at = out.len();
-                out.resize(at + size as usize, 0);
-                let mut got = 0;
-                while got < size as usize {
-                    match f.read_at(&mut out[at + got..], offset + got as u64) {
-                        Ok(0) => break,
-                        Ok(n) => got += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            return Err(Error::upper("read")(e));
-                        }
-                    }
-                }
-                out.truncate(at + got);
+                crate::sys::read_append_at(&f, offset, size, out).map_err(Error::upper("read"))?;
             }
             Content::None => return Err(Error::IsDir),
         }
@@ -1109,6 +1205,9 @@ impl Overlay {
 
     /// `write`: to the upper data file.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<u32> {
+        if self.is_secret(ino) {
+            return Err(Error::ReadOnly);
+        }
         let _m = self.changing();
         // As for a file size limit: a write that would cross it writes up
         // to it, one at it fails.
@@ -1146,6 +1245,9 @@ impl Overlay {
     /// `fsync` / `fdatasync`: the file's data, its data file's name (once)
     /// and the journal.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
+        if self.is_secret(ino) {
+            return Ok(()); // nothing of it is here to sync
+        }
         if let Content::Upper(id) = self.content(ino)?.0 {
             let f = self.upper.data(id)?;
             let r = if datasync {
@@ -1166,6 +1268,9 @@ impl Overlay {
 
     /// `fallocate` on an open file (modes 0, `KEEP_SIZE`, `PUNCH_HOLE`).
     pub fn fallocate(&self, ino: Ino, offset: u64, length: u64, mode: i32) -> Result<()> {
+        if self.is_secret(ino) {
+            return Err(Error::ReadOnly);
+        }
         let _m = self.changing();
         if offset.saturating_add(length) > MAX_FILE_SIZE {
             return Err(Error::TooBig);

@@ -47,6 +47,21 @@ pub fn harness_credentials(
     }
 }
 
+/// Harness files that belong to the machine a harness ran on, not to the
+/// session (locks, an installation's id, scratch and telemetry queues),
+/// matched by name anywhere in the harness part: `(files, directories)`.
+/// Left out by default (another machine makes its own); `--keep` packs them.
+pub fn harness_machine_state(
+    kind: HarnessKind,
+) -> (&'static [&'static str], &'static [&'static str]) {
+    match kind {
+        HarnessKind::Codex => (&["installation_id"], &["thread-writer-locks", ".tmp"]),
+        HarnessKind::Claude => (&[], &["telemetry"]),
+        HarnessKind::Opencode => (&[], &["locks"]),
+        HarnessKind::Generic => (&[], &[]),
+    }
+}
+
 /// OpenCode keeps provider credentials inside this database: packing it is
 /// refused unless the user excludes it (or keeps it with intent).
 pub const OPENCODE_DB: &str = "opencode.db";
@@ -69,6 +84,12 @@ pub enum Reason {
         /// are left out with it. Not reported.
         #[serde(skip)]
         credential: bool,
+    },
+    /// A harness file of the machine it ran on (see
+    /// [`harness_machine_state`]).
+    MachineState {
+        /// Which rule, e.g. `codex installation_id`.
+        what: String,
     },
     /// A SQLite side file whose database is excluded.
     SqliteSideFile {
@@ -290,7 +311,8 @@ impl Policy {
     pub fn judge(&self, part: Part, path: &str, name: &str, is_dir: bool) -> Verdict {
         let default = self.default_rule(part, name, is_dir);
         if let Some(p) = self.exclude.find(path, name) {
-            let credential = default.is_some() && self.keep.find(path, name).is_none();
+            let credential = default.as_ref().is_some_and(DefaultRule::is_credential)
+                && self.keep.find(path, name).is_none();
             return Verdict::Exclude(Reason::Excluded {
                 pattern: p.into(),
                 credential,
@@ -300,6 +322,9 @@ impl Policy {
             Some(_) if self.keep.find(path, name).is_some() => Verdict::Include,
             Some(DefaultRule::Exclude(what)) => Verdict::Exclude(Reason::Credential { what }),
             Some(DefaultRule::Refuse(why)) => Verdict::Refuse(why),
+            Some(DefaultRule::MachineState(what)) => {
+                Verdict::Exclude(Reason::MachineState { what })
+            }
             None => Verdict::Include,
         }
     }
@@ -314,6 +339,11 @@ impl Policy {
                 if let Some(kind) = self.harness {
                     if harness_credentials(kind).1.contains(&name) {
                         return exclude(format!("{kind} {name}/ directory"));
+                    }
+                    if harness_machine_state(kind).1.contains(&name) {
+                        return Some(DefaultRule::MachineState(format!(
+                            "{kind} {name}/ directory"
+                        )));
                     }
                 }
             }
@@ -357,6 +387,9 @@ impl Policy {
                          to leave it out, or --keep {OPENCODE_DB} to pack it knowingly"
                     )));
                 }
+                if harness_machine_state(kind).0.contains(&name) {
+                    return Some(DefaultRule::MachineState(format!("{kind} {name}")));
+                }
             }
         }
         None
@@ -364,8 +397,19 @@ impl Policy {
 }
 
 enum DefaultRule {
+    /// A credential, left out.
     Exclude(String),
+    /// A credential store no rule decides: packing stops.
     Refuse(String),
+    /// A file of the machine, left out (not a credential: its other
+    /// names are packed).
+    MachineState(String),
+}
+
+impl DefaultRule {
+    fn is_credential(&self) -> bool {
+        !matches!(self, DefaultRule::MachineState(_))
+    }
 }
 
 /// What a directory entry is, for [`Policy::judge_dir`].
@@ -529,6 +573,74 @@ mod tests {
             judge(&oc_keep, "harness/opencode.db", false),
             Verdict::Include
         );
+    }
+
+    #[test]
+    fn machine_state_of_each_harness_is_left_out_as_such_and_kept_on_request() {
+        let table: &[(HarnessKind, &str, bool, &str)] = &[
+            (
+                HarnessKind::Codex,
+                "harness/installation_id",
+                false,
+                "codex installation_id",
+            ),
+            (
+                HarnessKind::Codex,
+                "harness/thread-writer-locks",
+                true,
+                "codex thread-writer-locks/ directory",
+            ),
+            (
+                HarnessKind::Codex,
+                "harness/.tmp",
+                true,
+                "codex .tmp/ directory",
+            ),
+            (
+                HarnessKind::Claude,
+                "harness/telemetry",
+                true,
+                "claude telemetry/ directory",
+            ),
+            (
+                HarnessKind::Opencode,
+                "harness/state/opencode/locks",
+                true,
+                "opencode locks/ directory",
+            ),
+        ];
+        for &(kind, path, dir, what) in table {
+            let p = Policy::new(Some(kind), &[], &[]).unwrap();
+            let want = Verdict::Exclude(Reason::MachineState { what: what.into() });
+            assert_eq!(judge(&p, path, dir), want, "{path}");
+            assert!(!Reason::MachineState { what: what.into() }.is_credential());
+            // Only in the harness part, only for its kind.
+            let ws = path.replacen("harness/", "workspace/", 1);
+            assert_eq!(judge(&p, &ws, dir), Verdict::Include, "{ws}");
+            let generic = Policy::new(Some(HarnessKind::Generic), &[], &[]).unwrap();
+            assert_eq!(judge(&generic, path, dir), Verdict::Include, "{path}");
+            let name = crate::packet::path::file_name(path).to_string();
+            let keep = Policy::new(Some(kind), &[], std::slice::from_ref(&name)).unwrap();
+            assert_eq!(judge(&keep, path, dir), Verdict::Include, "{path}");
+            // An --exclude of it is the user's choice of path, not a credential.
+            let ex = Policy::new(Some(kind), &[name], &[]).unwrap();
+            match judge(&ex, path, dir) {
+                Verdict::Exclude(r) => assert!(!r.is_credential(), "{path}"),
+                v => panic!("{path}: {v:?}"),
+            }
+        }
+        // Codex's sessions, config and databases stay.
+        let codex = Policy::new(Some(HarnessKind::Codex), &[], &[]).unwrap();
+        for path in [
+            "harness/sessions",
+            "harness/state_5.sqlite",
+            "harness/config.toml",
+        ] {
+            assert_eq!(
+                judge(&codex, path, path == "harness/sessions"),
+                Verdict::Include
+            );
+        }
     }
 
     #[test]

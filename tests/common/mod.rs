@@ -596,6 +596,23 @@ pub fn names_in(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<String> {
         .collect()
 }
 
+/// Every file (not directory) under `dir`, at any depth.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
 /// Runs `cmd`, which must succeed (if not, the command, its status,
 /// stdout and stderr are shown); its output.
 #[track_caller]
