@@ -64,7 +64,7 @@ fn git_cargo_editor_sqlite_and_tar_work_on_a_mount() {
     // cargo build of a small crate, target directory on the mount.
     let out = sh(
         w,
-        "cargo build --quiet --offline 2>&1 && ./target/debug/demo",
+        "CARGO_TARGET_DIR=target cargo build --quiet --offline 2>&1 && ./target/debug/demo",
     );
     assert!(out.contains("hello from the mount"), "{out}");
 

@@ -352,7 +352,9 @@ fn build_tools_after_an_unbuilt_edit(zero: bool) {
     let base = packet_of(&ws, tmp, "base", mode);
     let mnt = tmp.join("mnt");
     let m = Mounted::new(&base, &mnt, &tmp.join("u1"), &["--part", "workspace"]);
-    let build = "make -s out >/dev/null && cargo build -q --offline && ./target/debug/demo";
+    // (The target directory on the mount, whatever the caller's environment says.)
+    let build = "make -s out >/dev/null && CARGO_TARGET_DIR=target cargo build -q --offline \
+                 && ./target/debug/demo";
     assert_eq!(sh(&m.mnt, build), "v1\n");
     // An edit nothing builds before the seal.
     fs::write(m.path("in"), b"v2\n").unwrap();
