@@ -1,6 +1,14 @@
 //! Small portable wrappers over the system calls sessionfs needs beyond std:
 //! opening beneath a directory without following symlinks, and the stat
 //! fields we read. Linux-only calls sit behind `cfg`, with a portable path.
+//! The mount table and the memory limits, read from files rather than
+//! asked of the kernel, live in modules of their own.
+
+mod memory;
+mod mountinfo;
+
+pub use memory::{fit_malloc_to_address_space, memory_limit};
+pub use mountinfo::{LOCAL_FILE_SYSTEMS, Mount, mounts, top_mount_at};
 
 use std::ffi::OsStr;
 use std::io;
@@ -388,128 +396,6 @@ pub fn page_size() -> u64 {
     }
 }
 
-/// Whether the kernel started this process through an ELF interpreter (the
-/// dynamic loader), as it does a dynamically linked program run by its
-/// path: the auxiliary vector's `AT_BASE` is then where the loader sits,
-/// and 0 when the loader itself was run as the program.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn started_through_interpreter() -> bool {
-    const AT_BASE: usize = 7;
-    const WORD: usize = std::mem::size_of::<usize>();
-    let Ok(aux) = std::fs::read("/proc/self/auxv") else {
-        return false;
-    };
-    aux.chunks_exact(2 * WORD).any(|pair| {
-        let word = |b: &[u8]| usize::from_ne_bytes(b.try_into().unwrap_or([0; WORD]));
-        word(&pair[..WORD]) == AT_BASE && word(&pair[WORD..]) != 0
-    })
-}
-
-/// Under an address-space limit (`ulimit -v`), starts this program again
-/// with glibc's malloc kept to two arenas (`MALLOC_ARENA_MAX=2`), unless
-/// that variable is set already; returns where nothing is to be done or
-/// the new start failed. glibc gives each thread that allocates an arena
-/// of its own, up to eight per core, and each arena reserves 64 MiB of
-/// address space: a pack of 60 MB under `ulimit -v 300000` died in an
-/// allocation (an abort, with no result) while using a fraction of that.
-/// glibc reads the variable only when a program starts, hence the second
-/// start (`mallopt` would need unsafe code). Without a limit nothing
-/// changes: more arenas, less waiting for one. Call before anything else.
-pub fn fit_malloc_to_address_space() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit};
-        use std::os::unix::process::CommandExt;
-        let limited = getrlimit(Resource::RLIMIT_AS).is_ok_and(|(soft, _)| soft != RLIM_INFINITY);
-        if !limited || std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-            return;
-        }
-        if !started_through_interpreter() {
-            // Run as `ld-linux.so PROGRAM ...`, this process's executable
-            // is the loader, which would take the first argument for the
-            // program to run.
-            return;
-        }
-        let mut args = std::env::args_os();
-        // The very file running now, even where its path was replaced or
-        // removed since (an upgrade in place).
-        let mut again = std::process::Command::new("/proc/self/exe");
-        if let Some(name) = args.next() {
-            again.arg0(name);
-        }
-        // Returns only if the start failed.
-        let _ = again.args(args).env("MALLOC_ARENA_MAX", "2").exec();
-    }
-}
-
-/// The memory this process may use, at most: the machine's physical
-/// memory, or less where its cgroup (v2 `memory.max`, v1
-/// `memory.limit_in_bytes`) sets a lower limit, as in a pod, or where its
-/// address space is limited (`ulimit -v`, which every mapping counts
-/// against: code, thread stacks, the allocator's arenas).
-pub fn memory_limit() -> u64 {
-    let address_space = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_AS)
-        .map_or(u64::MAX, |(soft, _)| soft);
-    physical_or_cgroup_limit().min(address_space)
-}
-
-fn physical_or_cgroup_limit() -> u64 {
-    #[cfg(target_os = "linux")]
-    let phys = {
-        use nix::unistd::{SysconfVar, sysconf};
-        match (
-            sysconf(SysconfVar::PAGE_SIZE),
-            sysconf(SysconfVar::_PHYS_PAGES),
-        ) {
-            (Ok(Some(a)), Ok(Some(b))) if a > 0 && b > 0 => (a as u64).saturating_mul(b as u64),
-            _ => u64::MAX,
-        }
-    };
-    // Elsewhere (macOS) the physical memory is not asked for: the callers'
-    // own caps apply.
-    #[cfg(not(target_os = "linux"))]
-    let phys = u64::MAX;
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    cgroups
-        .lines()
-        .flat_map(cgroup_memory_limits)
-        .fold(phys, u64::min)
-}
-
-/// The memory limits that bind the cgroup of one `/proc/self/cgroup` line
-/// (v2 `0::PATH`, or a v1 line whose controllers include `memory`): of the
-/// cgroup and of each parent, up to the root of the mounted hierarchy. The
-/// walk up also finds the limit where `PATH` is not below the mount (a
-/// container without a cgroup namespace sees its host's path, but has its
-/// own cgroup mounted at the root).
-fn cgroup_memory_limits(line: &str) -> Vec<u64> {
-    let mut f = line.splitn(3, ':');
-    let (Some(_), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
-        return Vec::new();
-    };
-    let (base, file) = if controllers.is_empty() {
-        ("/sys/fs/cgroup", "memory.max")
-    } else if controllers.split(',').any(|c| c == "memory") {
-        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
-    } else {
-        return Vec::new();
-    };
-    let mut dir = Path::new(base).join(path.trim_start_matches('/'));
-    let mut out = Vec::new();
-    loop {
-        // "max" (v2) or a huge number (v1) where there is no limit.
-        if let Some(n) = std::fs::read_to_string(dir.join(file))
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok())
-        {
-            out.push(n);
-        }
-        if dir == Path::new(base) || !dir.pop() {
-            return out;
-        }
-    }
-}
-
 /// Blocks of zeros left as holes by [`write_sparse`]: the filesystems'
 /// block size.
 pub const HOLE_BLOCK: u64 = 4096;
@@ -601,108 +487,10 @@ pub fn name_part(name: &str, room: usize) -> &str {
     &name[..end]
 }
 
-/// File system types (as mountinfo names them) kept on this machine's
-/// own storage or memory: an operation on them does not wait on a server
-/// (FUSE, NFS, SMB, 9p and virtiofs may).
-pub const LOCAL_FILE_SYSTEMS: &[&str] = &[
-    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "ramfs", "overlay", "squashfs",
-    "erofs", "vfat", "exfat",
-];
-
-/// A mount, as `/proc/self/mountinfo` shows it.
-#[derive(Debug)]
-pub struct Mount {
-    /// Its device, `major:minor`.
-    pub dev: String,
-    /// Where it is mounted.
-    pub point: Vec<u8>,
-    /// Its file system type (`ext4`, `fuse.sessionfs`).
-    pub fstype: String,
-    /// Its source (`/dev/sda1`, `sessionfs:<digest>`).
-    pub source: Vec<u8>,
-}
-
-/// Every mount this process sees, in mount order (a later one at the same
-/// point is on top); `None` where `/proc/self/mountinfo` cannot be read
-/// (not Linux). Read from there, so no mount is touched (a FUSE request to
-/// a mount whose daemon is busy could wait).
-pub fn mounts() -> Option<Vec<Mount>> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mounts = info.lines().filter_map(|line| {
-        let (fields, rest) = line.split_once(" - ")?;
-        let f: Vec<&str> = fields.split(' ').collect();
-        let mut rest = rest.split(' ');
-        Some(Mount {
-            dev: f.get(2)?.to_string(),
-            point: unescape_mountinfo(f.get(4)?),
-            fstype: rest.next()?.to_owned(),
-            source: rest.next().map(unescape_mountinfo).unwrap_or_default(),
-        })
-    });
-    Some(mounts.collect())
-}
-
-/// The topmost of `mounts` (as [`mounts`] lists them) mounted at `point`,
-/// a real path.
-pub fn top_mount_at<'m>(mounts: &'m [Mount], point: &Path) -> Option<&'m Mount> {
-    mounts
-        .iter()
-        .rev()
-        .find(|m| m.point == point.as_os_str().as_bytes())
-}
-
-/// A mountinfo path field: spaces, tabs, newlines and backslashes are
-/// written as octal escapes (`\040`).
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape_mountinfo("/a\\040b\\011c\\134d"), b"/a b\tc\\d");
-        assert_eq!(unescape_mountinfo("/plain"), b"/plain");
-        // Not an escape: kept as it is.
-        assert_eq!(unescape_mountinfo("/x\\09"), b"/x\\09");
-    }
     use std::os::fd::AsFd;
-
-    #[test]
-    fn cgroup_lines_without_a_memory_limit_give_none() {
-        for line in [
-            "",
-            "garbage",
-            "4:cpu,cpuacct:/x",
-            "1:name=systemd:/",
-            "0::/../../..",
-            "0::/no/such/group",
-            "7:memory:/../no/such",
-        ] {
-            let limits = cgroup_memory_limits(line);
-            // Only a real limit file on the way up counts; there is none
-            // under these names, but the roots may hold one.
-            assert!(limits.len() <= 1, "{line}: {limits:?}");
-        }
-        assert!(memory_limit() > 0);
-    }
 
     #[test]
     fn refuses_symlinks_and_escapes() {
