@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
-.PHONY: suites build release deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
+.PHONY: suites build release deps test unit check fmt fmt-check clippy apple-check doc demo bench bench-pack bench-quick fuzz schema-check clean
 
 build:
 	$(CARGO) build --all-targets
@@ -15,7 +15,7 @@ release:
 deps:
 	scripts/deps.sh
 
-test: deps fmt-check clippy doc
+test: deps fmt-check clippy apple-check doc
 	SESSIONFS_REQUIRE_FUSE=1 $(CARGO) test --all-targets
 	$(MAKE) schema-check suites demo bench-quick
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
@@ -30,6 +30,10 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --all-targets -- -D warnings
+
+# macOS: cargo check and clippy for both Apple targets (compile only).
+apple-check:
+	scripts/apple-check.sh
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps

@@ -25,7 +25,7 @@ fn setup() -> (tempfile::TempDir, PathBuf, Vec<u8>) {
 
 fn is_mounted(p: &Path) -> bool {
     nix::sys::statfs::statfs(p)
-        .map(|s| s.filesystem_type().0 == 0x6573_5546)
+        .map(|_| sessionfs::sys::is_fuse_path(p))
         .unwrap_or(true)
 }
 
@@ -596,14 +596,7 @@ fn a_damaged_journal_is_refused_naming_the_line() {
 /// Drops the kernel's cached pages of `path` (a file on a mount), so that
 /// the next read of it reaches the daemon.
 fn uncache(path: &Path) {
-    let f = fs::File::open(path).unwrap();
-    nix::fcntl::posix_fadvise(
-        &f,
-        0,
-        0,
-        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-    )
-    .unwrap();
+    drop_cached_pages(&fs::File::open(path).unwrap());
 }
 
 #[test]

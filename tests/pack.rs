@@ -974,7 +974,7 @@ fn special_files_are_dropped_and_hard_links_become_files() {
         &ws.join("null"),
         nix::sys::stat::SFlag::S_IFCHR,
         nix::sys::stat::Mode::from_bits_truncate(0o644),
-        nix::sys::stat::makedev(1, 3),
+        libc::makedev(1, 3),
     )
     .unwrap();
     let out = tmp.path().join("p.packet");
@@ -1356,7 +1356,7 @@ fn output_naming_a_file_that_is_not_a_packet_is_refused() {
         &null,
         nix::sys::stat::SFlag::S_IFCHR,
         nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(1, 3),
+        libc::makedev(1, 3),
     )
     .expect("mknod needs root, as CI runs");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();

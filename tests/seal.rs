@@ -1091,13 +1091,7 @@ fn rebase_onto_the_served_path_while_reading() {
             let mut reads = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let f = fs::File::open(&big).unwrap();
-                nix::fcntl::posix_fadvise(
-                    &f,
-                    0,
-                    0,
-                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-                )
-                .unwrap();
+                drop_cached_pages(&f);
                 let mut got = vec![0u8; want.len()];
                 f.read_exact_at(&mut got, 0)
                     .unwrap_or_else(|e| panic!("read {reads} failed: {e}"));

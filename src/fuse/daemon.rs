@@ -204,7 +204,7 @@ impl Ours {
     fn new(mountpoint: PathBuf, source: String) -> Ours {
         let dev = sessionfs_mount_at(&mountpoint, &source);
         if dev.is_none() {
-            tracing::warn!(mountpoint = %mountpoint.display(), "cannot find this mount in /proc/self/mountinfo");
+            tracing::warn!(mountpoint = %mountpoint.display(), "cannot find this mount in the mount table");
         }
         Ours {
             mountpoint,
@@ -228,13 +228,14 @@ impl Ours {
 /// The device (`major:minor`) of the topmost mount at `mountpoint` (a
 /// canonical path), when it is a FUSE mount of `source`. Read from
 /// `/proc/self/mountinfo`, so the mount itself is not touched (a FUSE
-/// request to a mount whose daemon is busy could wait).
+/// request to a mount whose daemon is busy could wait); on macOS from
+/// `statfs` (`sys::mount_at`).
 fn sessionfs_mount_at(mountpoint: &Path, source: &str) -> Option<String> {
-    let mounts = crate::sys::mounts()?;
-    let top = crate::sys::top_mount_at(&mounts, mountpoint)?;
-    // `fuse` when mounted directly, `fuse.sessionfs` by fusermount3.
-    let fuse = top.fstype == "fuse" || top.fstype.starts_with("fuse.");
-    (fuse && top.source == source.as_bytes()).then(|| top.dev.clone())
+    let crate::sys::MountAt::Mount(top) = crate::sys::mount_at(mountpoint) else {
+        return None;
+    };
+    let fsname = crate::sys::fuse_fsname(&top.fstype, &top.source)?;
+    (fsname == source.as_bytes()).then_some(top.dev)
 }
 
 /// Unmounts now, failing with EBUSY when files are open on the mount, or
@@ -247,13 +248,7 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
         tracing::info!("the mount is already gone; nothing to unmount");
         return Ok(());
     }
-    let flags = nix::mount::MntFlags::UMOUNT_NOFOLLOW
-        | if lazy {
-            nix::mount::MntFlags::MNT_DETACH
-        } else {
-            nix::mount::MntFlags::empty()
-        };
-    match nix::mount::umount2(mountpoint, flags) {
+    match crate::sys::platform::unmount(mountpoint, lazy) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => {
             // Not root: the setuid helper checks for a busy mount too.

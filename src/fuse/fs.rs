@@ -330,16 +330,18 @@ impl Filesystem for SessionFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+        use crate::sys::platform::{RenameMode, rename_mode};
+        // Whiteouts, RENAME_SECLUDE and unknown flags: EINVAL.
+        let Some(mode) = rename_mode(flags.bits()) else {
             return reply.error(failed("rename", parent.0, &Error::Invalid));
-        }
+        };
         let r = self.overlay.rename(
             parent.0,
             name.as_bytes(),
             newparent.0,
             newname.as_bytes(),
-            flags.contains(RenameFlags::RENAME_NOREPLACE),
-            flags.contains(RenameFlags::RENAME_EXCHANGE),
+            mode == RenameMode::NoReplace,
+            mode == RenameMode::Exchange,
         );
         empty(reply, r, "rename", parent.0);
     }

@@ -71,21 +71,7 @@ pub fn memory_limit() -> u64 {
 }
 
 fn physical_or_cgroup_limit() -> u64 {
-    #[cfg(target_os = "linux")]
-    let phys = {
-        use nix::unistd::{SysconfVar, sysconf};
-        match (
-            sysconf(SysconfVar::PAGE_SIZE),
-            sysconf(SysconfVar::_PHYS_PAGES),
-        ) {
-            (Ok(Some(a)), Ok(Some(b))) if a > 0 && b > 0 => (a as u64).saturating_mul(b as u64),
-            _ => u64::MAX,
-        }
-    };
-    // Elsewhere (macOS) the physical memory is not asked for: the callers'
-    // own caps apply.
-    #[cfg(not(target_os = "linux"))]
-    let phys = u64::MAX;
+    let phys = super::platform::physical_memory();
     let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     cgroups
         .lines()

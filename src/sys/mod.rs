@@ -4,11 +4,15 @@
 //! The mount table and the memory limits, read from files rather than
 //! asked of the kernel, live in modules of their own.
 
+//! What differs between Linux and macOS is in `platform`.
+
 mod memory;
 mod mountinfo;
+pub mod platform;
 
 pub use memory::{fit_malloc_to_address_space, memory_limit};
-pub use mountinfo::{LOCAL_FILE_SYSTEMS, Mount, mounts, top_mount_at};
+pub use mountinfo::{LOCAL_FILE_SYSTEMS, Mount, MountAt, mount_at, mounts};
+pub use platform::{fallbacks_forced, fuse_fsname, is_fuse_path, mode};
 
 use std::ffi::OsStr;
 use std::io;
@@ -50,24 +54,17 @@ pub fn open_beneath(
     } else {
         Mode::empty()
     };
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{OpenHow, ResolveFlag, openat2};
-        let how = OpenHow::new()
-            .flags(flags)
-            .mode(mode)
-            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-        match openat2(root, rel, how) {
-            // Kernel before 5.6, or a path of PATH_MAX or more (legal in a
-            // packet, up to its path limit): walk by hand.
-            Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::ENAMETOOLONG) => {}
-            other => return other.map_err(io::Error::from),
+    match platform::openat2_beneath(root, rel, flags, mode, false) {
+        // No openat2 here, or a path of PATH_MAX or more (legal in a
+        // packet, up to its path limit): walk by hand.
+        None | Some(Err(nix::errno::Errno::ENAMETOOLONG)) => {
+            open_beneath_by_components(root, rel, flags, mode)
         }
+        Some(other) => other.map_err(io::Error::from),
     }
-    open_beneath_by_components(root, rel, flags, mode)
 }
 
-/// The portable fallback: one `openat(O_NOFOLLOW)` per component, so no
+/// The portable path: one `openat(O_NOFOLLOW)` per component, so no
 /// symlink is ever traversed; `..` is refused.
 fn open_beneath_by_components(
     root: BorrowedFd<'_>,
@@ -104,9 +101,9 @@ fn open_beneath_by_components(
 /// `rel` is, or passes through, a mount point (of any file system, a bind
 /// mount included), which is then not touched at all, so a mount whose
 /// server hangs cannot hang the caller. Linux only (`openat2` with
-/// `RESOLVE_NO_XDEV`); elsewhere, and on kernels before 5.6, an
-/// `Unsupported` error: there is no way to open it knowing that it is not
-/// a mount.
+/// `RESOLVE_NO_XDEV`); elsewhere, on kernels before 5.6 and with the
+/// fallbacks forced, an `Unsupported` error: there is no way to open it
+/// knowing that it is not a mount.
 pub fn open_dir_same_mount(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<Option<OwnedFd>> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     open_same_mount(dir, rel, flags)
@@ -115,40 +112,26 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<Option
 /// The stat of the entry `name` of the directory `dir` (a symlink's own),
 /// or `None` when it is a mount point (a file can be one, bind-mounted),
 /// which is then not touched: as [`open_dir_same_mount`], through an
-/// `O_PATH` handle. Elsewhere than Linux, a plain `fstatat`.
+/// `O_PATH` handle. Where that cannot be told, a plain `fstatat`.
 pub fn stat_same_mount(dir: BorrowedFd<'_>, name: &Path) -> io::Result<Option<FileStat>> {
-    #[cfg(target_os = "linux")]
-    {
-        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        match open_same_mount(dir, name, flags) {
-            Ok(Some(fd)) => return Ok(Some(nix::sys::stat::fstat(fd.as_fd())?)),
-            Ok(None) => return Ok(None),
-            Err(e) if e.kind() != io::ErrorKind::Unsupported => return Err(e),
-            Err(_) => {}
-        }
+    let flags = platform::STAT_ONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match open_same_mount(dir, name, flags) {
+        Ok(Some(fd)) => return Ok(Some(nix::sys::stat::fstat(fd.as_fd())?)),
+        Ok(None) => return Ok(None),
+        Err(e) if e.kind() != io::ErrorKind::Unsupported => return Err(e),
+        Err(_) => {}
     }
     let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
     Ok(Some(nix::sys::stat::fstatat(dir, name, flags)?))
 }
 
 fn open_same_mount(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag) -> io::Result<Option<OwnedFd>> {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{OpenHow, ResolveFlag, openat2};
-        let how = OpenHow::new().flags(flags).resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_XDEV,
-        );
-        match openat2(dir, rel, how) {
-            Ok(fd) => return Ok(Some(fd)),
-            Err(nix::errno::Errno::EXDEV) => return Ok(None),
-            Err(nix::errno::Errno::ENOSYS) => {}
-            Err(e) => return Err(e.into()),
-        }
+    match platform::openat2_beneath(dir, rel, flags, Mode::empty(), true) {
+        Some(Ok(fd)) => Ok(Some(fd)),
+        Some(Err(nix::errno::Errno::EXDEV)) => Ok(None),
+        Some(Err(e)) => Err(e.into()),
+        None => Err(io::ErrorKind::Unsupported.into()),
     }
-    let _ = (dir, rel, flags);
-    Err(io::ErrorKind::Unsupported.into())
 }
 
 /// Whether the directory held open as `dir` is still the one at `path`
@@ -229,41 +212,19 @@ pub fn parent_beneath<'r>(
     Ok((Some(fd), Path::new(OsStr::from_bytes(name))))
 }
 
-/// Reserves the blocks of the first `len` bytes of `file` (fallocate), so a
-/// full disk is reported before writing starts. A filesystem that cannot
-/// reserve is not an error.
+/// Reserves the blocks of the first `len` bytes of `file`, already that
+/// long (`fallocate`, `F_PREALLOCATE` on macOS), so a full disk is
+/// reported before writing starts. A filesystem that cannot reserve is not
+/// an error.
 pub fn reserve(file: &std::fs::File, len: u64) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{FallocateFlags, fallocate};
-        let len = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        match fallocate(file, FallocateFlags::FALLOC_FL_KEEP_SIZE, 0, len) {
-            Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, len);
-        Ok(())
-    }
+    platform::preallocate(file, len)
 }
 
 /// Asks the kernel to start reading `len` bytes at `offset` of `file` into
 /// the page cache now (`POSIX_FADV_WILLNEED`), so that I/O overlaps the
 /// caller's work. Advice only: does nothing where unsupported.
 pub fn will_need(file: &std::fs::File, offset: u64, len: u64) {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
-        if let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) {
-            let _ = posix_fadvise(file, off, len, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, offset, len);
-    }
+    platform::advise(file, offset, len, platform::Advice::WillNeed);
 }
 
 /// Marks directory `dir` as the top of a directory hierarchy (ext4's
@@ -271,60 +232,19 @@ pub fn will_need(file: &std::fs::File, offset: u64, len: u64) {
 /// spread over the disk's block groups (the Orlov allocator) instead of
 /// sharing their parent's. Advice only: does nothing where unsupported.
 pub fn mark_top_dir(dir: &impl std::os::fd::AsFd) {
-    #[cfg(target_os = "linux")]
-    {
-        use rustix::fs::{IFlags, ioctl_getflags, ioctl_setflags};
-        if let Ok(flags) = ioctl_getflags(dir)
-            && !flags.contains(IFlags::TOPDIR)
-        {
-            let _ = ioctl_setflags(dir, flags | IFlags::TOPDIR);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = dir;
-    }
+    platform::set_top_dir_flag(dir);
 }
 
-/// `file` opened again with `O_DIRECT` (Linux), for reading, or writing
-/// when `write`; `None` where the file system (or a missing /proc) refuses
-/// it. Through /proc, so that it is the same inode even if the file's
-/// name now points elsewhere.
+/// `file` opened again past the page cache (`O_DIRECT`; `F_NOCACHE` on
+/// macOS), for reading, or writing when `write`; `None` where the file
+/// system (or a missing /proc) refuses it.
 pub fn reopen_direct(file: &std::fs::File, write: bool) -> Option<std::fs::File> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(!write)
-            .write(write)
-            .custom_flags(libc::O_DIRECT)
-            .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-            .ok()
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, write);
-        None
-    }
+    platform::reopen_uncached(file, write)
 }
 
 /// `fallocate(2)` with raw `mode` flags (Linux); `EOPNOTSUPP` elsewhere.
 pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::FallocateFlags;
-        let flags = FallocateFlags::from_bits(mode)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
-        let off = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        let len = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        nix::fcntl::fallocate(file, flags, off, len).map_err(io::Error::from)
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, mode, offset, len);
-        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
-    }
+    platform::fallocate(file, mode, offset, len)
 }
 
 /// Starts writing back the dirty pages of `len` bytes at `offset` of
@@ -336,17 +256,7 @@ pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::
 /// cached. PostgreSQL uses it the same way where `sync_file_range` is
 /// missing. Advice only: does nothing elsewhere.
 pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
-        if let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) {
-            let _ = posix_fadvise(file, off, len, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, offset, len);
-    }
+    platform::advise(file, offset, len, platform::Advice::DontNeed);
 }
 
 /// Writes `bytes` to `path` through a temporary file beside it, fsynced
@@ -442,8 +352,9 @@ fn is_zero(b: &[u8]) -> bool {
 
 /// `rename` that fails (EEXIST) rather than replace what is at `to`.
 /// Where the file system cannot rename so (`RENAME_NOREPLACE` is EINVAL
-/// on NFS and some FUSE file systems), and elsewhere than Linux, it looks
-/// first and renames: something made at `to` in between is replaced.
+/// on NFS and some FUSE file systems, `RENAME_EXCL` ENOTSUP on some macOS
+/// volumes), it looks first and renames: something made at `to` in
+/// between is replaced.
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     rename_noreplace_at(nix::fcntl::AT_FDCWD, from, nix::fcntl::AT_FDCWD, to)
 }
@@ -458,13 +369,8 @@ pub fn rename_noreplace_at(
     to: &Path,
 ) -> io::Result<()> {
     use nix::fcntl::renameat;
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{RenameFlags, renameat2};
-        match renameat2(from_dir, from, to_dir, to, RenameFlags::RENAME_NOREPLACE) {
-            Err(nix::errno::Errno::EINVAL) => {}
-            r => return r.map_err(io::Error::from),
-        }
+    if let Some(r) = platform::rename_exclusive(from_dir, from, to_dir, to) {
+        return r;
     }
     let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
     if nix::sys::stat::fstatat(to_dir, to, flags).is_ok() {

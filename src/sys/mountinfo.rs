@@ -1,7 +1,8 @@
 //! The mount table as `/proc/self/mountinfo` gives it (Linux): read, not
 //! asked of any mount, so a mount whose daemon is busy cannot hang the
-//! reader. Elsewhere [`mounts`] is `None` and callers take their portable
-//! paths (see `sys::platform`).
+//! reader. Elsewhere (and with the fallbacks forced) [`mounts`] is `None`
+//! and callers take their portable paths; [`mount_at`] asks `statfs` on
+//! macOS (see `sys::platform`).
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -29,9 +30,12 @@ pub struct Mount {
 
 /// Every mount this process sees, in mount order (a later one at the same
 /// point is on top); `None` where `/proc/self/mountinfo` cannot be read
-/// (not Linux). Read from there, so no mount is touched (a FUSE request to
-/// a mount whose daemon is busy could wait).
+/// (not Linux), or with the fallbacks forced. Read from there, so no mount
+/// is touched (a FUSE request to a mount whose daemon is busy could wait).
 pub fn mounts() -> Option<Vec<Mount>> {
+    if super::fallbacks_forced() {
+        return None;
+    }
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let mounts = info.lines().filter_map(|line| {
         let (fields, rest) = line.split_once(" - ")?;
@@ -47,13 +51,37 @@ pub fn mounts() -> Option<Vec<Mount>> {
     Some(mounts.collect())
 }
 
-/// The topmost of `mounts` (as [`mounts`] lists them) mounted at `point`,
-/// a real path.
-pub fn top_mount_at<'m>(mounts: &'m [Mount], point: &Path) -> Option<&'m Mount> {
-    mounts
-        .iter()
-        .rev()
-        .find(|m| m.point == point.as_os_str().as_bytes())
+/// What is known of the topmost mount at a point.
+#[derive(Debug)]
+pub enum MountAt {
+    /// Nothing can say here: no mount table, no `statfs` that names it.
+    Unknown,
+    /// The point is not a mount point.
+    Nothing,
+    /// The topmost mount there.
+    Mount(Mount),
+}
+
+/// The topmost mount at `point`, a real path: from the mount table
+/// (Linux, without touching the mount), else from `statfs` (macOS, which
+/// asks the mount itself, so a FUSE mount whose daemon is busy may make
+/// it wait).
+pub fn mount_at(point: &Path) -> MountAt {
+    if let Some(mounts) = mounts() {
+        return match mounts
+            .into_iter()
+            .rev()
+            .find(|m| m.point == point.as_os_str().as_bytes())
+        {
+            Some(m) => MountAt::Mount(m),
+            None => MountAt::Nothing,
+        };
+    }
+    match super::platform::statfs_mount_at(point) {
+        Ok(Some(m)) => MountAt::Mount(m),
+        Ok(None) => MountAt::Nothing,
+        Err(()) => MountAt::Unknown,
+    }
 }
 
 /// A mountinfo path field: spaces, tabs, newlines and backslashes are

@@ -593,3 +593,14 @@ pub fn python(script: &str, args: &[&std::ffi::OsStr]) -> String {
     let out = succeed(Command::new("python3").arg("-c").arg(script).args(args));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+/// Drops the kernel's cached pages of the open file `f` (a file on a
+/// mount), so that the next read of it reaches the daemon:
+/// `POSIX_FADV_DONTNEED` on Linux. macOS has no such call: nothing there.
+pub fn drop_cached_pages(f: &fs::File) {
+    #[cfg(target_os = "linux")]
+    nix::fcntl::posix_fadvise(f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+        .unwrap();
+    #[cfg(not(target_os = "linux"))]
+    let _ = f;
+}
