@@ -808,7 +808,8 @@ fn mounts_are_known_by_the_mount_table() {
     inner.umount();
     assert!(is_mounted(&outer.mnt));
     // Asked by another user, whose runtime directory holds no socket for
-    // it: not reached, but known to be there.
+    // it: not reached, but known to be there (from the mount table: the
+    // mount itself refuses another user's statfs).
     let out = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(bin())
@@ -818,7 +819,11 @@ fn mounts_are_known_by_the_mount_table() {
     let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(e["kind"], "not_mounted", "{e}");
     let message = e["message"].as_str().unwrap();
-    assert!(message.contains("a sessionfs mount is there"), "{e}");
+    if fallbacks_forced() {
+        eprintln!("fallbacks forced: no mount table to know another user's mount by");
+    } else {
+        assert!(message.contains("a sessionfs mount is there"), "{e}");
+    }
     outer.umount();
     // Through a symlink.
     let real = tmp.path().join("real-mp");

@@ -620,6 +620,118 @@ fn exclusion(result: &Value, path: &str) -> Option<Value> {
 }
 
 #[test]
+fn macos_finder_and_spotlight_litter_is_left_out_and_reported() {
+    // CLI.md: "Finder and Spotlight litter ... excluded by default ...
+    // `--keep` keeps one knowingly". A tree packed on a Mac gives the
+    // packet a Linux pack of the same tree without the litter gives.
+    let tmp = tempfile::tempdir().unwrap();
+    let clean = tmp.path().join("clean");
+    write(&clean, "notes.md", b"notes");
+    write(&clean, "src/main.rs", b"fn main() {}");
+    let mac = tmp.path().join("mac");
+    write(&mac, "notes.md", b"notes");
+    write(&mac, "src/main.rs", b"fn main() {}");
+    write(&mac, ".DS_Store", b"\0\0\0\x01Bud1");
+    write(&mac, "src/.DS_Store", b"Bud1");
+    write(&mac, "._notes.md", b"\0\x05\x16\x07AppleDouble");
+    write(&mac, ".Spotlight-V100/x", b"index");
+    write(&mac, ".fseventsd/fseventsd-uuid", b"log");
+    write(&mac, ".Trashes/501/old.txt", b"trash");
+    write(&mac, ".TemporaryItems/t", b"tmp");
+    for ws in [&clean, &mac] {
+        // The same mtimes in both trees, so that the packets can be equal.
+        for f in ["notes.md", "src/main.rs"] {
+            set_mtime(&ws.join(f), 1_700_000_000_000_000_000);
+        }
+        for d in ["src", ""] {
+            set_mtime(&ws.join(d), 1_700_000_000_000_000_000);
+        }
+    }
+    let v = pack(&mac, &tmp.path().join("mac.packet"), &[]);
+    let reasons: Vec<(&str, &str)> = v["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap(),
+                e["reason"]["what"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("workspace/.DS_Store", ".DS_Store"),
+            ("workspace/.Spotlight-V100", ".Spotlight-V100 directory"),
+            ("workspace/.TemporaryItems", ".TemporaryItems directory"),
+            ("workspace/.Trashes", ".Trashes directory"),
+            ("workspace/._notes.md", "AppleDouble ._* file"),
+            ("workspace/.fseventsd", ".fseventsd directory"),
+            ("workspace/src/.DS_Store", ".DS_Store"),
+        ],
+        "{v}"
+    );
+    assert!(
+        v["excluded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["reason"]["rule"] == "macos_metadata"),
+        "{v}"
+    );
+    let c = pack(&clean, &tmp.path().join("clean.packet"), &[]);
+    assert_eq!(v["digest"], c["digest"], "the litter changed the packet");
+    // `--keep .DS_Store` keeps it (at any depth), and only it.
+    let kept = pack(
+        &mac,
+        &tmp.path().join("kept.packet"),
+        &["--keep", ".DS_Store"],
+    );
+    let listing = tar_listing(&tmp.path().join("kept.packet"));
+    assert!(listing.lines().any(|l| l == "workspace/.DS_Store"));
+    assert!(listing.lines().any(|l| l == "workspace/src/.DS_Store"));
+    assert!(!listing.contains("._notes.md") && !listing.contains("Spotlight"));
+    assert_eq!(excluded_paths(&kept).len(), 5, "{kept}");
+}
+
+#[test]
+fn a_hard_link_into_a_credential_directory_is_left_out_or_warned_of() {
+    // CLI.md: "On Linux 5.6 and later it can tell a mount without touching
+    // it; elsewhere it reads nothing there and, when a packed file has
+    // other names, warns on stderr." The second half is what macOS runs:
+    // checked when the fallbacks are forced.
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    write(
+        &ws,
+        ".ssh/id_ed25519",
+        b"-----BEGIN OPENSSH PRIVATE KEY-----",
+    );
+    fs::hard_link(ws.join(".ssh/id_ed25519"), ws.join("key.txt")).unwrap();
+    let out = tmp.path().join("p.packet");
+    let r = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let v = r.ok();
+    if fallbacks_forced() {
+        assert_eq!(exclusion(v, "workspace/key.txt"), None, "{v}");
+        assert!(
+            r.stderr
+                .contains("cannot look in it for other names of its files"),
+            "{}",
+            r.stderr
+        );
+    } else {
+        assert_hard_links(v, &[("workspace/key.txt", "workspace/.ssh/id_ed25519")]);
+    }
+}
+
+#[test]
 fn user_patterns_and_keep() {
     let tmp = tempfile::tempdir().unwrap();
     let ws = tmp.path().join("ws");

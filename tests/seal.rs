@@ -246,6 +246,46 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
 }
 
 #[test]
+fn macos_litter_written_on_the_mount_is_excluded_unless_kept() {
+    // CLI.md: Finder and Spotlight litter is "excluded by default by `pack`
+    // and `seal`", and `--keep` keeps one knowingly.
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = model_packet(tmp.path());
+    let m = mount_workspace(&packet, tmp.path());
+    fs::write(m.path(".DS_Store"), b"Bud1").unwrap();
+    fs::write(m.path("._README.md"), b"AppleDouble").unwrap();
+    fs::create_dir(m.path(".Spotlight-V100")).unwrap();
+    fs::write(m.path(".Spotlight-V100/x"), b"index").unwrap();
+    let out = tmp.path().join("s.packet");
+    let v = seal(&m, &out, &[]);
+    assert_eq!(
+        excluded_paths(&v),
+        [
+            "workspace/.DS_Store",
+            "workspace/.Spotlight-V100",
+            "workspace/._README.md"
+        ],
+        "{v}"
+    );
+    assert_eq!(v["excluded"][0]["reason"]["rule"], "macos_metadata");
+    let listing = tar_listing(&out);
+    assert!(!listing.contains(".DS_Store") && !listing.contains("Spotlight"));
+    assert!(!listing.contains("._README.md"));
+    let kept = tmp.path().join("k.packet");
+    let v = seal(&m, &kept, &["--keep", ".DS_Store"]);
+    assert_eq!(excluded_paths(&v).len(), 2, "{v}");
+    assert!(
+        tar_listing(&kept)
+            .lines()
+            .any(|l| l == "workspace/.DS_Store")
+    );
+    m.umount();
+}
+
+#[test]
 fn credentials_written_on_the_mount_are_excluded_and_reported() {
     if !fuse_available() {
         return;

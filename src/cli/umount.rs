@@ -42,14 +42,14 @@ struct Result {
 /// another FUSE file system (fuse-overlayfs, sshfs) mounted there, or a
 /// directory inside a mount, is not taken for one. On macOS from
 /// `statfs` (`macfuse`, or FUSE-T's NFS mounts). Where neither can say,
-/// any FUSE mount counts.
+/// any FUSE mount point counts.
 pub fn is_sessionfs_mount(p: &Path) -> bool {
     use crate::sys::MountAt;
     let Some(real) = real_path(p) else {
         return crate::sys::is_fuse_path(p);
     };
     match crate::sys::mount_at(&real) {
-        MountAt::Unknown => crate::sys::is_fuse_path(p),
+        MountAt::Unknown => crate::sys::is_fuse_path(&real) && crate::sys::is_mount_point(&real),
         MountAt::Nothing => false,
         MountAt::Mount(m) => crate::sys::fuse_fsname(&m.fstype, &m.source)
             .is_some_and(|name| name.starts_with(b"sessionfs:")),

@@ -144,11 +144,28 @@ pub fn is_at(dir: BorrowedFd<'_>, path: &Path) -> bool {
     matches!((held, here), (Ok(a), Ok(b)) if a == b)
 }
 
+/// Whether the real path `p` is a mount point, told without a mount table:
+/// it is on another device than its parent, or is its own parent (`/`). A
+/// dead FUSE mount (`ENOTCONN`) is one. Asks the mount itself.
+pub fn is_mount_point(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let here = match std::fs::symlink_metadata(p) {
+        Ok(m) => m,
+        Err(e) => return e.raw_os_error() == Some(libc::ENOTCONN),
+    };
+    let parent = p.parent().unwrap_or(p);
+    std::fs::metadata(parent)
+        .is_ok_and(|up| up.dev() != here.dev() || (up.dev(), up.ino()) == (here.dev(), here.ino()))
+}
+
 /// Removes the entry `name` of the directory `dir`: a file, or a
-/// directory and everything in it, without following a symlink and, on
-/// Linux, without entering a mount (one inside is left, and the removal
-/// fails with `EBUSY`: what is mounted there is not the caller's to
-/// remove). The first error is returned once all else that can go is gone.
+/// directory and everything in it, without following a symlink and
+/// without entering a mount (one inside is left, and the removal fails
+/// with `EBUSY`: what is mounted there is not the caller's to remove).
+/// Where a mount cannot be told without entering it (not Linux), a
+/// directory on another device than its parent is taken for one; a bind
+/// mount of the same file system (Linux only) then cannot be told. The
+/// first error is returned once all else that can go is gone.
 pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     use nix::errno::Errno;
     use nix::unistd::{UnlinkatFlags, unlinkat};
@@ -160,12 +177,19 @@ pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     let sub = match open_dir_same_mount(dir, Path::new(name)) {
         Ok(Some(fd)) => fd,
         Ok(None) => return Err(Errno::EBUSY.into()),
-        Err(e) if e.kind() == io::ErrorKind::Unsupported => openat(
-            dir,
-            name,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?,
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+            let sub = openat(
+                dir,
+                name,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
+            let dev = |fd| nix::sys::stat::fstat(fd).map(|st| dev_ino(&st).0);
+            if dev(sub.as_fd())? != dev(dir)? {
+                return Err(Errno::EBUSY.into());
+            }
+            sub
+        }
         Err(e) => return Err(e),
     };
     let mut names = Vec::new();

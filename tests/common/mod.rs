@@ -594,6 +594,13 @@ pub fn python(script: &str, args: &[&std::ffi::OsStr]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Whether this run forces the portable fallbacks (`SESSIONFS_TEST_FALLBACKS=1`,
+/// read by the debug builds the tests run): a test of what only a Linux
+/// fast path can tell checks it only when they are not.
+pub fn fallbacks_forced() -> bool {
+    sessionfs::sys::fallbacks_forced()
+}
+
 /// Drops the kernel's cached pages of the open file `f` (a file on a
 /// mount), so that the next read of it reaches the daemon:
 /// `POSIX_FADV_DONTNEED` on Linux. macOS has no such call: nothing there.
