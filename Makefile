@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
-.PHONY: suites build release deps test unit check fmt fmt-check clippy apple-check doc demo bench bench-pack bench-quick fuzz schema-check clean
+.PHONY: suites build release deps test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-quick fuzz schema-check clean
 
 build:
 	$(CARGO) build --all-targets
@@ -17,6 +17,7 @@ deps:
 
 test: deps fmt-check clippy apple-check doc
 	SESSIONFS_REQUIRE_FUSE=1 $(CARGO) test --all-targets
+	scripts/fallback-tests.sh
 	$(MAKE) schema-check suites demo bench-quick
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
 
@@ -34,6 +35,10 @@ clippy:
 # macOS: cargo check and clippy for both Apple targets (compile only).
 apple-check:
 	scripts/apple-check.sh
+
+# The unit, unpack, pack, mount and seal tests with the portable paths forced.
+fallback-tests:
+	scripts/fallback-tests.sh
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps

@@ -62,13 +62,22 @@ pub fn serve(
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(fs_name.clone()),
-        MountOption::Subtype("sessionfs".into()),
         MountOption::DefaultPermissions,
         MountOption::RW,
         MountOption::NoAtime,
         MountOption::NoSuid,
         MountOption::NoDev,
     ];
+    #[cfg(not(target_os = "macos"))]
+    config
+        .mount_options
+        .push(MountOption::Subtype("sessionfs".into()));
+    #[cfg(target_os = "macos")]
+    config.mount_options.extend(
+        macos_options(overlay.lower().packet.path(), &digest)
+            .into_iter()
+            .map(MountOption::CUSTOM),
+    );
     config.acl = if opts.allow_other {
         SessionACL::All
     } else {
@@ -270,6 +279,46 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
     }
 }
 
+/// The macFUSE options of a mount (docs/macos.md says why each):
+/// `volname=` (the name Finder shows: the packet's file name without its
+/// extension, or `sessionfs <digest>`), `noappledouble` (macFUSE refuses
+/// `._*` and `.DS_Store` on the mount, so Finder's litter never reaches the
+/// upper directory), `noapplexattr` (`com.apple.*` attributes refused
+/// likewise) and `nobrowse` (not listed in Finder's sidebar, so neither
+/// Finder nor Spotlight walks it unasked). Not `local`: macFUSE volumes
+/// are then not local, and Spotlight indexes none. No `subtype`, which
+/// macFUSE does not take. Pure, so that Linux tests check it.
+#[cfg_attr(not(target_os = "macos"), allow(dead_code))]
+fn macos_options(packet: &Path, digest: &str) -> Vec<String> {
+    /// Finder shows about this many characters of a volume's name.
+    const VOLNAME_MAX: usize = 63;
+    let stem = packet.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let short = digest.get(7..19).unwrap_or(digest);
+    let name = match stem {
+        Some(s) if !s.trim().is_empty() => s,
+        _ => format!("sessionfs {short}"),
+    };
+    // Options are split at commas; a slash or control byte has no place
+    // in a volume name.
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c == ',' || c == '/' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .take(VOLNAME_MAX)
+        .collect();
+    vec![
+        format!("volname={name}"),
+        "noappledouble".into(),
+        "noapplexattr".into(),
+        "nobrowse".into(),
+    ]
+}
+
 /// A control-protocol error object, naming `path` when there is one.
 pub fn error(kind: &str, message: &str, path: Option<&Path>) -> Value {
     let exit = match kind {
@@ -311,6 +360,25 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn macos_volume_names_come_from_the_packet() {
+        let digest = "sha256:0123456789abcdef";
+        let table = [
+            ("/p/session-42.packet", "volname=session-42"),
+            ("/p/a,b/c\nd.packet", "volname=c_d"),
+            ("/p/a,noexec.tar", "volname=a_noexec"),
+            ("/p/.packet", "volname=.packet"),
+            ("/", "volname=sessionfs 0123456789ab"),
+        ];
+        for (packet, want) in table {
+            let o = macos_options(Path::new(packet), digest);
+            assert_eq!(o[0], want, "{packet}");
+            assert_eq!(o[1..], ["noappledouble", "noapplexattr", "nobrowse"]);
+        }
+        let long = format!("/p/{}.packet", "x".repeat(300));
+        assert_eq!(macos_options(Path::new(&long), digest)[0].len(), 8 + 63);
+    }
 
     #[test]
     fn only_a_sessionfs_mount_on_top_is_ours() {

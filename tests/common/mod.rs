@@ -491,6 +491,11 @@ impl FsMount {
         FsMount::new(&["--bind", from.to_str().unwrap()], at)
     }
 
+    /// A mount made otherwise at `at`: unmounted on drop.
+    pub fn adopt(at: &Path) -> FsMount {
+        FsMount(at.to_owned())
+    }
+
     fn new(args: &[&str], at: &Path) -> FsMount {
         let st = std::process::Command::new("mount")
             .args(args)
