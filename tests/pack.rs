@@ -648,19 +648,8 @@ fn macos_finder_and_spotlight_litter_is_left_out_and_reported() {
         }
     }
     let v = pack(&mac, &tmp.path().join("mac.packet"), &[]);
-    let reasons: Vec<(&str, &str)> = v["excluded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["path"].as_str().unwrap(),
-                e["reason"]["what"].as_str().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        reasons,
+        exclusion_reasons(&v, "what"),
         [
             ("workspace/.DS_Store", ".DS_Store"),
             ("workspace/.Spotlight-V100", ".Spotlight-V100 directory"),
@@ -673,11 +662,9 @@ fn macos_finder_and_spotlight_litter_is_left_out_and_reported() {
         "{v}"
     );
     assert!(
-        v["excluded"]
-            .as_array()
-            .unwrap()
+        exclusion_reasons(&v, "rule")
             .iter()
-            .all(|e| e["reason"]["rule"] == "macos_metadata"),
+            .all(|(_, rule)| *rule == "macos_metadata"),
         "{v}"
     );
     let c = pack(&clean, &tmp.path().join("clean.packet"), &[]);
@@ -1830,19 +1817,8 @@ fn pack_codex_home_once(ws: &Path, home: &Path, out: &Path) {
             "codex",
         ],
     );
-    let excluded: Vec<(&str, &str)> = v["excluded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["path"].as_str().unwrap(),
-                e["reason"]["rule"].as_str().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        excluded,
+        exclusion_reasons(&v, "rule"),
         [
             ("harness/auth.json", "credential"),
             ("workspace/.codex", "other_part")

@@ -416,6 +416,22 @@ pub fn excluded_paths(result: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// The `(path, reason[field])` of each exclusion in `result`, as text
+/// (`field`: `rule`, `what`, ...).
+pub fn exclusion_reasons<'v>(result: &'v Value, field: &str) -> Vec<(&'v str, &'v str)> {
+    result["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap(),
+                e["reason"][field].as_str().unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// Detaches whatever is mounted at the path when dropped, for tests that
 /// mount by hand (with a barrier in the environment, or to kill the daemon):
 /// a failed assertion then leaves no mount behind.
