@@ -469,6 +469,24 @@ fn c_text(field: &[libc::c_char]) -> String {
     String::from_utf8_lossy(&c_bytes(field)).into_owned()
 }
 
+/// Whether signal `s` is ignored (`SIG_IGN`), as a parent may have set it:
+/// read from `/proc/self/status` (Linux; asking `sigaction` needs
+/// `unsafe`, which this crate forbids). Elsewhere, and with the fallbacks
+/// forced, taken as not ignored: the handler is installed.
+pub fn signal_ignored(s: nix::sys::signal::Signal) -> bool {
+    if fallbacks_forced() {
+        return false;
+    }
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (s as u32 - 1)) != 0)
+}
+
 /// Permission bits as a [`Mode`]: `mode_t` is 32 bits on Linux and 16 on
 /// macOS, and every mode sessionfs sets fits in 12.
 #[allow(clippy::unnecessary_cast)] // a no-op on Linux, narrowing on macOS
