@@ -286,8 +286,9 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
 /// upper directory), `noapplexattr` (`com.apple.*` attributes refused
 /// likewise) and `nobrowse` (not listed in Finder's sidebar, so neither
 /// Finder nor Spotlight walks it unasked). Not `local`: macFUSE volumes
-/// are then not local, and Spotlight indexes none. No `subtype`, which
-/// macFUSE does not take. Pure, so that Linux tests check it.
+/// are then not local, and Spotlight by default indexes none. No
+/// `subtype`: the type is `macfuse` whatever it says, and mounts are known
+/// by their `fsname`. Pure, so that Linux tests check it.
 #[cfg_attr(not(target_os = "macos"), allow(dead_code))]
 fn macos_options(packet: &Path, digest: &str) -> Vec<String> {
     /// Finder shows about this many characters of a volume's name.
