@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
-.PHONY: suites build release deps harness-deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
+.PHONY: suites build release deps harness-deps test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-quick fuzz schema-check clean
 
 build:
 	$(CARGO) build --all-targets
@@ -20,8 +20,9 @@ deps:
 harness-deps:
 	scripts/harness/install.sh
 
-test: deps harness-deps fmt-check clippy doc
+test: deps harness-deps fmt-check clippy apple-check doc
 	SESSIONFS_REQUIRE_FUSE=1 SESSIONFS_REQUIRE_HARNESS=1 $(CARGO) test --all-targets
+	scripts/fallback-tests.sh
 	$(MAKE) schema-check suites demo bench-quick
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
 
@@ -35,6 +36,14 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --all-targets -- -D warnings
+
+# macOS: cargo check and clippy for both Apple targets (compile only).
+apple-check:
+	scripts/apple-check.sh
+
+# The unit, unpack, pack, mount and seal tests with the portable paths forced.
+fallback-tests:
+	scripts/fallback-tests.sh
 
 doc:
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps

@@ -13,6 +13,8 @@ have git || need+=(git)
 # tests/stat_times.rs asks make what it would rebuild.
 have make || need+=(make)
 have gcc || need+=(gcc)
+# The Apple compile check (scripts/apple-check.sh): fuser's build script.
+have pkg-config || need+=(pkg-config)
 # Python: the schema check's venv, and the second writer tests/spec_writer.rs runs.
 if have python3; then
   python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)

@@ -156,7 +156,7 @@ pub struct Interrupted {
 pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
     let mut signals = SigSet::empty();
     for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        if !ignored(s) {
+        if !crate::sys::platform::signal_ignored(s) {
             signals.add(s);
         }
     }
@@ -235,18 +235,4 @@ fn briefly(f: impl FnOnce() + Send + 'static) {
     if started.is_ok() {
         let _ = finished.recv_timeout(std::time::Duration::from_secs(2));
     }
-}
-
-/// Whether `s` is ignored (`SIG_IGN`), as a parent may have set it: read
-/// from `/proc/self/status` (querying `sigaction` needs `unsafe`, which
-/// this crate forbids); elsewhere, taken as not ignored.
-fn ignored(s: Signal) -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigIgn:"))
-        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (s as u32 - 1)) != 0)
 }

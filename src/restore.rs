@@ -315,7 +315,7 @@ pub fn unpack(
         staging.placed = true;
         // Private until now, so that a staging directory a killed unpack
         // left is known by its mode; it becomes the target root.
-        fchmod(stage_fd.as_fd(), Mode::from_bits_truncate(MODE_DIR))
+        fchmod(stage_fd.as_fd(), crate::sys::mode(MODE_DIR))
             .map_err(|err| io_err(&shown, "cannot set directory mode")(err.into()))?;
     }
     drop(pending);
@@ -599,7 +599,7 @@ impl Restorer<'_> {
             if let Some(rel) = self.rel(&e.path).filter(|r| !r.is_empty()) {
                 let fd = self.open(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY, &e.path)?;
                 self.chown(&fd, &e.path)?;
-                fchmod(&fd, Mode::from_bits_truncate(MODE_DIR))
+                fchmod(&fd, crate::sys::mode(MODE_DIR))
                     .map_err(|err| io_err(&e.path, "cannot set directory mode")(err.into()))?;
             }
         }
@@ -690,7 +690,7 @@ impl Restorer<'_> {
                         } else {
                             MODE_FILE
                         };
-                        fchmod(&file, Mode::from_bits_truncate(mode))
+                        fchmod(&file, crate::sys::mode(mode))
                             .map_err(|err| io_err(&e.path, "cannot set mode")(err.into()))?;
                     }
                 }

@@ -25,7 +25,7 @@ fn setup() -> (tempfile::TempDir, PathBuf, Vec<u8>) {
 
 fn is_mounted(p: &Path) -> bool {
     nix::sys::statfs::statfs(p)
-        .map(|s| s.filesystem_type().0 == 0x6573_5546)
+        .map(|_| sessionfs::sys::is_fuse_path(p))
         .unwrap_or(true)
 }
 
@@ -596,14 +596,7 @@ fn a_damaged_journal_is_refused_naming_the_line() {
 /// Drops the kernel's cached pages of `path` (a file on a mount), so that
 /// the next read of it reaches the daemon.
 fn uncache(path: &Path) {
-    let f = fs::File::open(path).unwrap();
-    nix::fcntl::posix_fadvise(
-        &f,
-        0,
-        0,
-        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-    )
-    .unwrap();
+    drop_cached_pages(&fs::File::open(path).unwrap());
 }
 
 #[test]
@@ -815,7 +808,8 @@ fn mounts_are_known_by_the_mount_table() {
     inner.umount();
     assert!(is_mounted(&outer.mnt));
     // Asked by another user, whose runtime directory holds no socket for
-    // it: not reached, but known to be there.
+    // it: not reached, but known to be there (from the mount table: the
+    // mount itself refuses another user's statfs).
     let out = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(bin())
@@ -825,7 +819,11 @@ fn mounts_are_known_by_the_mount_table() {
     let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(e["kind"], "not_mounted", "{e}");
     let message = e["message"].as_str().unwrap();
-    assert!(message.contains("a sessionfs mount is there"), "{e}");
+    if fallbacks_forced() {
+        eprintln!("fallbacks forced: no mount table to know another user's mount by");
+    } else {
+        assert!(message.contains("a sessionfs mount is there"), "{e}");
+    }
     outer.umount();
     // Through a symlink.
     let real = tmp.path().join("real-mp");

@@ -353,12 +353,14 @@ fn special_files_exist_on_the_mount() {
         &m.path("blk"),
         nix::sys::stat::SFlag::S_IFBLK,
         nix::sys::stat::Mode::from_bits_truncate(0o600),
-        nix::sys::stat::makedev(7, 3),
+        libc::makedev(7, 3),
     )
     .unwrap();
     let md = fs::symlink_metadata(m.path("blk")).unwrap();
     assert!(md.file_type().is_block_device());
-    assert_eq!(md.rdev(), nix::sys::stat::makedev(7, 3));
+    #[allow(clippy::unnecessary_cast)] // dev_t is i32 on macOS
+    let rdev = libc::makedev(7, 3) as u64;
+    assert_eq!(md.rdev(), rdev);
     m.umount();
 }
 
@@ -482,6 +484,7 @@ mm.close()
 }
 
 #[test]
+#[cfg(target_os = "linux")] // renameat2; macOS has renamex_np
 fn rename_noreplace_and_exchange() {
     // "RENAME_NOREPLACE and RENAME_EXCHANGE are supported".
     if !fuse_available() {
@@ -923,7 +926,7 @@ fn absent_names_are_cached_as_absent_until_created_through_the_mount() {
 
 /// Whether `p` is the root of a FUSE mount.
 fn is_fuse(p: &Path) -> bool {
-    nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type().0 == 0x6573_5546)
+    sessionfs::sys::is_fuse_path(p)
 }
 
 /// Whether process `pid` runs (and is not a zombie).
@@ -957,6 +960,7 @@ fn eventually(mut cond: impl FnMut() -> bool) -> bool {
 }
 
 #[test]
+#[cfg(target_os = "linux")] // a tmpfs beneath, found by its magic number
 fn unmounting_leaves_the_mount_beneath_the_mountpoint_alone() {
     // "`sessionfs umount MOUNTPOINT` asks the daemon to unmount": that
     // mount only. A pod's /workspace is often a volume: the daemon once

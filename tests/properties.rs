@@ -30,9 +30,12 @@ enum Node {
 }
 
 fn name() -> impl Strategy<Value = String> {
-    "[a-z0-9é _.-]{1,12}".prop_filter("not . or .. or a credential name", |s| {
+    "[a-z0-9é _.-]{1,12}".prop_filter("not . or .. or a name left out by default", |s| {
         s != "."
             && s != ".."
+            // macOS litter: AppleDouble files, FSEvents' directory.
+            && !s.starts_with("._")
+            && s != ".fseventsd"
             && !s.starts_with(".env")
             && !s.ends_with(".key")
             && !s.ends_with(".pem")

@@ -244,6 +244,46 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
 }
 
 #[test]
+fn macos_litter_written_on_the_mount_is_excluded_unless_kept() {
+    // CLI.md: Finder and Spotlight litter is "excluded by default by `pack`
+    // and `seal`", and `--keep` keeps one knowingly.
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, _) = model_packet(tmp.path());
+    let m = mount_workspace(&packet, tmp.path());
+    fs::write(m.path(".DS_Store"), b"Bud1").unwrap();
+    fs::write(m.path("._README.md"), b"AppleDouble").unwrap();
+    fs::create_dir(m.path(".Spotlight-V100")).unwrap();
+    fs::write(m.path(".Spotlight-V100/x"), b"index").unwrap();
+    let out = tmp.path().join("s.packet");
+    let v = seal(&m, &out, &[]);
+    assert_eq!(
+        excluded_paths(&v),
+        [
+            "workspace/.DS_Store",
+            "workspace/.Spotlight-V100",
+            "workspace/._README.md"
+        ],
+        "{v}"
+    );
+    assert_eq!(v["excluded"][0]["reason"]["rule"], "macos_metadata");
+    let listing = tar_listing(&out);
+    assert!(!listing.contains(".DS_Store") && !listing.contains("Spotlight"));
+    assert!(!listing.contains("._README.md"));
+    let kept = tmp.path().join("k.packet");
+    let v = seal(&m, &kept, &["--keep", ".DS_Store"]);
+    assert_eq!(excluded_paths(&v).len(), 2, "{v}");
+    assert!(
+        tar_listing(&kept)
+            .lines()
+            .any(|l| l == "workspace/.DS_Store")
+    );
+    m.umount();
+}
+
+#[test]
 fn credentials_written_on_the_mount_are_excluded_and_reported() {
     if !fuse_available() {
         return;
@@ -1089,13 +1129,7 @@ fn rebase_onto_the_served_path_while_reading() {
             let mut reads = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let f = fs::File::open(&big).unwrap();
-                nix::fcntl::posix_fadvise(
-                    &f,
-                    0,
-                    0,
-                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-                )
-                .unwrap();
+                drop_cached_pages(&f);
                 let mut got = vec![0u8; want.len()];
                 f.read_exact_at(&mut got, 0)
                     .unwrap_or_else(|e| panic!("read {reads} failed: {e}"));

@@ -36,33 +36,24 @@ struct Result {
     via: &'static str,
 }
 
-/// Whether `p` is currently a FUSE mount (a dead one counts).
-#[allow(clippy::unnecessary_cast)] // f_type's C type differs between platforms
-pub fn is_fuse_mount(p: &Path) -> bool {
-    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
-    match nix::sys::statfs::statfs(p) {
-        Ok(s) => s.filesystem_type().0 as i64 == FUSE_SUPER_MAGIC,
-        Err(nix::errno::Errno::ENOTCONN) => true,
-        Err(_) => false,
-    }
-}
-
 /// Whether the topmost mount at `p` is a sessionfs mount (a dead one
 /// counts): from the mount table, by its type (`fuse`, or `fuse.sessionfs`
 /// through fusermount3) and its source (`sessionfs:<digest>`), so that
 /// another FUSE file system (fuse-overlayfs, sshfs) mounted there, or a
-/// directory inside a mount, is not taken for one. Where the table cannot
-/// be read (not Linux), any FUSE mount counts.
+/// directory inside a mount, is not taken for one. On macOS from
+/// `statfs` (`macfuse`, or FUSE-T's NFS mounts). Where neither can say,
+/// any FUSE mount point counts.
 pub fn is_sessionfs_mount(p: &Path) -> bool {
-    let Some(mounts) = crate::sys::mounts() else {
-        return is_fuse_mount(p);
-    };
+    use crate::sys::MountAt;
     let Some(real) = real_path(p) else {
-        return false;
+        return crate::sys::is_fuse_path(p);
     };
-    crate::sys::top_mount_at(&mounts, &real).is_some_and(|m| {
-        (m.fstype == "fuse" || m.fstype == "fuse.sessionfs") && m.source.starts_with(b"sessionfs:")
-    })
+    match crate::sys::mount_at(&real) {
+        MountAt::Unknown => crate::sys::is_fuse_path(&real) && crate::sys::is_mount_point(&real),
+        MountAt::Nothing => false,
+        MountAt::Mount(m) => crate::sys::fuse_fsname(&m.fstype, &m.source)
+            .is_some_and(|name| name.starts_with(b"sessionfs:")),
+    }
 }
 
 /// The error for mountpoint `mp` when its daemon cannot be reached
@@ -185,12 +176,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             {
                 Ok(s) if s.success() => "fusermount3",
                 _ => {
-                    let flags = if a.lazy {
-                        nix::mount::MntFlags::MNT_DETACH
-                    } else {
-                        nix::mount::MntFlags::empty()
-                    };
-                    nix::mount::umount2(mp, flags).map_err(|e| {
+                    crate::sys::platform::unmount(mp, a.lazy).map_err(|e| {
                         let kind = if e == nix::errno::Errno::EBUSY {
                             "busy"
                         } else {
@@ -198,7 +184,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                         };
                         fail(kind, format!("{}: cannot unmount: {e}", mp.display()))
                     })?;
-                    "umount2"
+                    crate::sys::platform::UNMOUNT_CALL
                 }
             }
         }

@@ -259,10 +259,7 @@ pub fn serve(
     let me = nix::unistd::geteuid().as_raw();
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        let allowed =
-            nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
-                .map(|c| c.uid() == me || c.uid() == 0)
-                .unwrap_or(false);
+        let allowed = crate::sys::platform::peer_uid(&conn).is_ok_and(|u| u == me || u == 0);
         if !allowed {
             tracing::warn!("control connection from another user refused");
             continue;

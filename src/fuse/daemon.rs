@@ -63,13 +63,22 @@ pub fn serve(
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(fs_name.clone()),
-        MountOption::Subtype("sessionfs".into()),
         MountOption::DefaultPermissions,
         MountOption::RW,
         MountOption::NoAtime,
         MountOption::NoSuid,
         MountOption::NoDev,
     ];
+    #[cfg(not(target_os = "macos"))]
+    config
+        .mount_options
+        .push(MountOption::Subtype("sessionfs".into()));
+    #[cfg(target_os = "macos")]
+    config.mount_options.extend(
+        macos_options(overlay.lower().packet.path(), &digest)
+            .into_iter()
+            .map(MountOption::CUSTOM),
+    );
     config.acl = if opts.allow_other {
         SessionACL::All
     } else {
@@ -245,7 +254,7 @@ impl Ours {
     fn new(mountpoint: PathBuf, source: String) -> Ours {
         let dev = sessionfs_mount_at(&mountpoint, &source);
         if dev.is_none() {
-            tracing::warn!(mountpoint = %mountpoint.display(), "cannot find this mount in /proc/self/mountinfo");
+            tracing::warn!(mountpoint = %mountpoint.display(), "cannot find this mount in the mount table");
         }
         Ours {
             mountpoint,
@@ -269,13 +278,14 @@ impl Ours {
 /// The device (`major:minor`) of the topmost mount at `mountpoint` (a
 /// canonical path), when it is a FUSE mount of `source`. Read from
 /// `/proc/self/mountinfo`, so the mount itself is not touched (a FUSE
-/// request to a mount whose daemon is busy could wait).
+/// request to a mount whose daemon is busy could wait); on macOS from
+/// `statfs` (`sys::mount_at`).
 fn sessionfs_mount_at(mountpoint: &Path, source: &str) -> Option<String> {
-    let mounts = crate::sys::mounts()?;
-    let top = crate::sys::top_mount_at(&mounts, mountpoint)?;
-    // `fuse` when mounted directly, `fuse.sessionfs` by fusermount3.
-    let fuse = top.fstype == "fuse" || top.fstype.starts_with("fuse.");
-    (fuse && top.source == source.as_bytes()).then(|| top.dev.clone())
+    let crate::sys::MountAt::Mount(top) = crate::sys::mount_at(mountpoint) else {
+        return None;
+    };
+    let fsname = crate::sys::fuse_fsname(&top.fstype, &top.source)?;
+    (fsname == source.as_bytes()).then_some(top.dev)
 }
 
 /// Unmounts now, failing with EBUSY when files are open on the mount, or
@@ -288,13 +298,7 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
         tracing::info!("the mount is already gone; nothing to unmount");
         return Ok(());
     }
-    let flags = nix::mount::MntFlags::UMOUNT_NOFOLLOW
-        | if lazy {
-            nix::mount::MntFlags::MNT_DETACH
-        } else {
-            nix::mount::MntFlags::empty()
-        };
-    match nix::mount::umount2(mountpoint, flags) {
+    match crate::sys::platform::unmount(mountpoint, lazy) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => {
             // Not root: the setuid helper checks for a busy mount too.
@@ -314,6 +318,47 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The macFUSE options of a mount (docs/macos.md says why each):
+/// `volname=` (the name Finder shows: the packet's file name without its
+/// extension, or `sessionfs <digest>`), `noappledouble` (macFUSE refuses
+/// `._*` and `.DS_Store` on the mount, so Finder's litter never reaches the
+/// upper directory), `noapplexattr` (`com.apple.*` attributes refused
+/// likewise) and `nobrowse` (not listed in Finder's sidebar, so neither
+/// Finder nor Spotlight walks it unasked). Not `local`: macFUSE volumes
+/// are then not local, and Spotlight by default indexes none. No
+/// `subtype`: the type is `macfuse` whatever it says, and mounts are known
+/// by their `fsname`. Pure, so that Linux tests check it.
+#[cfg_attr(not(target_os = "macos"), allow(dead_code))]
+fn macos_options(packet: &Path, digest: &str) -> Vec<String> {
+    /// Finder shows about this many characters of a volume's name.
+    const VOLNAME_MAX: usize = 63;
+    let stem = packet.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let short = digest.get(7..19).unwrap_or(digest);
+    let name = match stem {
+        Some(s) if !s.trim().is_empty() => s,
+        _ => format!("sessionfs {short}"),
+    };
+    // Options are split at commas; a slash or control byte has no place
+    // in a volume name.
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c == ',' || c == '/' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .take(VOLNAME_MAX)
+        .collect();
+    vec![
+        format!("volname={name}"),
+        "noappledouble".into(),
+        "noapplexattr".into(),
+        "nobrowse".into(),
+    ]
 }
 
 /// A control-protocol error object, naming `path` when there is one.
@@ -358,6 +403,25 @@ fn status(o: &Overlay, mountpoint: &Path) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn macos_volume_names_come_from_the_packet() {
+        let digest = "sha256:0123456789abcdef";
+        let table = [
+            ("/p/session-42.packet", "volname=session-42"),
+            ("/p/a,b/c\nd.packet", "volname=c_d"),
+            ("/p/a,noexec.tar", "volname=a_noexec"),
+            ("/p/.packet", "volname=.packet"),
+            ("/", "volname=sessionfs 0123456789ab"),
+        ];
+        for (packet, want) in table {
+            let o = macos_options(Path::new(packet), digest);
+            assert_eq!(o[0], want, "{packet}");
+            assert_eq!(o[1..], ["noappledouble", "noapplexattr", "nobrowse"]);
+        }
+        let long = format!("/p/{}.packet", "x".repeat(300));
+        assert_eq!(macos_options(Path::new(&long), digest)[0].len(), 8 + 63);
+    }
 
     #[test]
     fn only_a_sessionfs_mount_on_top_is_ours() {

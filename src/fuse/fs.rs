@@ -35,6 +35,9 @@ pub struct SessionFs {
     overlay: Arc<Overlay>,
     /// The kernel opens files without asking (`FUSE_NO_OPEN_SUPPORT`).
     zero_message_open: bool,
+    /// The kernel opens directories without asking
+    /// (`FUSE_NO_OPENDIR_SUPPORT`).
+    zero_message_opendir: bool,
 }
 
 /// The timeout for a secret (`mount --secret`): none, since its host
@@ -58,6 +61,7 @@ impl SessionFs {
         SessionFs {
             overlay,
             zero_message_open: false,
+            zero_message_opendir: false,
         }
     }
 }
@@ -212,7 +216,11 @@ impl Filesystem for SessionFs {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_AUTO_INVAL_DATA;
         let have = config.capabilities();
-        self.zero_message_open = have.contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        // Linux's zero-message opens; macFUSE has neither, and the tests
+        // run without them when the portable fallbacks are forced.
+        let fast = !crate::sys::fallbacks_forced();
+        self.zero_message_open = fast && have.contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        self.zero_message_opendir = fast && have.contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         let _ = config.add_capabilities(wanted & have);
         let _ = config.set_max_write(MAX_IO);
         let _ = config.set_max_readahead(MAX_IO);
@@ -366,16 +374,18 @@ impl Filesystem for SessionFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+        use crate::sys::platform::{RenameMode, rename_mode};
+        // Whiteouts, RENAME_SECLUDE and unknown flags: EINVAL.
+        let Some(mode) = rename_mode(flags.bits()) else {
             return reply.error(failed("rename", parent.0, &Error::Invalid));
-        }
+        };
         let r = self.overlay.rename(
             parent.0,
             name.as_bytes(),
             newparent.0,
             newname.as_bytes(),
-            flags.contains(RenameFlags::RENAME_NOREPLACE),
-            flags.contains(RenameFlags::RENAME_EXCHANGE),
+            mode == RenameMode::NoReplace,
+            mode == RenameMode::Exchange,
         );
         empty(reply, r, "rename", parent.0);
     }
@@ -498,8 +508,16 @@ impl Filesystem for SessionFs {
         // asking, with FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR, so listings stay
         // in its cache (it drops a directory's cache when a change through
         // this mount bumps its version; nothing else changes a directory),
-        // and no releasedir follows.
-        reply.error(Errno::ENOSYS);
+        // and no releasedir follows. A kernel without that support (macFUSE)
+        // gets a reply carrying no handle and the same cache flags.
+        if self.zero_message_opendir {
+            reply.error(Errno::ENOSYS);
+        } else {
+            reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
+            );
+        }
     }
 
     fn readdir(

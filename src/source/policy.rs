@@ -1,5 +1,6 @@
-//! What `pack` (and `seal`) leave out: credentials by default, whatever the
-//! user excludes, minus what the user keeps with intent.
+//! What `pack` (and `seal`) leave out: credentials and macOS's Finder and
+//! Spotlight litter by default, whatever the user excludes, minus what the
+//! user keeps with intent.
 //!
 //! Precedence, highest first: `--exclude` (always excludes), `--keep` (lifts
 //! a default), the defaults. A pattern with a `/` matches the packet path
@@ -31,6 +32,24 @@ pub const CREDENTIAL_EXTENSIONS: &[&str] = &["pem", "key", "p12", "pfx"];
 /// `.env.*` files with these suffixes are templates and are kept.
 pub const ENV_TEMPLATE_SUFFIXES: &[&str] =
     &[".example", ".sample", ".template", ".dist", ".defaults"];
+/// Directories macOS makes in folders and volumes it shows or indexes
+/// (Spotlight's index, the FSEvents log, the Trash, temporary items),
+/// excluded by name in both parts: machine state, not the session's, and
+/// left out so that a packet packed on a Mac is the one a Linux pack of
+/// the same tree gives.
+pub const MACOS_DIRS: &[&str] = &[
+    ".Spotlight-V100",
+    ".fseventsd",
+    ".Trashes",
+    ".TemporaryItems",
+];
+/// Finder's per-folder view settings, excluded by name in both parts.
+pub const MACOS_FILES: &[&str] = &[".DS_Store"];
+/// AppleDouble files (`._name`): extended attributes and resource forks
+/// that macOS writes beside a file on volumes without them (FAT, SMB, and
+/// FUSE mounts without `noappledouble`), excluded in both parts.
+pub const APPLEDOUBLE_PREFIX: &str = "._";
+
 /// SQLite side files: they follow their database's fate.
 pub const SQLITE_SIDE_SUFFIXES: &[&str] = &["-wal", "-shm", "-journal"];
 
@@ -89,6 +108,12 @@ pub enum Reason {
     /// [`harness_machine_state`]).
     MachineState {
         /// Which rule, e.g. `codex installation_id`.
+        what: String,
+    },
+    /// Finder or Spotlight litter (`.DS_Store`, `._*`, `.Spotlight-V100`,
+    /// ...): what macOS writes into a tree, not part of the session.
+    MacosMetadata {
+        /// Which rule, e.g. `.DS_Store` or `AppleDouble ._* file`.
         what: String,
     },
     /// A SQLite side file whose database is excluded.
@@ -321,6 +346,7 @@ impl Policy {
         match default {
             Some(_) if self.keep.find(path, name).is_some() => Verdict::Include,
             Some(DefaultRule::Exclude(what)) => Verdict::Exclude(Reason::Credential { what }),
+            Some(DefaultRule::Macos(what)) => Verdict::Exclude(Reason::MacosMetadata { what }),
             Some(DefaultRule::Refuse(why)) => Verdict::Refuse(why),
             Some(DefaultRule::MachineState(what)) => {
                 Verdict::Exclude(Reason::MachineState { what })
@@ -331,6 +357,9 @@ impl Policy {
 
     fn default_rule(&self, part: Part, name: &str, is_dir: bool) -> Option<DefaultRule> {
         let exclude = |what: String| Some(DefaultRule::Exclude(what));
+        if let Some(rule) = macos_rule(name, is_dir) {
+            return Some(DefaultRule::Macos(rule));
+        }
         if is_dir {
             if CREDENTIAL_DIRS.contains(&name) {
                 return exclude(format!("{name} directory"));
@@ -399,6 +428,8 @@ impl Policy {
 enum DefaultRule {
     /// A credential, left out.
     Exclude(String),
+    /// Finder or Spotlight litter: left out.
+    Macos(String),
     /// A credential store no rule decides: packing stops.
     Refuse(String),
     /// A file of the machine, left out (not a credential: its other
@@ -408,8 +439,25 @@ enum DefaultRule {
 
 impl DefaultRule {
     fn is_credential(&self) -> bool {
-        !matches!(self, DefaultRule::MachineState(_))
+        matches!(self, DefaultRule::Exclude(_) | DefaultRule::Refuse(_))
     }
+}
+
+/// The macOS litter rule that `name` falls under, if any: the directories
+/// of [`MACOS_DIRS`], the files of [`MACOS_FILES`], and AppleDouble files
+/// (`._` and at least one more byte; a file only: a directory so named is
+/// a user's).
+fn macos_rule(name: &str, is_dir: bool) -> Option<String> {
+    if is_dir {
+        return MACOS_DIRS
+            .contains(&name)
+            .then(|| format!("{name} directory"));
+    }
+    if MACOS_FILES.contains(&name) {
+        return Some(name.to_string());
+    }
+    (name.len() > APPLEDOUBLE_PREFIX.len() && name.starts_with(APPLEDOUBLE_PREFIX))
+        .then(|| "AppleDouble ._* file".to_string())
 }
 
 /// What a directory entry is, for [`Policy::judge_dir`].
@@ -543,6 +591,59 @@ mod tests {
                 "{path} should be kept"
             );
         }
+    }
+
+    #[test]
+    fn macos_litter_is_left_out_and_kept_on_request() {
+        let p = Policy::new(None, &[], &[]).unwrap();
+        let table = [
+            ("workspace/.DS_Store", false, Some(".DS_Store")),
+            ("workspace/src/.DS_Store", false, Some(".DS_Store")),
+            ("workspace/._notes.md", false, Some("AppleDouble ._* file")),
+            (
+                "workspace/a/._.DS_Store",
+                false,
+                Some("AppleDouble ._* file"),
+            ),
+            (
+                "workspace/.Spotlight-V100",
+                true,
+                Some(".Spotlight-V100 directory"),
+            ),
+            ("workspace/.fseventsd", true, Some(".fseventsd directory")),
+            ("workspace/.Trashes", true, Some(".Trashes directory")),
+            (
+                "workspace/.TemporaryItems",
+                true,
+                Some(".TemporaryItems directory"),
+            ),
+            // Not litter: the bare prefix, a directory named like an
+            // AppleDouble file, a file named like a litter directory.
+            ("workspace/._", false, None),
+            ("workspace/._build", true, None),
+            ("workspace/.Trashes", false, None),
+            ("workspace/.DS_Store", true, None),
+            ("workspace/DS_Store", false, None),
+        ];
+        for (path, is_dir, what) in table {
+            let want = match what {
+                Some(w) => Verdict::Exclude(Reason::MacosMetadata { what: w.into() }),
+                None => Verdict::Include,
+            };
+            assert_eq!(judge(&p, path, is_dir), want, "{path}");
+        }
+        // `--keep` keeps one knowingly; an `--exclude` of one is the
+        // user's, not a credential.
+        let p = Policy::new(None, &[".Trashes".into()], &[".DS_Store".into()]).unwrap();
+        assert_eq!(judge(&p, "workspace/.DS_Store", false), Verdict::Include);
+        assert!(matches!(
+            judge(&p, "workspace/._x", false),
+            Verdict::Exclude(Reason::MacosMetadata { .. })
+        ));
+        let Verdict::Exclude(r) = judge(&p, "workspace/.Trashes", true) else {
+            panic!("not excluded")
+        };
+        assert!(!r.is_credential());
     }
 
     #[test]

@@ -299,8 +299,9 @@ struct DirOut {
 /// be read.
 fn local_mount(root: &Root, rel: &Path) -> Option<OwnedFd> {
     let point = std::fs::canonicalize(&root.dir).ok()?.join(rel);
-    let mounts = sys::mounts()?;
-    let top = sys::top_mount_at(&mounts, &point)?;
+    let sys::MountAt::Mount(top) = sys::mount_at(&point) else {
+        return None;
+    };
     if !sys::LOCAL_FILE_SYSTEMS.contains(&top.fstype.as_str()) {
         return None;
     }

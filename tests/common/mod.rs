@@ -442,6 +442,22 @@ pub fn excluded_paths(result: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// The `(path, reason[field])` of each exclusion in `result`, as text
+/// (`field`: `rule`, `what`, ...).
+pub fn exclusion_reasons<'v>(result: &'v Value, field: &str) -> Vec<(&'v str, &'v str)> {
+    result["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap(),
+                e["reason"][field].as_str().unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// Detaches whatever is mounted at the path when dropped, for tests that
 /// mount by hand (with a barrier in the environment, or to kill the daemon):
 /// a failed assertion then leaves no mount behind.
@@ -515,6 +531,11 @@ impl FsMount {
     /// Directory `from` bound at `at`: the same file system, seen twice.
     pub fn bind(from: &Path, at: &Path) -> FsMount {
         FsMount::new(&["--bind", from.to_str().unwrap()], at)
+    }
+
+    /// A mount made otherwise at `at`: unmounted on drop.
+    pub fn adopt(at: &Path) -> FsMount {
+        FsMount(at.to_owned())
     }
 
     fn new(args: &[&str], at: &Path) -> FsMount {
@@ -647,4 +668,22 @@ pub const GIT: &str =
 pub fn python(script: &str, args: &[&std::ffi::OsStr]) -> String {
     let out = succeed(Command::new("python3").arg("-c").arg(script).args(args));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Whether this run forces the portable fallbacks (`SESSIONFS_TEST_FALLBACKS=1`,
+/// read by the debug builds the tests run): a test of what only a Linux
+/// fast path can tell checks it only when they are not.
+pub fn fallbacks_forced() -> bool {
+    sessionfs::sys::fallbacks_forced()
+}
+
+/// Drops the kernel's cached pages of the open file `f` (a file on a
+/// mount), so that the next read of it reaches the daemon:
+/// `POSIX_FADV_DONTNEED` on Linux. macOS has no such call: nothing there.
+pub fn drop_cached_pages(f: &fs::File) {
+    #[cfg(target_os = "linux")]
+    nix::fcntl::posix_fadvise(f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+        .unwrap();
+    #[cfg(not(target_os = "linux"))]
+    let _ = f;
 }

@@ -1,6 +1,18 @@
 //! Small portable wrappers over the system calls sessionfs needs beyond std:
 //! opening beneath a directory without following symlinks, and the stat
 //! fields we read. Linux-only calls sit behind `cfg`, with a portable path.
+//! The mount table and the memory limits, read from files rather than
+//! asked of the kernel, live in modules of their own.
+
+//! What differs between Linux and macOS is in `platform`.
+
+mod memory;
+mod mountinfo;
+pub mod platform;
+
+pub use memory::{fit_malloc_to_address_space, memory_limit};
+pub use mountinfo::{LOCAL_FILE_SYSTEMS, Mount, MountAt, mount_at, mounts};
+pub use platform::{fallbacks_forced, fuse_fsname, is_fuse_path, mode};
 
 use std::ffi::OsStr;
 use std::io;
@@ -42,24 +54,17 @@ pub fn open_beneath(
     } else {
         Mode::empty()
     };
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{OpenHow, ResolveFlag, openat2};
-        let how = OpenHow::new()
-            .flags(flags)
-            .mode(mode)
-            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-        match openat2(root, rel, how) {
-            // Kernel before 5.6, or a path of PATH_MAX or more (legal in a
-            // packet, up to its path limit): walk by hand.
-            Err(nix::errno::Errno::ENOSYS | nix::errno::Errno::ENAMETOOLONG) => {}
-            other => return other.map_err(io::Error::from),
+    match platform::openat2_beneath(root, rel, flags, mode, false) {
+        // No openat2 here, or a path of PATH_MAX or more (legal in a
+        // packet, up to its path limit): walk by hand.
+        None | Some(Err(nix::errno::Errno::ENAMETOOLONG)) => {
+            open_beneath_by_components(root, rel, flags, mode)
         }
+        Some(other) => other.map_err(io::Error::from),
     }
-    open_beneath_by_components(root, rel, flags, mode)
 }
 
-/// The portable fallback: one `openat(O_NOFOLLOW)` per component, so no
+/// The portable path: one `openat(O_NOFOLLOW)` per component, so no
 /// symlink is ever traversed; `..` is refused.
 fn open_beneath_by_components(
     root: BorrowedFd<'_>,
@@ -96,9 +101,9 @@ fn open_beneath_by_components(
 /// `rel` is, or passes through, a mount point (of any file system, a bind
 /// mount included), which is then not touched at all, so a mount whose
 /// server hangs cannot hang the caller. Linux only (`openat2` with
-/// `RESOLVE_NO_XDEV`); elsewhere, and on kernels before 5.6, an
-/// `Unsupported` error: there is no way to open it knowing that it is not
-/// a mount.
+/// `RESOLVE_NO_XDEV`); elsewhere, on kernels before 5.6 and with the
+/// fallbacks forced, an `Unsupported` error: there is no way to open it
+/// knowing that it is not a mount.
 pub fn open_dir_same_mount(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<Option<OwnedFd>> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     open_same_mount(dir, rel, flags)
@@ -107,40 +112,26 @@ pub fn open_dir_same_mount(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<Option
 /// The stat of the entry `name` of the directory `dir` (a symlink's own),
 /// or `None` when it is a mount point (a file can be one, bind-mounted),
 /// which is then not touched: as [`open_dir_same_mount`], through an
-/// `O_PATH` handle. Elsewhere than Linux, a plain `fstatat`.
+/// `O_PATH` handle. Where that cannot be told, a plain `fstatat`.
 pub fn stat_same_mount(dir: BorrowedFd<'_>, name: &Path) -> io::Result<Option<FileStat>> {
-    #[cfg(target_os = "linux")]
-    {
-        let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        match open_same_mount(dir, name, flags) {
-            Ok(Some(fd)) => return Ok(Some(nix::sys::stat::fstat(fd.as_fd())?)),
-            Ok(None) => return Ok(None),
-            Err(e) if e.kind() != io::ErrorKind::Unsupported => return Err(e),
-            Err(_) => {}
-        }
+    let flags = platform::STAT_ONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match open_same_mount(dir, name, flags) {
+        Ok(Some(fd)) => return Ok(Some(nix::sys::stat::fstat(fd.as_fd())?)),
+        Ok(None) => return Ok(None),
+        Err(e) if e.kind() != io::ErrorKind::Unsupported => return Err(e),
+        Err(_) => {}
     }
     let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
     Ok(Some(nix::sys::stat::fstatat(dir, name, flags)?))
 }
 
 fn open_same_mount(dir: BorrowedFd<'_>, rel: &Path, flags: OFlag) -> io::Result<Option<OwnedFd>> {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{OpenHow, ResolveFlag, openat2};
-        let how = OpenHow::new().flags(flags).resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_XDEV,
-        );
-        match openat2(dir, rel, how) {
-            Ok(fd) => return Ok(Some(fd)),
-            Err(nix::errno::Errno::EXDEV) => return Ok(None),
-            Err(nix::errno::Errno::ENOSYS) => {}
-            Err(e) => return Err(e.into()),
-        }
+    match platform::openat2_beneath(dir, rel, flags, Mode::empty(), true) {
+        Some(Ok(fd)) => Ok(Some(fd)),
+        Some(Err(nix::errno::Errno::EXDEV)) => Ok(None),
+        Some(Err(e)) => Err(e.into()),
+        None => Err(io::ErrorKind::Unsupported.into()),
     }
-    let _ = (dir, rel, flags);
-    Err(io::ErrorKind::Unsupported.into())
 }
 
 /// Whether the directory held open as `dir` is still the one at `path`
@@ -153,11 +144,28 @@ pub fn is_at(dir: BorrowedFd<'_>, path: &Path) -> bool {
     matches!((held, here), (Ok(a), Ok(b)) if a == b)
 }
 
+/// Whether the real path `p` is a mount point, told without a mount table:
+/// it is on another device than its parent, or is its own parent (`/`). A
+/// dead FUSE mount (`ENOTCONN`) is one. Asks the mount itself.
+pub fn is_mount_point(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let here = match std::fs::symlink_metadata(p) {
+        Ok(m) => m,
+        Err(e) => return e.raw_os_error() == Some(libc::ENOTCONN),
+    };
+    let parent = p.parent().unwrap_or(p);
+    std::fs::metadata(parent)
+        .is_ok_and(|up| up.dev() != here.dev() || (up.dev(), up.ino()) == (here.dev(), here.ino()))
+}
+
 /// Removes the entry `name` of the directory `dir`: a file, or a
-/// directory and everything in it, without following a symlink and, on
-/// Linux, without entering a mount (one inside is left, and the removal
-/// fails with `EBUSY`: what is mounted there is not the caller's to
-/// remove). The first error is returned once all else that can go is gone.
+/// directory and everything in it, without following a symlink and
+/// without entering a mount (one inside is left, and the removal fails
+/// with `EBUSY`: what is mounted there is not the caller's to remove).
+/// Where a mount cannot be told without entering it (not Linux), a
+/// directory on another device than its parent is taken for one; a bind
+/// mount of the same file system (Linux only) then cannot be told. The
+/// first error is returned once all else that can go is gone.
 pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     use nix::errno::Errno;
     use nix::unistd::{UnlinkatFlags, unlinkat};
@@ -169,12 +177,19 @@ pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     let sub = match open_dir_same_mount(dir, Path::new(name)) {
         Ok(Some(fd)) => fd,
         Ok(None) => return Err(Errno::EBUSY.into()),
-        Err(e) if e.kind() == io::ErrorKind::Unsupported => openat(
-            dir,
-            name,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?,
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+            let sub = openat(
+                dir,
+                name,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
+            let dev = |fd| nix::sys::stat::fstat(fd).map(|st| dev_ino(&st).0);
+            if dev(sub.as_fd())? != dev(dir)? {
+                return Err(Errno::EBUSY.into());
+            }
+            sub
+        }
         Err(e) => return Err(e),
     };
     let mut names = Vec::new();
@@ -221,41 +236,19 @@ pub fn parent_beneath<'r>(
     Ok((Some(fd), Path::new(OsStr::from_bytes(name))))
 }
 
-/// Reserves the blocks of the first `len` bytes of `file` (fallocate), so a
-/// full disk is reported before writing starts. A filesystem that cannot
-/// reserve is not an error.
+/// Reserves the blocks of the first `len` bytes of `file`, already that
+/// long (`fallocate`, `F_PREALLOCATE` on macOS), so a full disk is
+/// reported before writing starts. A filesystem that cannot reserve is not
+/// an error.
 pub fn reserve(file: &std::fs::File, len: u64) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{FallocateFlags, fallocate};
-        let len = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        match fallocate(file, FallocateFlags::FALLOC_FL_KEEP_SIZE, 0, len) {
-            Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, len);
-        Ok(())
-    }
+    platform::preallocate(file, len)
 }
 
 /// Asks the kernel to start reading `len` bytes at `offset` of `file` into
 /// the page cache now (`POSIX_FADV_WILLNEED`), so that I/O overlaps the
 /// caller's work. Advice only: does nothing where unsupported.
 pub fn will_need(file: &std::fs::File, offset: u64, len: u64) {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
-        if let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) {
-            let _ = posix_fadvise(file, off, len, PosixFadviseAdvice::POSIX_FADV_WILLNEED);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, offset, len);
-    }
+    platform::advise(file, offset, len, platform::Advice::WillNeed);
 }
 
 /// Marks directory `dir` as the top of a directory hierarchy (ext4's
@@ -263,60 +256,19 @@ pub fn will_need(file: &std::fs::File, offset: u64, len: u64) {
 /// spread over the disk's block groups (the Orlov allocator) instead of
 /// sharing their parent's. Advice only: does nothing where unsupported.
 pub fn mark_top_dir(dir: &impl std::os::fd::AsFd) {
-    #[cfg(target_os = "linux")]
-    {
-        use rustix::fs::{IFlags, ioctl_getflags, ioctl_setflags};
-        if let Ok(flags) = ioctl_getflags(dir)
-            && !flags.contains(IFlags::TOPDIR)
-        {
-            let _ = ioctl_setflags(dir, flags | IFlags::TOPDIR);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = dir;
-    }
+    platform::set_top_dir_flag(dir);
 }
 
-/// `file` opened again with `O_DIRECT` (Linux), for reading, or writing
-/// when `write`; `None` where the file system (or a missing /proc) refuses
-/// it. Through /proc, so that it is the same inode even if the file's
-/// name now points elsewhere.
+/// `file` opened again past the page cache (`O_DIRECT`; `F_NOCACHE` on
+/// macOS), for reading, or writing when `write`; `None` where the file
+/// system (or a missing /proc) refuses it.
 pub fn reopen_direct(file: &std::fs::File, write: bool) -> Option<std::fs::File> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(!write)
-            .write(write)
-            .custom_flags(libc::O_DIRECT)
-            .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-            .ok()
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, write);
-        None
-    }
+    platform::reopen_uncached(file, write)
 }
 
 /// `fallocate(2)` with raw `mode` flags (Linux); `EOPNOTSUPP` elsewhere.
 pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::FallocateFlags;
-        let flags = FallocateFlags::from_bits(mode)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?;
-        let off = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        let len = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-        nix::fcntl::fallocate(file, flags, off, len).map_err(io::Error::from)
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, mode, offset, len);
-        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
-    }
+    platform::fallocate(file, mode, offset, len)
 }
 
 /// Starts writing back the dirty pages of `len` bytes at `offset` of
@@ -328,17 +280,7 @@ pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::
 /// cached. PostgreSQL uses it the same way where `sync_file_range` is
 /// missing. Advice only: does nothing elsewhere.
 pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
-        if let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) {
-            let _ = posix_fadvise(file, off, len, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = (file, offset, len);
-    }
+    platform::advise(file, offset, len, platform::Advice::DontNeed);
 }
 
 /// Writes `bytes` to `path` through a temporary file beside it, fsynced
@@ -415,128 +357,6 @@ pub fn page_size() -> u64 {
     }
 }
 
-/// Whether the kernel started this process through an ELF interpreter (the
-/// dynamic loader), as it does a dynamically linked program run by its
-/// path: the auxiliary vector's `AT_BASE` is then where the loader sits,
-/// and 0 when the loader itself was run as the program.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn started_through_interpreter() -> bool {
-    const AT_BASE: usize = 7;
-    const WORD: usize = std::mem::size_of::<usize>();
-    let Ok(aux) = std::fs::read("/proc/self/auxv") else {
-        return false;
-    };
-    aux.chunks_exact(2 * WORD).any(|pair| {
-        let word = |b: &[u8]| usize::from_ne_bytes(b.try_into().unwrap_or([0; WORD]));
-        word(&pair[..WORD]) == AT_BASE && word(&pair[WORD..]) != 0
-    })
-}
-
-/// Under an address-space limit (`ulimit -v`), starts this program again
-/// with glibc's malloc kept to two arenas (`MALLOC_ARENA_MAX=2`), unless
-/// that variable is set already; returns where nothing is to be done or
-/// the new start failed. glibc gives each thread that allocates an arena
-/// of its own, up to eight per core, and each arena reserves 64 MiB of
-/// address space: a pack of 60 MB under `ulimit -v 300000` died in an
-/// allocation (an abort, with no result) while using a fraction of that.
-/// glibc reads the variable only when a program starts, hence the second
-/// start (`mallopt` would need unsafe code). Without a limit nothing
-/// changes: more arenas, less waiting for one. Call before anything else.
-pub fn fit_malloc_to_address_space() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit};
-        use std::os::unix::process::CommandExt;
-        let limited = getrlimit(Resource::RLIMIT_AS).is_ok_and(|(soft, _)| soft != RLIM_INFINITY);
-        if !limited || std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-            return;
-        }
-        if !started_through_interpreter() {
-            // Run as `ld-linux.so PROGRAM ...`, this process's executable
-            // is the loader, which would take the first argument for the
-            // program to run.
-            return;
-        }
-        let mut args = std::env::args_os();
-        // The very file running now, even where its path was replaced or
-        // removed since (an upgrade in place).
-        let mut again = std::process::Command::new("/proc/self/exe");
-        if let Some(name) = args.next() {
-            again.arg0(name);
-        }
-        // Returns only if the start failed.
-        let _ = again.args(args).env("MALLOC_ARENA_MAX", "2").exec();
-    }
-}
-
-/// The memory this process may use, at most: the machine's physical
-/// memory, or less where its cgroup (v2 `memory.max`, v1
-/// `memory.limit_in_bytes`) sets a lower limit, as in a pod, or where its
-/// address space is limited (`ulimit -v`, which every mapping counts
-/// against: code, thread stacks, the allocator's arenas).
-pub fn memory_limit() -> u64 {
-    let address_space = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_AS)
-        .map_or(u64::MAX, |(soft, _)| soft);
-    physical_or_cgroup_limit().min(address_space)
-}
-
-fn physical_or_cgroup_limit() -> u64 {
-    #[cfg(target_os = "linux")]
-    let phys = {
-        use nix::unistd::{SysconfVar, sysconf};
-        match (
-            sysconf(SysconfVar::PAGE_SIZE),
-            sysconf(SysconfVar::_PHYS_PAGES),
-        ) {
-            (Ok(Some(a)), Ok(Some(b))) if a > 0 && b > 0 => (a as u64).saturating_mul(b as u64),
-            _ => u64::MAX,
-        }
-    };
-    // Elsewhere (macOS) the physical memory is not asked for: the callers'
-    // own caps apply.
-    #[cfg(not(target_os = "linux"))]
-    let phys = u64::MAX;
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    cgroups
-        .lines()
-        .flat_map(cgroup_memory_limits)
-        .fold(phys, u64::min)
-}
-
-/// The memory limits that bind the cgroup of one `/proc/self/cgroup` line
-/// (v2 `0::PATH`, or a v1 line whose controllers include `memory`): of the
-/// cgroup and of each parent, up to the root of the mounted hierarchy. The
-/// walk up also finds the limit where `PATH` is not below the mount (a
-/// container without a cgroup namespace sees its host's path, but has its
-/// own cgroup mounted at the root).
-fn cgroup_memory_limits(line: &str) -> Vec<u64> {
-    let mut f = line.splitn(3, ':');
-    let (Some(_), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
-        return Vec::new();
-    };
-    let (base, file) = if controllers.is_empty() {
-        ("/sys/fs/cgroup", "memory.max")
-    } else if controllers.split(',').any(|c| c == "memory") {
-        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
-    } else {
-        return Vec::new();
-    };
-    let mut dir = Path::new(base).join(path.trim_start_matches('/'));
-    let mut out = Vec::new();
-    loop {
-        // "max" (v2) or a huge number (v1) where there is no limit.
-        if let Some(n) = std::fs::read_to_string(dir.join(file))
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok())
-        {
-            out.push(n);
-        }
-        if dir == Path::new(base) || !dir.pop() {
-            return out;
-        }
-    }
-}
-
 /// Blocks of zeros left as holes by [`write_sparse`]: the filesystems'
 /// block size.
 pub const HOLE_BLOCK: u64 = 4096;
@@ -583,8 +403,9 @@ fn is_zero(b: &[u8]) -> bool {
 
 /// `rename` that fails (EEXIST) rather than replace what is at `to`.
 /// Where the file system cannot rename so (`RENAME_NOREPLACE` is EINVAL
-/// on NFS and some FUSE file systems), and elsewhere than Linux, it looks
-/// first and renames: something made at `to` in between is replaced.
+/// on NFS and some FUSE file systems, `RENAME_EXCL` ENOTSUP on some macOS
+/// volumes), it looks first and renames: something made at `to` in
+/// between is replaced.
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     rename_noreplace_at(nix::fcntl::AT_FDCWD, from, nix::fcntl::AT_FDCWD, to)
 }
@@ -599,13 +420,8 @@ pub fn rename_noreplace_at(
     to: &Path,
 ) -> io::Result<()> {
     use nix::fcntl::renameat;
-    #[cfg(target_os = "linux")]
-    {
-        use nix::fcntl::{RenameFlags, renameat2};
-        match renameat2(from_dir, from, to_dir, to, RenameFlags::RENAME_NOREPLACE) {
-            Err(nix::errno::Errno::EINVAL) => {}
-            r => return r.map_err(io::Error::from),
-        }
+    if let Some(r) = platform::rename_exclusive(from_dir, from, to_dir, to) {
+        return r;
     }
     let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
     if nix::sys::stat::fstatat(to_dir, to, flags).is_ok() {
@@ -628,108 +444,10 @@ pub fn name_part(name: &str, room: usize) -> &str {
     &name[..end]
 }
 
-/// File system types (as mountinfo names them) kept on this machine's
-/// own storage or memory: an operation on them does not wait on a server
-/// (FUSE, NFS, SMB, 9p and virtiofs may).
-pub const LOCAL_FILE_SYSTEMS: &[&str] = &[
-    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "tmpfs", "ramfs", "overlay", "squashfs",
-    "erofs", "vfat", "exfat",
-];
-
-/// A mount, as `/proc/self/mountinfo` shows it.
-#[derive(Debug)]
-pub struct Mount {
-    /// Its device, `major:minor`.
-    pub dev: String,
-    /// Where it is mounted.
-    pub point: Vec<u8>,
-    /// Its file system type (`ext4`, `fuse.sessionfs`).
-    pub fstype: String,
-    /// Its source (`/dev/sda1`, `sessionfs:<digest>`).
-    pub source: Vec<u8>,
-}
-
-/// Every mount this process sees, in mount order (a later one at the same
-/// point is on top); `None` where `/proc/self/mountinfo` cannot be read
-/// (not Linux). Read from there, so no mount is touched (a FUSE request to
-/// a mount whose daemon is busy could wait).
-pub fn mounts() -> Option<Vec<Mount>> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mounts = info.lines().filter_map(|line| {
-        let (fields, rest) = line.split_once(" - ")?;
-        let f: Vec<&str> = fields.split(' ').collect();
-        let mut rest = rest.split(' ');
-        Some(Mount {
-            dev: f.get(2)?.to_string(),
-            point: unescape_mountinfo(f.get(4)?),
-            fstype: rest.next()?.to_owned(),
-            source: rest.next().map(unescape_mountinfo).unwrap_or_default(),
-        })
-    });
-    Some(mounts.collect())
-}
-
-/// The topmost of `mounts` (as [`mounts`] lists them) mounted at `point`,
-/// a real path.
-pub fn top_mount_at<'m>(mounts: &'m [Mount], point: &Path) -> Option<&'m Mount> {
-    mounts
-        .iter()
-        .rev()
-        .find(|m| m.point == point.as_os_str().as_bytes())
-}
-
-/// A mountinfo path field: spaces, tabs, newlines and backslashes are
-/// written as octal escapes (`\040`).
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape_mountinfo("/a\\040b\\011c\\134d"), b"/a b\tc\\d");
-        assert_eq!(unescape_mountinfo("/plain"), b"/plain");
-        // Not an escape: kept as it is.
-        assert_eq!(unescape_mountinfo("/x\\09"), b"/x\\09");
-    }
     use std::os::fd::AsFd;
-
-    #[test]
-    fn cgroup_lines_without_a_memory_limit_give_none() {
-        for line in [
-            "",
-            "garbage",
-            "4:cpu,cpuacct:/x",
-            "1:name=systemd:/",
-            "0::/../../..",
-            "0::/no/such/group",
-            "7:memory:/../no/such",
-        ] {
-            let limits = cgroup_memory_limits(line);
-            // Only a real limit file on the way up counts; there is none
-            // under these names, but the roots may hold one.
-            assert!(limits.len() <= 1, "{line}: {limits:?}");
-        }
-        assert!(memory_limit() > 0);
-    }
 
     #[test]
     fn refuses_symlinks_and_escapes() {

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Compile-checks sessionfs for macOS on this (Linux) machine: `cargo check`
+# and `cargo clippy -D warnings` of every target of the crate (library,
+# binaries, tests, benches) for x86_64-apple-darwin and aarch64-apple-darwin.
+# Links nothing, so no Mac SDK is needed; fuser's build script only asks
+# pkg-config for macFUSE's "fuse", which scripts/apple/fuse.pc stands in for.
+# Fails, saying so, when the targets cannot be installed: never skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+targets=(x86_64-apple-darwin aarch64-apple-darwin)
+installed=$(rustup target list --installed 2>/dev/null || true)
+for t in "${targets[@]}"; do
+  grep -qx "$t" <<<"$installed" && continue
+  if ! rustup target add "$t" >&2; then
+    echo "apple-check: FAILED: cannot install the Rust target $t (rustup target add $t);" \
+      "the macOS build cannot be checked on this machine" >&2
+    exit 1
+  fi
+done
+command -v pkg-config >/dev/null || {
+  echo "apple-check: FAILED: pkg-config is missing (scripts/deps.sh installs it)" >&2
+  exit 1
+}
+export PKG_CONFIG_ALLOW_CROSS=1 PKG_CONFIG_PATH="$PWD/scripts/apple"
+# Apart from target/debug, so that host builds are not invalidated.
+export CARGO_TARGET_DIR="${APPLE_TARGET_DIR:-$PWD/target/apple}"
+# clippy denies rustc's warnings too; check without RUSTFLAGS shares the
+# dependencies clippy builds, instead of building them a second time.
+for t in "${targets[@]}"; do
+  cargo check --quiet --target "$t" --all-targets
+  cargo clippy --quiet --target "$t" --all-targets -- -D warnings
+  echo "apple-check: $t: check and clippy clean (all targets)"
+done
