@@ -99,7 +99,10 @@ fn file_attr(a: &Attr) -> FileAttr {
         atime: system_time(a.atime),
         mtime: system_time(a.mtime),
         ctime: system_time(a.ctime),
-        crtime: system_time(a.ctime),
+        // The birth time macOS shows as "Created" (Linux ignores it): the
+        // mtime, not the ctime, which for a lower file is a content stamp
+        // decades back (docs/SEMANTICS.md, "Times").
+        crtime: system_time(a.mtime),
         kind: file_type(a.kind),
         perm: a.perm,
         nlink: a.nlink,
