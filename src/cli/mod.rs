@@ -5,6 +5,7 @@ mod args;
 mod digest;
 pub mod error;
 mod inspect;
+mod location;
 mod logfile;
 mod mount;
 mod pack;

@@ -28,9 +28,41 @@ pub struct RawManifest {
     pub file_len: u64,
 }
 
+/// Where the manifest is read from: a local packet file, or a remote
+/// object of the store layer.
+pub trait Source {
+    /// The length of the packet.
+    fn source_len(&self) -> Result<u64>;
+    /// Fills `buf` from `offset`; `file_len` is the length first seen.
+    fn read_at(&self, buf: &mut [u8], offset: u64, file_len: u64) -> Result<()>;
+}
+
+impl Source for File {
+    fn source_len(&self) -> Result<u64> {
+        Ok(self
+            .metadata()
+            .map_err(|e| Error::io("cannot stat the packet", e))?
+            .len())
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64, file_len: u64) -> Result<()> {
+        read_exact_at(self, buf, offset, file_len)
+    }
+}
+
+impl Source for dyn crate::store::ReadAt + '_ {
+    fn source_len(&self) -> Result<u64> {
+        Ok(self.len())
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64, _file_len: u64) -> Result<()> {
+        Ok(self.read_exact_at(buf, offset)?)
+    }
+}
+
 /// Reads the first member of `file` (see [`read_manifest_bytes`]) and
 /// computes its digest.
-pub fn read_raw_manifest(file: &File, limits: &Limits) -> Result<RawManifest> {
+pub fn read_raw_manifest<S: Source + ?Sized>(file: &S, limits: &Limits) -> Result<RawManifest> {
     let mut raw = read_manifest_bytes(file, limits)?;
     raw.digest = Digest::of_manifest(&raw.bytes);
     Ok(raw)
@@ -40,18 +72,15 @@ pub fn read_raw_manifest(file: &File, limits: &Limits) -> Result<RawManifest> {
 /// `packet.json`, and returns the manifest bytes (the digest is left for
 /// the caller). Allocates only after the size field is checked against the
 /// file length and the manifest bound.
-pub fn read_manifest_bytes(file: &File, limits: &Limits) -> Result<RawManifest> {
-    let file_len = file
-        .metadata()
-        .map_err(|e| Error::io("cannot stat the packet", e))?
-        .len();
+pub fn read_manifest_bytes<S: Source + ?Sized>(file: &S, limits: &Limits) -> Result<RawManifest> {
+    let file_len = file.source_len()?;
     let mut first = [0u8; BLOCK as usize];
     if file_len < BLOCK {
         return Err(Error::NotAPacket {
             reason: format!("the file is {file_len} bytes, shorter than one tar block"),
         });
     }
-    read_exact_at(file, &mut first, 0, file_len)?;
+    file.read_at(&mut first, 0, file_len)?;
     let header = tar::Header::from_byte_slice(&first);
     if first.iter().all(|&b| b == 0) || header.as_ustar().is_none() {
         return Err(Error::NotAPacket {
@@ -88,7 +117,7 @@ pub fn read_manifest_bytes(file: &File, limits: &Limits) -> Result<RawManifest> 
     }
     // Bounded above by the manifest limit and the file length.
     let mut bytes = vec![0u8; padded as usize];
-    read_exact_at(file, &mut bytes, MANIFEST_DATA_OFFSET, file_len)?;
+    file.read_at(&mut bytes, MANIFEST_DATA_OFFSET, file_len)?;
     if bytes[size as usize..].iter().any(|&b| b != 0) {
         return Err(Error::BadPadding {
             member: MANIFEST_NAME.into(),
