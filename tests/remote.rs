@@ -339,3 +339,84 @@ fn credentials_are_never_printed() {
         );
     }
 }
+
+/// `verify` and `unpack` read a remote packet's members by ranged GETs and
+/// report exactly what they report for the same packet on disk; a packet
+/// whose content was damaged is refused remotely as locally.
+#[test]
+fn remote_verify_and_unpack_equal_local() {
+    let tmp = tempfile::tempdir().unwrap();
+    let moto = s3::moto();
+    let b = bucket();
+    let packet = sample_packet(tmp.path());
+    let bytes = std::fs::read(&packet).unwrap();
+    moto.put(&b, "k", &bytes);
+    let loc = format!("s3://{b}/k");
+    let proxy = Proxy::start(moto.port);
+    let strip = |v: &serde_json::Value| {
+        let mut v = without_packet(v);
+        let o = v.as_object_mut().unwrap();
+        o.remove("seconds");
+        o.remove("into");
+        v
+    };
+    let local = run(["verify", packet.to_str().unwrap()]);
+    // A fault on the way costs a retry, not the result.
+    proxy.inject([Fault::Pass, Fault::Status(503, "SlowDown")]);
+    let r = remote(proxy.port, &["verify", &loc], &[]);
+    assert_eq!(r.ok()["packet"], loc.as_str());
+    assert_eq!(strip(&r.json), strip(local.ok()));
+    assert!(gets(&proxy) >= 3, "{:?}", proxy.requests());
+    let (a, c) = (tmp.path().join("local"), tmp.path().join("remote"));
+    let l = run([
+        "unpack",
+        packet.to_str().unwrap(),
+        "--into",
+        a.to_str().unwrap(),
+    ]);
+    let r = remote(
+        proxy.port,
+        &["unpack", &loc, "--into", c.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(strip(&r.ok().clone()), strip(l.ok()));
+    assert_eq!(common::snapshot(&a), common::snapshot(&c));
+    // One byte of content changed: the same refusal, and nothing unpacked.
+    let local_json = run(["inspect", packet.to_str().unwrap()]).json;
+    let content_at =
+        512 + (local_json["manifest_bytes"].as_u64().unwrap() as usize).div_ceil(512) * 512 + 512;
+    let mut bad = bytes.clone();
+    bad[content_at] ^= 1;
+    let badp = tmp.path().join("bad.packet");
+    std::fs::write(&badp, &bad).unwrap();
+    moto.put(&b, "bad", &bad);
+    for cmd in [vec!["verify"], vec!["unpack", "--into"]] {
+        let mut largs: Vec<String> = vec![cmd[0].into(), badp.to_str().unwrap().into()];
+        let mut rargs: Vec<String> = vec![cmd[0].into(), format!("s3://{b}/bad")];
+        if cmd.len() > 1 {
+            largs.extend([
+                "--into".into(),
+                tmp.path().join("bl").to_str().unwrap().into(),
+            ]);
+            rargs.extend([
+                "--into".into(),
+                tmp.path().join("br").to_str().unwrap().into(),
+            ]);
+        }
+        let l = run(&largs);
+        let r = remote(
+            moto.port,
+            &rargs.iter().map(String::as_str).collect::<Vec<_>>(),
+            &[],
+        );
+        assert_eq!(l.code, 3, "{}", l.json);
+        assert_eq!(
+            (r.code, r.kind()),
+            (l.code, l.kind()),
+            "{} vs {}",
+            r.json,
+            l.json
+        );
+    }
+    assert!(!tmp.path().join("br").exists());
+}
