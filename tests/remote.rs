@@ -402,3 +402,52 @@ fn remote_verify_and_unpack_equal_local() {
     }
     assert!(!tmp.path().join("br").exists());
 }
+
+/// With no keys, a web identity token is exchanged through STS
+/// (`AssumeRoleWithWebIdentity`, moto's) for temporary credentials, and
+/// the token is shown nowhere.
+#[test]
+fn web_identity_credentials_come_from_sts() {
+    let (tmp, moto, b) = setup();
+    moto.put(&b, "k", &std::fs::read(sample_packet(tmp.path())).unwrap());
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "webid-token-MUST-NOT-LEAK\n").unwrap();
+    let proxy = Proxy::start(moto.port);
+    let r = remote(
+        proxy.port,
+        &["digest", &format!("s3://{b}/k")],
+        &[
+            ("AWS_ACCESS_KEY_ID", ""),
+            ("AWS_SECRET_ACCESS_KEY", ""),
+            ("AWS_SESSION_TOKEN", ""),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", token.to_str().unwrap()),
+            ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/sessionfs"),
+            ("SESSIONFS_LOG", "trace"),
+        ],
+    );
+    r.ok();
+    assert!(
+        r.stderr.contains("credentials=web identity"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("MUST-NOT-LEAK") && !r.json.to_string().contains("MUST-NOT-LEAK"));
+    let reqs = proxy.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert!(
+        reqs[0].starts_with("POST / ") && reqs[1].starts_with("GET "),
+        "{reqs:?}"
+    );
+    // A token file that cannot be read is a configuration error naming it.
+    let r = remote(
+        proxy.port,
+        &["digest", &format!("s3://{b}/k")],
+        &[
+            ("AWS_ACCESS_KEY_ID", ""),
+            ("AWS_SECRET_ACCESS_KEY", ""),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", "/nonexistent/token"),
+            ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/sessionfs"),
+        ],
+    );
+    says(r.fails(9, "remote_config"), "/nonexistent/token");
+}

@@ -15,9 +15,15 @@
 //!   virtual-hosted for AWS (path-style for a bucket with a dot, which
 //!   a TLS certificate for `*.s3…` does not cover).
 //!
-//! Web identity (`AWS_WEB_IDENTITY_TOKEN_FILE` + `AWS_ROLE_ARN`) is not
-//! read yet: it is refused with a message saying so. Secrets live in
-//! [`Secret`], whose `Debug` prints nothing of them.
+//! - Web identity, for pods: when neither the environment nor the profile
+//!   holds keys, `AWS_WEB_IDENTITY_TOKEN_FILE` + `AWS_ROLE_ARN` (or the
+//!   profile's `web_identity_token_file` + `role_arn`), with
+//!   `AWS_ROLE_SESSION_NAME` (default `sessionfs`), exchanged for
+//!   temporary credentials through STS `AssumeRoleWithWebIdentity` at
+//!   `AWS_ENDPOINT_URL_STS`, `AWS_ENDPOINT_URL`, else
+//!   `https://sts.REGION.amazonaws.com` (see [`super::sts`]).
+//!
+//! Secrets live in [`Secret`], whose `Debug` prints nothing of them.
 
 use std::collections::HashMap;
 
@@ -44,6 +50,29 @@ pub struct Credentials {
     pub source: String,
 }
 
+/// Where the credentials come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CredentialSource {
+    /// Keys given as they are.
+    Static(Credentials),
+    /// A web identity token to exchange through STS.
+    WebIdentity(WebIdentity),
+}
+
+/// What `AssumeRoleWithWebIdentity` needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebIdentity {
+    /// The file holding the token (read when the credentials are asked
+    /// for: a pod's token is rotated in place).
+    pub token_file: String,
+    /// The role to assume.
+    pub role_arn: String,
+    /// The session name.
+    pub session_name: String,
+    /// The STS endpoint.
+    pub sts_endpoint: url::Url,
+}
+
 /// Everything needed to address and sign S3 requests.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct S3Config {
@@ -53,8 +82,8 @@ pub struct S3Config {
     pub region: String,
     /// Path-style (`endpoint/bucket/key`) rather than virtual-hosted.
     pub path_style: bool,
-    /// The credentials.
-    pub credentials: Credentials,
+    /// The credentials, or how to get them.
+    pub credentials: CredentialSource,
 }
 
 /// The AWS SDKs' region when none is configured.
@@ -103,6 +132,10 @@ impl S3Config {
         };
         let conf = |k: &str| in_conf.and_then(|s| s.get(k)).cloned();
 
+        let region = env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .or_else(|| conf("region"))
+            .unwrap_or_else(|| DEFAULT_REGION.into());
         let credentials = match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
             (Some(id), Some(secret)) => Credentials {
                 access_key_id: id,
@@ -126,8 +159,32 @@ impl S3Config {
                     session_token: from_profile("aws_session_token").map(Secret),
                     source: format!("profile `{profile}`"),
                 },
-                _ if env("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() => {
-                    return Err("web identity credentials (AWS_WEB_IDENTITY_TOKEN_FILE) are not supported yet: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) instead".into());
+                _ if env("AWS_WEB_IDENTITY_TOKEN_FILE").is_some()
+                    || from_profile("web_identity_token_file").is_some() =>
+                {
+                    let token_file = env("AWS_WEB_IDENTITY_TOKEN_FILE")
+                        .or_else(|| from_profile("web_identity_token_file"))
+                        .unwrap_or_default();
+                    let role_arn = env("AWS_ROLE_ARN")
+                        .or_else(|| from_profile("role_arn"))
+                        .ok_or("AWS_WEB_IDENTITY_TOKEN_FILE is set but AWS_ROLE_ARN is not")?;
+                    let sts = env("AWS_ENDPOINT_URL_STS")
+                        .map(|e| ("AWS_ENDPOINT_URL_STS", e))
+                        .or_else(|| env("AWS_ENDPOINT_URL").map(|e| ("AWS_ENDPOINT_URL", e)))
+                        .unwrap_or(("the region", format!("https://sts.{region}.amazonaws.com")));
+                    return S3Config::finish(
+                        env,
+                        &conf,
+                        &conf_file,
+                        region,
+                        CredentialSource::WebIdentity(WebIdentity {
+                            token_file,
+                            role_arn,
+                            session_name: env("AWS_ROLE_SESSION_NAME")
+                                .unwrap_or_else(|| "sessionfs".into()),
+                            sts_endpoint: http_url(sts.0, &sts.1)?,
+                        }),
+                    );
                 }
                 _ => {
                     return Err(format!(
@@ -136,25 +193,29 @@ impl S3Config {
                 }
             },
         };
-        let region = env("AWS_REGION")
-            .or_else(|| env("AWS_DEFAULT_REGION"))
-            .or_else(|| conf("region"))
-            .unwrap_or_else(|| DEFAULT_REGION.into());
+        S3Config::finish(
+            env,
+            &conf,
+            &conf_file,
+            region,
+            CredentialSource::Static(credentials),
+        )
+    }
+
+    /// The endpoint and addressing, once the credentials are known.
+    fn finish(
+        env: &dyn Fn(&str) -> Option<String>,
+        conf: &dyn Fn(&str) -> Option<String>,
+        conf_file: &str,
+        region: String,
+        credentials: CredentialSource,
+    ) -> Result<S3Config, String> {
         let custom = env("AWS_ENDPOINT_URL_S3")
             .map(|e| ("AWS_ENDPOINT_URL_S3", e))
             .or_else(|| env("AWS_ENDPOINT_URL").map(|e| ("AWS_ENDPOINT_URL", e)))
             .or_else(|| conf("endpoint_url").map(|e| ("endpoint_url", e)));
         let endpoint = match &custom {
-            Some((from, e)) => {
-                let u =
-                    url::Url::parse(e).map_err(|err| format!("{from} is not an URL ({err})"))?;
-                if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
-                    return Err(format!(
-                        "{from} must be an http:// or https:// URL with a host"
-                    ));
-                }
-                u
-            }
+            Some((from, e)) => http_url(from, e)?,
             None => url::Url::parse(&format!("https://s3.{region}.amazonaws.com"))
                 .map_err(|err| format!("the region `{region}` makes no endpoint ({err})"))?,
         };
@@ -176,6 +237,17 @@ impl S3Config {
             credentials,
         })
     }
+}
+
+/// An http:// or https:// URL with a host, from setting `from`.
+fn http_url(from: &str, e: &str) -> Result<url::Url, String> {
+    let u = url::Url::parse(e).map_err(|err| format!("{from} is not an URL ({err})"))?;
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+        return Err(format!(
+            "{from} must be an http:// or https:// URL with a host"
+        ));
+    }
+    Ok(u)
 }
 
 /// Parses the shared files' INI dialect: `[section]`, `key = value`,
@@ -229,6 +301,80 @@ mod tests {
         S3Config::resolve(&|k| env.get(k).cloned(), &|p| files.get(p).cloned())
     }
 
+    fn keys(c: &S3Config) -> &Credentials {
+        match &c.credentials {
+            CredentialSource::Static(k) => k,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Web identity comes after keys, from the environment or a profile,
+    /// with STS at the endpoint override or the region's.
+    #[test]
+    fn web_identity_is_used_when_no_keys_are_given() {
+        let web = |env: &[(&str, &str)], files: &[(&str, &str)]| match resolve(env, files)
+            .unwrap()
+            .credentials
+        {
+            CredentialSource::WebIdentity(w) => w,
+            other => panic!("{other:?}"),
+        };
+        let w = web(
+            &[
+                ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
+                ("AWS_ROLE_ARN", "arn:aws:iam::1:role/r"),
+                ("AWS_REGION", "eu-north-1"),
+            ],
+            &[],
+        );
+        assert_eq!(
+            (
+                w.token_file.as_str(),
+                w.role_arn.as_str(),
+                w.session_name.as_str(),
+                w.sts_endpoint.as_str()
+            ),
+            (
+                "/var/run/token",
+                "arn:aws:iam::1:role/r",
+                "sessionfs",
+                "https://sts.eu-north-1.amazonaws.com/"
+            )
+        );
+        let w = web(
+            &[
+                ("HOME", "/h"),
+                ("AWS_PROFILE", "pod"),
+                ("AWS_ENDPOINT_URL", "http://127.0.0.1:5"),
+                ("AWS_ROLE_SESSION_NAME", "s1"),
+            ],
+            &[(
+                "/h/.aws/config",
+                "[profile pod]\nweb_identity_token_file = /t\nrole_arn = arn:r\n",
+            )],
+        );
+        assert_eq!(
+            (
+                w.token_file.as_str(),
+                w.session_name.as_str(),
+                w.sts_endpoint.as_str()
+            ),
+            ("/t", "s1", "http://127.0.0.1:5/")
+        );
+        // Keys in the environment win.
+        let c = resolve(
+            &[
+                ("AWS_WEB_IDENTITY_TOKEN_FILE", "/t"),
+                ("AWS_ROLE_ARN", "r"),
+                ("AWS_ACCESS_KEY_ID", "a"),
+                ("AWS_SECRET_ACCESS_KEY", "s"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(keys(&c).access_key_id, "a");
+    }
+
     const CREDS: &str = "[default]\naws_access_key_id = AKDEF\naws_secret_access_key = sdef\n\n[dev]\naws_access_key_id=AKDEV\naws_secret_access_key=sdev\naws_session_token = tdev\n";
     const CONF: &str = "[default]\nregion = eu-west-1\n# comment\n[profile dev]\nregion = ap-south-1\nendpoint_url = http://127.0.0.1:9000\ns3 =\n  addressing_style = virtual\n";
 
@@ -236,7 +382,7 @@ mod tests {
     #[test]
     fn configuration_follows_the_aws_chain() {
         let files = [("/h/.aws/credentials", CREDS), ("/h/.aws/config", CONF)];
-        let key = |c: &S3Config| c.credentials.access_key_id.clone();
+        let key = |c: &S3Config| keys(c).access_key_id.clone();
         // Profile default from the files.
         let c = resolve(&[("HOME", "/h")], &files).unwrap();
         assert_eq!(
@@ -256,7 +402,7 @@ mod tests {
         // A named profile: its token, region, endpoint and nested style.
         let c = resolve(&[("HOME", "/h"), ("AWS_PROFILE", "dev")], &files).unwrap();
         assert_eq!(key(&c), "AKDEV");
-        assert_eq!(c.credentials.session_token, Some(Secret("tdev".into())));
+        assert_eq!(keys(&c).session_token, Some(Secret("tdev".into())));
         assert_eq!(
             (c.region.as_str(), c.endpoint.as_str(), c.path_style),
             ("ap-south-1", "http://127.0.0.1:9000/", false)
@@ -279,7 +425,7 @@ mod tests {
             (key(&c), c.region.as_str(), c.endpoint.as_str()),
             ("AKENV".into(), "us-west-2", "http://s3only:2/")
         );
-        assert_eq!(c.credentials.source, "environment");
+        assert_eq!(keys(&c).source, "environment");
         // A custom endpoint is path-style unless told otherwise.
         let c = resolve(
             &[("HOME", "/h"), ("AWS_ENDPOINT_URL", "http://m:9")],
@@ -314,7 +460,7 @@ mod tests {
             ),
             (
                 &[("AWS_WEB_IDENTITY_TOKEN_FILE", "/t")],
-                "not supported yet",
+                "AWS_ROLE_ARN is not",
             ),
             (
                 &[
@@ -351,7 +497,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        let shown = format!("{c:?}");
+        let shown = format!("{:?}", keys(&c));
         assert!(
             !shown.contains("VERYSECRET") && !shown.contains("TOKENSECRET"),
             "{shown}"

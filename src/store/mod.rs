@@ -13,6 +13,7 @@
 pub mod aws;
 pub mod error;
 pub mod remote;
+pub mod sts;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;

@@ -11,7 +11,7 @@ use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::aws::S3Config;
+use super::aws::{CredentialSource, S3Config};
 use super::error::{Error, Result};
 use super::{Location, ReadAt};
 
@@ -129,6 +129,11 @@ impl Remote {
             location: shown.clone(),
             reason,
         };
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(settings.request_timeout.min(Duration::from_secs(10))))
+            .build()
+            .into();
         let target = match location {
             Location::Local(_) => {
                 return Err(config_error("a local path is not a remote object".into()));
@@ -152,7 +157,10 @@ impl Remote {
                         c.endpoint
                     ))
                 })?;
-                let creds = &c.credentials;
+                let creds = match &c.credentials {
+                    CredentialSource::Static(creds) => creds.clone(),
+                    CredentialSource::WebIdentity(w) => super::sts::assume_role(w, &agent, &shown)?,
+                };
                 let credentials = match &creds.session_token {
                     Some(t) => rusty_s3::Credentials::new_with_token(
                         creds.access_key_id.clone(),
@@ -173,11 +181,6 @@ impl Remote {
             }
             Location::Http(u) => Target::Http(u.clone()),
         };
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(settings.request_timeout.min(Duration::from_secs(10))))
-            .build()
-            .into();
         let mut remote = Remote {
             shown,
             target,
