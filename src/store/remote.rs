@@ -193,7 +193,9 @@ impl Remote {
         };
         let first = remote.fetch(0, first_bytes.max(1), true)?;
         remote.len = first.total;
-        remote.etag = first.etag;
+        // A weak ETag (`W/"…"`) never satisfies If-Match, which compares
+        // strongly: such an object is pinned by its length only.
+        remote.etag = first.etag.filter(|t| !t.starts_with("W/"));
         remote.head = first.bytes;
         tracing::debug!(location = %remote.shown, len = remote.len, etag = ?remote.etag, "remote object opened");
         Ok(remote)
