@@ -182,6 +182,18 @@ fn a_store_that_stays_down_fails_within_the_time_bound() {
     assert!(msg.contains("SlowDown") || msg.contains("imeout"), "{msg}");
     assert!(took < Duration::from_secs(5), "{took:?}");
     assert!(gets(&proxy) >= 1, "{:?}", proxy.requests());
+    // A server that does not answer at all: the same bound, not a hang.
+    let proxy = Proxy::start(moto.port);
+    proxy.inject([Fault::Delay(Duration::from_secs(30))]);
+    let began = Instant::now();
+    let r = remote(
+        proxy.port,
+        &["digest", &format!("s3://{b}/p")],
+        &[("SESSIONFS_REMOTE_TIMEOUT", "1")],
+    );
+    let took = began.elapsed();
+    says(r.fails(9, "remote_unavailable"), "imeout");
+    assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
 /// Hostile or damaged packets are refused remotely with the same kind

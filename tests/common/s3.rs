@@ -169,6 +169,8 @@ pub enum Fault {
     /// Forward it after removing its `Range` header (a server that
     /// ignores ranges).
     IgnoreRange,
+    /// Wait this long, then forward it (a slow or hung server).
+    Delay(Duration),
     /// Run this first, then forward it.
     Before(Box<dyn FnOnce() + Send>),
 }
@@ -311,6 +313,7 @@ fn serve(
         }
         Fault::Truncate(n) => truncate = Some(n),
         Fault::IgnoreRange => drop_headers = &["range"],
+        Fault::Delay(d) => std::thread::sleep(d),
         Fault::Before(f) => f(),
     }
     let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
