@@ -463,3 +463,33 @@ fn web_identity_credentials_come_from_sts() {
     );
     says(r.fails(9, "remote_config"), "/nonexistent/token");
 }
+
+/// Against a server that checks SigV4 (s3s-fs, when installed): the
+/// presigned requests, `If-Match` signed among their headers, are
+/// accepted, and a wrong secret is refused as `remote_denied`.
+#[test]
+fn signatures_are_accepted_by_a_strict_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(root.join("bkt")).unwrap();
+    let big = big_manifest_packet(tmp.path());
+    std::fs::copy(&big, root.join("bkt/big.packet")).unwrap();
+    let Some((port, _server)) = s3::s3s_fs(&root) else {
+        return;
+    };
+    let loc = "s3://bkt/big.packet";
+    let no_token = [("AWS_SESSION_TOKEN", "")];
+    for cmd in ["digest", "verify"] {
+        let local = run([cmd, big.to_str().unwrap()]);
+        let r = remote(port, &[cmd, loc], &no_token);
+        assert_eq!(r.ok()["digest"], local.ok()["digest"], "{cmd}");
+    }
+    let wrong = [
+        ("AWS_SESSION_TOKEN", ""),
+        ("AWS_SECRET_ACCESS_KEY", "wrong"),
+    ];
+    says(
+        remote(port, &["digest", loc], &wrong).fails(9, "remote_denied"),
+        "SignatureDoesNotMatch",
+    );
+}

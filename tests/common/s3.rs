@@ -331,3 +331,36 @@ fn serve(
     client.write_all(&rbody[..keep])?;
     Ok(())
 }
+
+/// The stricter server: `s3s-fs` (crates.io, `cargo install s3s-fs
+/// --features binary`), which checks SigV4 signatures. Not installed by
+/// scripts/deps.sh (its clean build costs about 4 minutes of CPU); found as
+/// `SESSIONFS_S3S_FS` or on PATH, else `None` with the reason printed.
+/// Objects are files: `root/BUCKET/KEY`.
+pub fn s3s_fs(root: &std::path::Path) -> Option<(u16, super::KillOnDrop)> {
+    let bin = std::env::var("SESSIONFS_S3S_FS").unwrap_or_else(|_| "s3s-fs".into());
+    let found = Command::new(&bin)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        eprintln!(
+            "skipped: no s3s-fs (set SESSIONFS_S3S_FS, or cargo install s3s-fs --features binary)"
+        );
+        return None;
+    }
+    let port = free_port();
+    let child = Command::new(&bin)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--access-key", KEY_ID, "--secret-key", SECRET])
+        .arg(root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start s3s-fs");
+    let guard = super::KillOnDrop(child);
+    wait_listening(port, "s3s-fs");
+    Some((port, guard))
+}
