@@ -158,42 +158,42 @@ fn remote_reads_retry_through_503s_resets_and_short_bodies() {
     assert_eq!(gets(&proxy), 7, "{:?}", proxy.requests());
 }
 
+/// Runs `args` against `port` with a time bound of `secs` seconds: it
+/// must fail with `remote_unavailable` well within 5 s; the error.
+#[track_caller]
+fn gives_up_in_time(port: u16, args: &[&str], secs: &str) -> serde_json::Value {
+    let began = Instant::now();
+    let r = remote(port, args, &[("SESSIONFS_REMOTE_TIMEOUT", secs)]);
+    let took = began.elapsed();
+    let e = r.fails(9, "remote_unavailable").clone();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    e
+}
+
 #[test]
 fn a_store_that_stays_down_fails_within_the_time_bound() {
     let (_tmp, moto, b) = setup();
     moto.put(&b, "p", b"whatever");
+    let loc = format!("s3://{b}/p");
     let proxy = Proxy::start(moto.port);
     proxy.inject((0..100).map(|_| Fault::Status(503, "SlowDown")));
-    let began = Instant::now();
-    let r = remote(
-        proxy.port,
-        &["inspect", &format!("s3://{b}/p")],
-        &[("SESSIONFS_REMOTE_TIMEOUT", "1.5")],
-    );
-    let took = began.elapsed();
-    let e = r.fails(9, "remote_unavailable");
+    let e = gives_up_in_time(proxy.port, &["inspect", &loc], "1.5");
     let msg = e["message"].as_str().unwrap();
     // The last failure is named: SlowDown, or on a loaded machine the
     // time bound running out during a request.
     assert!(
-        msg.starts_with(&format!("s3://{b}/p: ")) && msg.contains("gave up after"),
+        msg.starts_with(&format!("{loc}: ")) && msg.contains("gave up after"),
         "{msg}"
     );
     assert!(msg.contains("SlowDown") || msg.contains("imeout"), "{msg}");
-    assert!(took < Duration::from_secs(5), "{took:?}");
     assert!(gets(&proxy) >= 1, "{:?}", proxy.requests());
     // A server that does not answer at all: the same bound, not a hang.
     let proxy = Proxy::start(moto.port);
     proxy.inject([Fault::Delay(Duration::from_secs(30))]);
-    let began = Instant::now();
-    let r = remote(
-        proxy.port,
-        &["digest", &format!("s3://{b}/p")],
-        &[("SESSIONFS_REMOTE_TIMEOUT", "1")],
+    says(
+        &gives_up_in_time(proxy.port, &["digest", &loc], "1"),
+        "imeout",
     );
-    let took = began.elapsed();
-    says(r.fails(9, "remote_unavailable"), "imeout");
-    assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
 /// Hostile or damaged packets are refused remotely with the same kind
