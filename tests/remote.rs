@@ -425,18 +425,19 @@ fn web_identity_credentials_come_from_sts() {
     let token = tmp.path().join("token");
     std::fs::write(&token, "webid-token-MUST-NOT-LEAK\n").unwrap();
     let proxy = Proxy::start(moto.port);
-    let r = remote(
-        proxy.port,
-        &["digest", &format!("s3://{b}/k")],
-        &[
+    let with_token = |file: &str, log: &str| {
+        let args = ["digest", &format!("s3://{b}/k")];
+        let env = [
             ("AWS_ACCESS_KEY_ID", ""),
             ("AWS_SECRET_ACCESS_KEY", ""),
             ("AWS_SESSION_TOKEN", ""),
-            ("AWS_WEB_IDENTITY_TOKEN_FILE", token.to_str().unwrap()),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", file),
             ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/sessionfs"),
-            ("SESSIONFS_LOG", "trace"),
-        ],
-    );
+            ("SESSIONFS_LOG", log),
+        ];
+        remote(proxy.port, &args, &env)
+    };
+    let r = with_token(token.to_str().unwrap(), "trace");
     r.ok();
     assert!(
         r.stderr.contains("credentials=web identity"),
@@ -451,16 +452,7 @@ fn web_identity_credentials_come_from_sts() {
         "{reqs:?}"
     );
     // A token file that cannot be read is a configuration error naming it.
-    let r = remote(
-        proxy.port,
-        &["digest", &format!("s3://{b}/k")],
-        &[
-            ("AWS_ACCESS_KEY_ID", ""),
-            ("AWS_SECRET_ACCESS_KEY", ""),
-            ("AWS_WEB_IDENTITY_TOKEN_FILE", "/nonexistent/token"),
-            ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/sessionfs"),
-        ],
-    );
+    let r = with_token("/nonexistent/token", "warn");
     says(r.fails(9, "remote_config"), "/nonexistent/token");
 }
 
