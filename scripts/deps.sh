@@ -33,3 +33,9 @@ if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import jsonschema' 2>/d
   python3 -m venv .venv
   .venv/bin/pip install -q jsonschema
 fi
+
+# moto's S3 server for tests/remote.rs: the image's Python may have it.
+if ! python3 -c 'import moto.server' 2>/dev/null && ! .venv/bin/python3 -c 'import moto.server' 2>/dev/null; then
+  echo "deps: installing moto[server] into .venv" >&2
+  .venv/bin/pip install -q 'moto[server]'
+fi

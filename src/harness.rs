@@ -207,7 +207,7 @@ pub fn codex_threads_unread(manifest: &Manifest, problem: &str) -> Vec<Thread> {
 /// The Codex threads of `packet`'s harness part, in path order, each
 /// rollout verified as it is read (one that fails is reported with the
 /// reason in `problem`, and what the manifest says of it).
-pub fn codex_threads(packet: &Packet) -> Vec<Thread> {
+pub fn codex_threads<B: crate::packet::reader::Source>(packet: &Packet<B>) -> Vec<Thread> {
     let mut buf = Vec::new();
     let entries = &packet.manifest.entries;
     (0..entries.len())

@@ -18,4 +18,5 @@ pub mod overlay;
 pub mod packet;
 pub mod restore;
 pub mod source;
+pub mod store;
 pub mod sys;

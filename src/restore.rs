@@ -24,7 +24,7 @@ use crate::packet::error::ErrorClass;
 use crate::packet::format::{MODE_DIR, MODE_EXEC, MODE_FILE};
 use crate::packet::manifest::EntryKind;
 use crate::packet::path::Part;
-use crate::packet::reader::{Event, Packet};
+use crate::packet::reader::{Event, Packet, Source};
 use crate::packet::{self, resolve};
 use crate::sys;
 
@@ -135,8 +135,8 @@ pub struct UnpackOutcome {
 }
 
 /// Restores `packet` per `opts`. On error the target is as it was.
-pub fn unpack(
-    packet: &Packet,
+pub fn unpack<B: Source + Sync>(
+    packet: &Packet<B>,
     opts: &UnpackOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<UnpackOutcome, Error> {
@@ -514,8 +514,8 @@ fn check_target(into: &Path) -> Result<bool, Error> {
     }
 }
 
-struct Restorer<'a> {
-    packet: &'a Packet,
+struct Restorer<'a, B> {
+    packet: &'a Packet<B>,
     stage: std::os::fd::BorrowedFd<'a>,
     /// `""`, or the part restored as the root.
     root_name: &'a str,
@@ -523,7 +523,7 @@ struct Restorer<'a> {
     owner: Option<(u32, u32)>,
 }
 
-impl Restorer<'_> {
+impl<B: Source + Sync> Restorer<'_, B> {
     /// Where entry `path` goes, relative to the staging directory; `None`
     /// when it is not restored; `Some("")` for the root itself.
     fn rel<'p>(&self, path: &'p str) -> Option<&'p str> {

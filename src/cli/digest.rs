@@ -6,10 +6,9 @@ use serde::Serialize;
 
 use super::Output;
 use super::args::LimitArgs;
-use super::error::{CliError, at_packet};
+use super::error::CliError;
 use crate::packet::Error;
 use crate::packet::manifest::Manifest;
-use crate::packet::reader::read_raw_manifest;
 
 /// Print the packet digest: `sha256:` of the exact bytes of its manifest.
 ///
@@ -24,7 +23,8 @@ use crate::packet::reader::read_raw_manifest;
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
-    /// The packet file.
+    /// The packet: a file, `s3://BUCKET/KEY`, or an `http(s)://` URL
+    /// (see docs/remote.md). Only the manifest is fetched.
     packet: PathBuf,
     #[command(flatten)]
     limits: LimitArgs,
@@ -38,18 +38,17 @@ struct Result {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
-    let file = crate::packet::reader::open_file(&a.packet).map_err(at_packet(&a.packet))?;
-    let raw = read_raw_manifest(&file, &limits).map_err(at_packet(&a.packet))?;
+    let (raw, shown) = super::location::read_manifest(&a.packet, &limits)?;
     // A digest is only printed for a manifest: bytes that are not one
     // name no packet, and a caller could take them for one.
     match Manifest::parse(&raw.bytes, &limits) {
         Ok(_) | Err(Error::UnsupportedSchema { .. }) => {}
-        Err(e) => return Err(at_packet(&a.packet)(e)),
+        Err(e) => return Err(super::location::at_shown(&shown)(e)),
     }
     Ok(Output::new(
         "sessionfs.digest-result/1",
         Result {
-            packet: crate::packet::path::shown_path(&a.packet),
+            packet: shown,
             digest: raw.digest.to_string(),
         },
     ))

@@ -26,6 +26,10 @@ pub mod exit {
     /// A mount could not be made or reached (FUSE unavailable, mountpoint
     /// unusable or busy, no daemon serving it).
     pub const MOUNT: u8 = 8;
+    /// A remote packet could not be read: configuration or credentials
+    /// missing, the object missing, replaced or denied, the store
+    /// unavailable past the retries.
+    pub const REMOTE: u8 = 9;
 }
 
 /// An error as printed: `sessionfs.error/1` on stdout, a line on stderr.
@@ -77,6 +81,12 @@ fn kind_hint(kind: &str) -> Option<&'static str> {
         "rebase_failed" => {
             "the message says what failed and what the mount serves: the previous packet with its changes (seal again to move), or the new packet (its upper directory is mounted over the new packet from now on)"
         }
+        "remote_changed" => {
+            "the object was replaced while it was read: run the command again; name packets by their digest (…/sha256-<hex>.packet) so that a key never changes"
+        }
+        "remote_config" => {
+            "set the AWS configuration the message names (docs/remote.md lists what is read: AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_S3, …)"
+        }
         "changed_while_packing" | "changed_while_sealing" => {
             "something wrote to the tree while it was read: run the command again once nothing writes to it"
         }
@@ -116,6 +126,10 @@ impl CliError {
             Some(ErrorClass::Refused) => (
                 exit::REFUSED,
                 "the input or destination holds something sessionfs will not take; the message says what and how to proceed",
+            ),
+            Some(ErrorClass::Remote) => (
+                exit::REMOTE,
+                "check the location, the AWS_* configuration (credentials, region, endpoint; see docs/remote.md) and that the store is reachable; nothing was changed",
             ),
             Some(ErrorClass::Mount) => (
                 exit::MOUNT,
@@ -157,6 +171,7 @@ impl CliError {
             exit::IO => Some(ErrorClass::Io),
             exit::REFUSED => Some(ErrorClass::Refused),
             exit::MOUNT => Some(ErrorClass::Mount),
+            exit::REMOTE => Some(ErrorClass::Remote),
             _ => None,
         };
         let mut e = CliError::new(
@@ -188,11 +203,16 @@ impl CliError {
     /// Names the packet file `file` as what is at fault when the error
     /// names nothing more precise: an error about a packet as a whole
     /// (not a packet, truncated, unreadable) is about that file.
-    pub fn in_file(mut self, file: &std::path::Path) -> CliError {
+    pub fn in_file(self, file: &std::path::Path) -> CliError {
+        self.in_named(crate::packet::path::shown_path(file))
+    }
+
+    /// [`CliError::in_file`] for a packet named by `f`, as shown (a
+    /// remote location).
+    pub fn in_named(mut self, f: String) -> CliError {
         if self.path.is_none() && self.relayed.is_none() {
             // No path yet means the message names no file either (an I/O
             // error on a known file carries it as its path).
-            let f = crate::packet::path::shown_path(file);
             self.message = format!("{f}: {}", self.message);
             self.path = Some(f);
         }

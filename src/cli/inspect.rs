@@ -6,12 +6,11 @@ use serde::Serialize;
 
 use super::Output;
 use super::args::LimitArgs;
-use super::error::{CliError, at_packet};
+use super::error::CliError;
 use crate::packet::format::SCHEMA;
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{EntryKind, Manifest};
 use crate::packet::path::Part;
-use crate::packet::reader::read_raw_manifest;
 use crate::packet::{Error, format::HarnessKind};
 
 /// Show a packet's metadata: schema, digest, counts, harness kind, parts.
@@ -29,7 +28,8 @@ use crate::packet::{Error, format::HarnessKind};
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
-    /// The packet file.
+    /// The packet: a file, `s3://BUCKET/KEY`, or an `http(s)://` URL
+    /// (see docs/remote.md). Only the manifest is fetched.
     packet: PathBuf,
     #[command(flatten)]
     limits: LimitArgs,
@@ -70,10 +70,9 @@ const RESULT_SCHEMA: &str = "sessionfs.inspect-result/2";
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
-    let file = crate::packet::reader::open_file(&a.packet).map_err(at_packet(&a.packet))?;
-    let raw = read_raw_manifest(&file, &limits).map_err(at_packet(&a.packet))?;
+    let (raw, shown) = super::location::read_manifest(&a.packet, &limits)?;
     let mut out = Result {
-        packet: crate::packet::path::shown_path(&a.packet),
+        packet: shown.clone(),
         packet_schema: SCHEMA.into(),
         supported: true,
         digest: raw.digest.to_string(),
@@ -96,7 +95,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             out.supported = false;
             return Ok(Output::new(RESULT_SCHEMA, out));
         }
-        Err(e) => return Err(at_packet(&a.packet)(e)),
+        Err(e) => return Err(super::location::at_shown(&shown)(e)),
     };
     let count =
         |f: fn(&EntryKind) -> bool| manifest.entries.iter().filter(|e| f(&e.kind)).count() as u64;
@@ -115,12 +114,11 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     out.content_bytes = Some(manifest.content_bytes());
     out.length_matches = Some(layout.total_len() == raw.file_len);
     if manifest.harness == Some(HarnessKind::Codex) {
-        out.threads = Some(
-            match crate::packet::reader::Packet::from_file(file, &a.packet, &limits) {
-                Ok(p) => crate::harness::codex_threads(&p),
-                Err(e) => crate::harness::codex_threads_unread(&manifest, &e.to_string()),
-            },
-        );
+        out.threads = Some(match super::location::open_packet(&a.packet, &limits) {
+            Ok((super::location::Opened::Local(p), _)) => crate::harness::codex_threads(&p),
+            Ok((super::location::Opened::Remote(p), _)) => crate::harness::codex_threads(&p),
+            Err(e) => crate::harness::codex_threads_unread(&manifest, &e.message),
+        });
     }
     Ok(Output::new(RESULT_SCHEMA, out))
 }

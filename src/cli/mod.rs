@@ -5,6 +5,7 @@ mod args;
 mod digest;
 pub mod error;
 mod inspect;
+mod location;
 mod logfile;
 mod mount;
 mod pack;
@@ -325,8 +326,16 @@ fn init_logging(verbose: u8) {
         EnvFilter::try_from_env("SESSIONFS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
+    // ureq's debug and trace lines show request URLs, and a presigned
+    // S3 URL holds the session token: never below info, whatever
+    // SESSIONFS_LOG asks (the store logs each request without its URL).
+    let no_urls = tracing_subscriber::filter::Targets::new()
+        .with_default(tracing::Level::TRACE)
+        .with_target("ureq", tracing::Level::INFO)
+        .with_target("ureq_proto", tracing::Level::INFO);
     let _ = tracing_subscriber::registry()
         .with(filter)
+        .with(no_urls)
         .with(crate::fuse::quiet::Quiet)
         .with(
             tracing_subscriber::fmt::layer()

@@ -6,11 +6,12 @@ use serde::Serialize;
 
 use super::Output;
 use super::args::{LimitArgs, parse_digest};
-use super::error::{CliError, at_packet};
+use super::error::CliError;
+use super::location::{Opened, at_shown, open_packet};
 use super::progress::Progress;
 use crate::packet::digest::Digest;
 use crate::packet::path::Part;
-use crate::packet::reader::Packet;
+use crate::packet::reader::{Packet, Source};
 use crate::restore::{UnpackOptions, UnpackOutcome, unpack};
 
 /// Restore a packet's tree into a new or empty directory.
@@ -30,7 +31,8 @@ use crate::restore::{UnpackOptions, UnpackOutcome, unpack};
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
-    /// The packet file.
+    /// The packet: a file, `s3://BUCKET/KEY`, or an `http(s)://` URL
+    /// (see docs/remote.md).
     packet: PathBuf,
     /// Target directory: must not exist, or be empty.
     #[arg(long, value_name = "DIR")]
@@ -72,8 +74,18 @@ struct Result {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
-    let at = at_packet(&a.packet);
-    let packet = Packet::open(&a.packet, &limits).map_err(&at)?;
+    match open_packet(&a.packet, &limits)? {
+        (Opened::Local(p), shown) => finish(&p, a, &shown, started),
+        (Opened::Remote(p), shown) => finish(&p, a, &shown, started),
+    }
+}
+
+fn finish<B: Source + Sync>(
+    packet: &Packet<B>,
+    a: Args,
+    shown: &str,
+    started: std::time::Instant,
+) -> std::result::Result<Output, CliError> {
     let opts = UnpackOptions {
         into: a.into,
         part: a.part.map(|p| match p {
@@ -85,7 +97,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         digest: a.digest,
     };
     let progress = Progress::bytes("unpacking", packet.manifest.content_bytes());
-    let outcome = unpack(&packet, &opts, &|n| progress.add(n)).map_err(at_packet(&a.packet))?;
+    let outcome = unpack(packet, &opts, &|n| progress.add(n)).map_err(at_shown(shown))?;
     drop(progress);
     Ok(Output::new(
         "sessionfs.unpack-result/1",

@@ -6,10 +6,11 @@ use serde::Serialize;
 
 use super::Output;
 use super::args::{LimitArgs, parse_digest};
-use super::error::{CliError, at_packet};
+use super::error::CliError;
+use super::location::{Opened, at_shown, open_packet};
 use super::progress::Progress;
 use crate::packet::digest::{Digest, Sha256};
-use crate::packet::reader::Packet;
+use crate::packet::reader::{Packet, Source};
 use crate::packet::verify::verify;
 
 /// Check a packet completely: manifest, every header's canonical encoding,
@@ -22,7 +23,8 @@ use crate::packet::verify::verify;
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
-    /// The packet file.
+    /// The packet: a file, `s3://BUCKET/KEY`, or an `http(s)://` URL
+    /// (see docs/remote.md).
     packet: PathBuf,
     /// Also require this digest (`sha256:` and 64 hex digits).
     #[arg(long, value_parser = parse_digest)]
@@ -47,16 +49,27 @@ struct Result {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
-    let at = at_packet(&a.packet);
-    let packet = Packet::open(&a.packet, &limits).map_err(&at)?;
+    match open_packet(&a.packet, &limits)? {
+        (Opened::Local(p), shown) => finish(&p, &a, shown, started),
+        (Opened::Remote(p), shown) => finish(&p, &a, shown, started),
+    }
+}
+
+fn finish<B: Source + Sync>(
+    packet: &Packet<B>,
+    a: &Args,
+    shown: String,
+    started: std::time::Instant,
+) -> std::result::Result<Output, CliError> {
+    let at = at_shown(&shown);
     packet.check_digest(a.digest.as_ref()).map_err(&at)?;
     let progress = Progress::bytes("verifying", packet.manifest.content_bytes() + packet.len());
-    let report = verify(&packet, &|n| progress.add(n)).map_err(&at)?;
+    let report = verify(packet, &|n| progress.add(n)).map_err(&at)?;
     drop(progress);
     Ok(Output::new(
         "sessionfs.verify-result/1",
         Result {
-            packet: crate::packet::path::shown_path(&a.packet),
+            packet: shown.clone(),
             valid: true,
             digest: packet.digest,
             file_sha256: report.file_sha256,

@@ -26,6 +26,9 @@ pub enum ErrorClass {
     /// A mount could not be made or reached: FUSE unavailable, mountpoint
     /// unusable, no daemon serving it.
     Mount,
+    /// A remote packet could not be read: the store's configuration, the
+    /// object missing or replaced, access denied, the server unavailable.
+    Remote,
 }
 
 /// A packet-layer error.
@@ -43,6 +46,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+
+    /// Reading a remote packet failed (see [`crate::store::Error`]).
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
 
     /// The file is not a tar archive shaped like a packet at all.
     #[error("not a session packet: {reason}")]
@@ -401,6 +408,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Io { .. } => "io",
+            Error::Store(e) => e.kind(),
             Error::NotAPacket { .. } => "not_a_packet",
             Error::ManifestMissing { .. } => "manifest_missing",
             Error::ManifestSyntax { .. } => "manifest_syntax",
@@ -440,6 +448,7 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Io { .. } => ErrorClass::Io,
+            Error::Store(_) => ErrorClass::Remote,
             Error::UnsupportedSchema { .. } => ErrorClass::Unsupported,
             Error::LimitExceeded { .. } => ErrorClass::Limit,
             Error::NotAPacket { .. }
@@ -480,6 +489,7 @@ impl Error {
     pub fn path(&self) -> Option<&str> {
         match self {
             Error::Io { file, .. } => file.as_deref(),
+            Error::Store(e) => Some(e.location()),
             Error::InvalidPath { path, .. }
             | Error::NotSorted { path, .. }
             | Error::DuplicatePath { path }

@@ -28,9 +28,51 @@ pub struct RawManifest {
     pub file_len: u64,
 }
 
+/// Where the manifest is read from: a local packet file, or a remote
+/// object of the store layer.
+pub trait Source {
+    /// The length of the packet.
+    fn source_len(&self) -> Result<u64>;
+    /// Fills `buf` from `offset`; `file_len` is the length first seen.
+    fn read_at(&self, buf: &mut [u8], offset: u64, file_len: u64) -> Result<()>;
+}
+
+impl Source for File {
+    fn source_len(&self) -> Result<u64> {
+        Ok(self
+            .metadata()
+            .map_err(|e| Error::io("cannot stat the packet", e))?
+            .len())
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64, file_len: u64) -> Result<()> {
+        read_exact_at(self, buf, offset, file_len)
+    }
+}
+
+impl Source for Box<dyn crate::store::ReadAt> {
+    fn source_len(&self) -> Result<u64> {
+        (**self).source_len()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64, file_len: u64) -> Result<()> {
+        (**self).read_at(buf, offset, file_len)
+    }
+}
+
+impl Source for dyn crate::store::ReadAt + '_ {
+    fn source_len(&self) -> Result<u64> {
+        Ok(self.len())
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64, _file_len: u64) -> Result<()> {
+        Ok(self.read_exact_at(buf, offset)?)
+    }
+}
+
 /// Reads the first member of `file` (see [`read_manifest_bytes`]) and
 /// computes its digest.
-pub fn read_raw_manifest(file: &File, limits: &Limits) -> Result<RawManifest> {
+pub fn read_raw_manifest<S: Source + ?Sized>(file: &S, limits: &Limits) -> Result<RawManifest> {
     let mut raw = read_manifest_bytes(file, limits)?;
     raw.digest = Digest::of_manifest(&raw.bytes);
     Ok(raw)
@@ -40,18 +82,15 @@ pub fn read_raw_manifest(file: &File, limits: &Limits) -> Result<RawManifest> {
 /// `packet.json`, and returns the manifest bytes (the digest is left for
 /// the caller). Allocates only after the size field is checked against the
 /// file length and the manifest bound.
-pub fn read_manifest_bytes(file: &File, limits: &Limits) -> Result<RawManifest> {
-    let file_len = file
-        .metadata()
-        .map_err(|e| Error::io("cannot stat the packet", e))?
-        .len();
+pub fn read_manifest_bytes<S: Source + ?Sized>(file: &S, limits: &Limits) -> Result<RawManifest> {
+    let file_len = file.source_len()?;
     let mut first = [0u8; BLOCK as usize];
     if file_len < BLOCK {
         return Err(Error::NotAPacket {
             reason: format!("the file is {file_len} bytes, shorter than one tar block"),
         });
     }
-    read_exact_at(file, &mut first, 0, file_len)?;
+    file.read_at(&mut first, 0, file_len)?;
     let header = tar::Header::from_byte_slice(&first);
     if first.iter().all(|&b| b == 0) || header.as_ustar().is_none() {
         return Err(Error::NotAPacket {
@@ -88,7 +127,7 @@ pub fn read_manifest_bytes(file: &File, limits: &Limits) -> Result<RawManifest> 
     }
     // Bounded above by the manifest limit and the file length.
     let mut bytes = vec![0u8; padded as usize];
-    read_exact_at(file, &mut bytes, MANIFEST_DATA_OFFSET, file_len)?;
+    file.read_at(&mut bytes, MANIFEST_DATA_OFFSET, file_len)?;
     if bytes[size as usize..].iter().any(|&b| b != 0) {
         return Err(Error::BadPadding {
             member: MANIFEST_NAME.into(),
@@ -119,9 +158,10 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64, file_len: u64) -> Res
 
 /// An open packet whose manifest passed the strict checks and whose length
 /// matches the layout. Content is checked by [`Packet::check_batch`] (all of
-/// it, by `verify` and `unpack`) or lazily by a mount.
-pub struct Packet {
-    file: File,
+/// it, by `verify` and `unpack`) or lazily by a mount. Its bytes are a
+/// local file, or (`B = Box<dyn ReadAt>`) a remote object of the store.
+pub struct Packet<B = File> {
+    file: B,
     path: PathBuf,
     /// The parsed manifest.
     pub manifest: Manifest,
@@ -198,6 +238,27 @@ impl Packet {
 
     /// Like [`Packet::open`], for a file already open.
     pub fn from_file(file: File, path: &Path, limits: &Limits) -> Result<Packet> {
+        Packet::from_source(file, path, limits)
+    }
+
+    /// The packet file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Reads `buf.len()` bytes of entry `i`'s content at `offset` within the
+    /// file, without checking them (callers verify chunks themselves).
+    pub fn read_content_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file
+            .read_exact_at(buf, self.content_offset(i) + offset)
+    }
+}
+
+impl<B: Source> Packet<B> {
+    /// Checks the manifest member and length of the packet whose bytes
+    /// are `file`, named `path` in errors (a remote packet: its location
+    /// as shown).
+    pub fn from_source(file: B, path: &Path, limits: &Limits) -> Result<Packet<B>> {
         let t = std::time::Instant::now();
         let raw = read_manifest_bytes(&file, limits).map_err(|e| e.at_file(path))?;
         tracing::debug!(elapsed = ?t.elapsed(), bytes = raw.bytes.len(), "manifest read");
@@ -241,11 +302,6 @@ impl Packet {
             }),
             _ => Ok(()),
         }
-    }
-
-    /// The packet file.
-    pub fn file(&self) -> &File {
-        &self.file
     }
 
     /// The path it was opened from.
@@ -333,7 +389,7 @@ impl Packet {
     pub fn check_end(&self) -> Result<()> {
         let offset = self.layout.end_offset();
         let mut end = [0u8; (END_BLOCKS * BLOCK) as usize];
-        read_exact_at(&self.file, &mut end, offset, self.len())?;
+        self.file.read_at(&mut end, offset, self.len())?;
         if end.iter().any(|&b| b != 0) {
             return Err(Error::BadEndMarker { offset });
         }
@@ -345,13 +401,6 @@ impl Packet {
         self.layout.data_offset(i, &self.manifest.entries[i])
     }
 
-    /// Reads `buf.len()` bytes of entry `i`'s content at `offset` within the
-    /// file, without checking them (callers verify chunks themselves).
-    pub fn read_content_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.file
-            .read_exact_at(buf, self.content_offset(i) + offset)
-    }
-
     /// Hashes the whole file (for `file_sha256`), reading it in order.
     pub fn file_sha256(&self, progress: &dyn Fn(u64)) -> Result<Sha256> {
         hash_file(&self.file, self.len(), progress)
@@ -359,14 +408,14 @@ impl Packet {
 }
 
 /// SHA-256 of the first `len` bytes of `file`, read in order.
-pub fn hash_file(file: &File, len: u64, progress: &dyn Fn(u64)) -> Result<Sha256> {
+pub fn hash_file<S: Source + ?Sized>(file: &S, len: u64, progress: &dyn Fn(u64)) -> Result<Sha256> {
     use sha2::Digest as _;
     let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; BATCH_BYTES as usize];
     let mut pos = 0;
     while pos < len {
         let n = (len - pos).min(BATCH_BYTES) as usize;
-        read_exact_at(file, &mut buf[..n], pos, len)?;
+        file.read_at(&mut buf[..n], pos, len)?;
         hasher.update(&buf[..n]);
         pos += n as u64;
         progress(n as u64);
@@ -434,8 +483,8 @@ fn diagnose_blocks(actual: &[u8], expected: &[u8], start: u64, member: &str) -> 
 
 /// Sequential reader over a byte range of the packet, in windows of at
 /// most [`BATCH_BYTES`].
-struct RangeReader<'p, 'b> {
-    packet: &'p Packet,
+struct RangeReader<'p, 'b, B> {
+    packet: &'p Packet<B>,
     /// File offset of the next byte not yet in the buffer.
     pos: u64,
     /// End of the range.
@@ -445,7 +494,7 @@ struct RangeReader<'p, 'b> {
     filled: Range<usize>,
 }
 
-impl RangeReader<'_, '_> {
+impl<B: Source> RangeReader<'_, '_, B> {
     /// Up to `max` next bytes (at least one).
     fn take(&mut self, max: u64) -> Result<&[u8]> {
         if self.filled.is_empty() {
@@ -459,12 +508,9 @@ impl RangeReader<'_, '_> {
             if self.buf.len() < n {
                 self.buf.resize(n, 0);
             }
-            read_exact_at(
-                &self.packet.file,
-                &mut self.buf[..n],
-                self.pos,
-                self.packet.len(),
-            )?;
+            self.packet
+                .file
+                .read_at(&mut self.buf[..n], self.pos, self.packet.len())?;
             self.pos += n as u64;
             self.filled = 0..n;
         }

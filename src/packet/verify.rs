@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::digest::Sha256;
 use super::error::Result;
-use super::reader::{Event, Packet};
+use super::reader::{Event, Packet, Source};
 
 /// What a successful verification found.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -26,7 +26,10 @@ pub struct Report {
 /// hashes the whole file. `progress` receives byte counts as work is done
 /// (content and whole-file hashing both count, so the total is twice the
 /// file length).
-pub fn verify(packet: &Packet, progress: &(dyn Fn(u64) + Sync)) -> Result<Report> {
+pub fn verify<B: Source + Sync>(
+    packet: &Packet<B>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Report> {
     let content = AtomicU64::new(0);
     let batches = packet.batches();
     let (members, whole) = rayon::join(

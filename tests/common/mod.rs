@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ops;
+pub mod s3;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

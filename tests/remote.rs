@@ -1,0 +1,487 @@
+//! Remote packets (`s3://`, `http://`) against a real S3 implementation
+//! (moto's server) on 127.0.0.1, through a counting, fault-injecting proxy
+//! of our own. See docs/remote.md.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use common::s3::{self, Fault, Proxy};
+use common::{Run, run, run_env};
+
+/// A bucket of its own for each test.
+fn bucket() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "t{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    s3::moto().create_bucket(&name);
+    name
+}
+
+/// A temporary directory, the shared moto server, a fresh bucket.
+fn setup() -> (tempfile::TempDir, &'static s3::Moto, String) {
+    (tempfile::tempdir().unwrap(), s3::moto(), bucket())
+}
+
+/// Runs sessionfs against `port` (moto's, or a proxy's), with `extra`
+/// environment.
+fn remote(port: u16, args: &[&str], extra: &[(&str, &str)]) -> Run {
+    let env = s3::env(port);
+    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    all.extend_from_slice(extra);
+    run_env(args, &all)
+}
+
+/// The sample tree, packed.
+fn sample_packet(tmp: &Path) -> PathBuf {
+    let ws = tmp.join("ws");
+    common::sample_tree(&ws);
+    let p = tmp.join("s.packet");
+    common::pack(&ws, &p, &[]);
+    p
+}
+
+/// A packet whose manifest is larger than the first request brings
+/// (256 KiB).
+fn big_manifest_packet(tmp: &Path) -> PathBuf {
+    let ws = tmp.join("big");
+    for i in 0..1500 {
+        common::write(
+            &ws,
+            &format!(
+                "dir-with-a-long-name-{:03}/file-with-a-long-name-{i:05}.txt",
+                i % 50
+            ),
+            b"x",
+        );
+    }
+    let p = tmp.join("big.packet");
+    common::pack(&ws, &p, &[]);
+    p
+}
+
+/// The local run failed, and the remote one failed the same way.
+#[track_caller]
+fn refused_alike(local: &Run, remote: &Run, what: &str) {
+    assert_ne!(local.code, 0, "{what}: {}", local.json);
+    let (r, l) = ((remote.code, remote.kind()), (local.code, local.kind()));
+    assert_eq!(r, l, "{what}: {} vs {}", remote.json, local.json);
+}
+
+/// The error's message contains `what`.
+#[track_caller]
+fn says(e: &serde_json::Value, what: &str) {
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains(what), "{what} not in {msg}");
+}
+
+fn gets(proxy: &Proxy) -> usize {
+    proxy
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("GET "))
+        .count()
+}
+
+/// The result without its `packet` field, which names the location.
+fn without_packet(v: &serde_json::Value) -> serde_json::Value {
+    let mut v = v.clone();
+    v.as_object_mut().unwrap().remove("packet");
+    v
+}
+
+#[test]
+fn remote_inspect_and_digest_equal_local_in_at_most_two_ranged_gets() {
+    let (tmp, moto, b) = setup();
+    let proxy = Proxy::start(moto.port);
+    for (name, packet, want_gets) in [
+        ("small", sample_packet(tmp.path()), 1),
+        ("big", big_manifest_packet(tmp.path()), 2),
+    ] {
+        let bytes = std::fs::read(&packet).unwrap();
+        let key = format!("dir/{name}.packet");
+        moto.put(&b, &key, &bytes);
+        let loc = format!("s3://{b}/{key}");
+        for cmd in ["inspect", "digest"] {
+            let local = run([cmd, packet.to_str().unwrap()]);
+            proxy.clear();
+            let r = remote(proxy.port, &[cmd, &loc], &[]);
+            assert_eq!(r.ok()["packet"], loc.as_str());
+            assert_eq!(
+                without_packet(&r.json),
+                without_packet(local.ok()),
+                "{name} {cmd}"
+            );
+            let reqs = proxy.requests();
+            assert_eq!(gets(&proxy), want_gets, "{name} {cmd}: {reqs:?}");
+            assert!(
+                reqs.iter()
+                    .all(|r| r.starts_with("GET ") && !r.ends_with("range=-")),
+                "{reqs:?}"
+            );
+        }
+        if name == "big" {
+            let m = run(["inspect", packet.to_str().unwrap()]).json["manifest_bytes"]
+                .as_u64()
+                .unwrap();
+            assert!(
+                m > 256 * 1024,
+                "the manifest must not fit the first request: {m}"
+            );
+        }
+    }
+}
+
+#[test]
+fn remote_reads_retry_through_503s_resets_and_short_bodies() {
+    let (tmp, moto, b) = setup();
+    let packet = big_manifest_packet(tmp.path());
+    moto.put(&b, "p", &std::fs::read(&packet).unwrap());
+    let want = run(["digest", packet.to_str().unwrap()]).json["digest"].clone();
+    let proxy = Proxy::start(moto.port);
+    // Each of the two reads meets failures before it is served.
+    proxy.inject([
+        Fault::Status(503, "SlowDown"),
+        Fault::Reset,
+        Fault::Truncate(1000),
+        Fault::Pass,
+        Fault::Status(500, "InternalError"),
+        Fault::Truncate(0),
+    ]);
+    let r = remote(proxy.port, &["digest", &format!("s3://{b}/p")], &[]);
+    assert_eq!(r.ok()["digest"], want);
+    assert_eq!(gets(&proxy), 7, "{:?}", proxy.requests());
+}
+
+/// Runs `args` against `port` with a time bound of `secs` seconds: it
+/// must fail with `remote_unavailable` well within 5 s; the error.
+#[track_caller]
+fn gives_up_in_time(port: u16, args: &[&str], secs: &str) -> serde_json::Value {
+    let began = Instant::now();
+    let r = remote(port, args, &[("SESSIONFS_REMOTE_TIMEOUT", secs)]);
+    let took = began.elapsed();
+    let e = r.fails(9, "remote_unavailable").clone();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    e
+}
+
+#[test]
+fn a_store_that_stays_down_fails_within_the_time_bound() {
+    let (_tmp, moto, b) = setup();
+    moto.put(&b, "p", b"whatever");
+    let loc = format!("s3://{b}/p");
+    let proxy = Proxy::start(moto.port);
+    proxy.inject((0..100).map(|_| Fault::Status(503, "SlowDown")));
+    let e = gives_up_in_time(proxy.port, &["inspect", &loc], "1.5");
+    let msg = e["message"].as_str().unwrap();
+    // The last failure is named: SlowDown, or on a loaded machine the
+    // time bound running out during a request.
+    assert!(
+        msg.starts_with(&format!("{loc}: ")) && msg.contains("gave up after"),
+        "{msg}"
+    );
+    assert!(msg.contains("SlowDown") || msg.contains("imeout"), "{msg}");
+    assert!(gets(&proxy) >= 1, "{:?}", proxy.requests());
+    // A server that does not answer at all: the same bound, not a hang.
+    let proxy = Proxy::start(moto.port);
+    proxy.inject([Fault::Delay(Duration::from_secs(30))]);
+    says(
+        &gives_up_in_time(proxy.port, &["digest", &loc], "1"),
+        "imeout",
+    );
+}
+
+/// Hostile or damaged packets are refused remotely with the same kind
+/// and exit code as locally.
+#[test]
+fn hostile_packets_are_refused_remotely_as_locally() {
+    let (tmp, moto, b) = setup();
+    let good = std::fs::read(sample_packet(tmp.path())).unwrap();
+    let mut bad_manifest = good.clone();
+    bad_manifest[512 + 2] ^= 0x20;
+    let mut huge_size = good.clone();
+    huge_size[124..136].copy_from_slice(b"77777777777\0");
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("garbage", vec![0x5a; 3000]),
+        ("zeros", vec![0; 4096]),
+        ("cut-in-manifest", good[..700].to_vec()),
+        ("bad-manifest", bad_manifest),
+        ("huge-size", huge_size),
+    ];
+    for (name, bytes) in cases {
+        let local = tmp.path().join(name);
+        std::fs::write(&local, &bytes).unwrap();
+        moto.put(&b, name, &bytes);
+        for cmd in ["inspect", "digest"] {
+            let l = run([cmd, local.to_str().unwrap()]);
+            let r = remote(moto.port, &[cmd, &format!("s3://{b}/{name}")], &[]);
+            refused_alike(&l, &r, &format!("{name} {cmd}"));
+        }
+    }
+}
+
+#[test]
+fn an_object_replaced_under_a_reader_is_noticed() {
+    let (tmp, moto, b) = setup();
+    let packet = std::fs::read(big_manifest_packet(tmp.path())).unwrap();
+    moto.put(&b, "p", &packet);
+    let proxy = Proxy::start(moto.port);
+    let (bucket2, other) = (b.clone(), packet.clone());
+    // Between the first request and the second, the key gets other bytes
+    // (the same length: only the ETag can tell).
+    proxy.inject([
+        Fault::Pass,
+        Fault::Before(Box::new(move || {
+            let mut other = other;
+            let last = other.len() - 1;
+            other[last] = 1;
+            s3::moto().put(&bucket2, "p", &other);
+        })),
+    ]);
+    let r = remote(proxy.port, &["digest", &format!("s3://{b}/p")], &[]);
+    let e = r.fails(9, "remote_changed");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("s3://{b}/p: ")),
+        "{e}"
+    );
+    let reqs = proxy.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+}
+
+#[test]
+fn missing_credentials_bucket_and_key_are_clear_errors() {
+    let (_tmp, moto, b) = setup();
+    let r = remote(moto.port, &["inspect", &format!("s3://{b}/nothing")], &[]);
+    let e = r.fails(9, "remote_not_found");
+    says(e, "NoSuchKey");
+    let r = remote(moto.port, &["digest", "s3://no-such-bucket-here/k"], &[]);
+    let e = r.fails(9, "remote_not_found");
+    says(e, "NoSuchBucket");
+    // No credentials anywhere.
+    let r = run_env(
+        ["inspect", &format!("s3://{b}/k")],
+        &[
+            ("AWS_ACCESS_KEY_ID", ""),
+            ("AWS_SECRET_ACCESS_KEY", ""),
+            ("AWS_PROFILE", ""),
+            ("AWS_CONFIG_FILE", "/nonexistent"),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent"),
+        ],
+    );
+    let e = r.fails(9, "remote_config");
+    says(e, "no credentials");
+    // Refused credentials.
+    let proxy = Proxy::start(moto.port);
+    proxy.inject([Fault::Status(403, "SignatureDoesNotMatch")]);
+    let r = remote(proxy.port, &["inspect", &format!("s3://{b}/k")], &[]);
+    let e = r.fails(9, "remote_denied");
+    says(e, "SignatureDoesNotMatch");
+    // A malformed location is a usage error.
+    run(["inspect", "s3://bucket-only"]).fails(2, "usage");
+}
+
+/// A presigned URL reads like the object it signs; its query (the
+/// signature, the key id) is never shown, and a server that ignores
+/// `Range` is refused rather than downloaded from.
+#[test]
+fn presigned_urls_read_like_s3_and_need_ranges() {
+    let (tmp, moto, b) = setup();
+    let packet = sample_packet(tmp.path());
+    moto.put(&b, "k.packet", &std::fs::read(&packet).unwrap());
+    let proxy = Proxy::start(moto.port);
+    let url = s3::Moto::presigned_get(proxy.port, &b, "k.packet");
+    let r = run(["digest", &url]);
+    let local = run(["digest", packet.to_str().unwrap()]);
+    assert_eq!(r.ok()["digest"], local.json["digest"]);
+    let shown = r.json["packet"].as_str().unwrap();
+    assert_eq!(
+        shown,
+        format!("http://127.0.0.1:{}/{b}/k.packet?…", proxy.port)
+    );
+    proxy.inject([Fault::IgnoreRange]);
+    let r = run(["inspect", &url]);
+    let e = r.fails(9, "remote_bad_response");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("Range") && !msg.contains(s3::KEY_ID), "{msg}");
+}
+
+/// Credentials appear nowhere: not in results, errors or debug logs.
+#[test]
+fn credentials_are_never_printed() {
+    let (tmp, moto, b) = setup();
+    moto.put(&b, "k", &std::fs::read(sample_packet(tmp.path())).unwrap());
+    let proxy = Proxy::start(moto.port);
+    proxy.inject([
+        Fault::Status(503, "SlowDown"),
+        Fault::Pass,
+        Fault::Status(403, "AccessDenied"),
+    ]);
+    for args in [
+        ["inspect", &format!("s3://{b}/k")],
+        ["digest", &format!("s3://{b}/k")],
+    ] {
+        let r = remote(proxy.port, &args, &[("SESSIONFS_LOG", "trace")]);
+        let all = format!("{}{}", r.json, r.stderr);
+        for secret in [s3::SECRET, s3::TOKEN, s3::KEY_ID] {
+            assert!(!all.contains(secret), "{secret} shown: {all}");
+        }
+        assert!(
+            r.stderr.contains("ranged GET"),
+            "the log is on: {}",
+            r.stderr
+        );
+    }
+}
+
+/// `verify` and `unpack` read a remote packet's members by ranged GETs and
+/// report exactly what they report for the same packet on disk; a packet
+/// whose content was damaged is refused remotely as locally.
+#[test]
+fn remote_verify_and_unpack_equal_local() {
+    let (tmp, moto, b) = setup();
+    let packet = sample_packet(tmp.path());
+    let bytes = std::fs::read(&packet).unwrap();
+    moto.put(&b, "k", &bytes);
+    let loc = format!("s3://{b}/k");
+    let proxy = Proxy::start(moto.port);
+    let strip = |v: &serde_json::Value| {
+        let mut v = without_packet(v);
+        let o = v.as_object_mut().unwrap();
+        o.remove("seconds");
+        o.remove("into");
+        v
+    };
+    let local = run(["verify", packet.to_str().unwrap()]);
+    // A fault on the way costs a retry, not the result.
+    proxy.inject([Fault::Pass, Fault::Status(503, "SlowDown")]);
+    let r = remote(proxy.port, &["verify", &loc], &[]);
+    assert_eq!(r.ok()["packet"], loc.as_str());
+    assert_eq!(strip(&r.json), strip(local.ok()));
+    assert!(gets(&proxy) >= 3, "{:?}", proxy.requests());
+    let (a, c) = (tmp.path().join("local"), tmp.path().join("remote"));
+    let l = run([
+        "unpack",
+        packet.to_str().unwrap(),
+        "--into",
+        a.to_str().unwrap(),
+    ]);
+    let r = remote(
+        proxy.port,
+        &["unpack", &loc, "--into", c.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(strip(&r.ok().clone()), strip(l.ok()));
+    assert_eq!(common::snapshot(&a), common::snapshot(&c));
+    // One byte of content changed: the same refusal, and nothing unpacked.
+    let local_json = run(["inspect", packet.to_str().unwrap()]).json;
+    let content_at =
+        512 + (local_json["manifest_bytes"].as_u64().unwrap() as usize).div_ceil(512) * 512 + 512;
+    let mut bad = bytes.clone();
+    bad[content_at] ^= 1;
+    let badp = tmp.path().join("bad.packet");
+    std::fs::write(&badp, &bad).unwrap();
+    moto.put(&b, "bad", &bad);
+    for cmd in [vec!["verify"], vec!["unpack", "--into"]] {
+        let mut largs: Vec<String> = vec![cmd[0].into(), badp.to_str().unwrap().into()];
+        let mut rargs: Vec<String> = vec![cmd[0].into(), format!("s3://{b}/bad")];
+        if cmd.len() > 1 {
+            largs.extend([
+                "--into".into(),
+                tmp.path().join("bl").to_str().unwrap().into(),
+            ]);
+            rargs.extend([
+                "--into".into(),
+                tmp.path().join("br").to_str().unwrap().into(),
+            ]);
+        }
+        let l = run(&largs);
+        let r = remote(
+            moto.port,
+            &rargs.iter().map(String::as_str).collect::<Vec<_>>(),
+            &[],
+        );
+        assert_eq!(l.code, 3, "{}", l.json);
+        refused_alike(&l, &r, cmd[0]);
+    }
+    assert!(!tmp.path().join("br").exists());
+}
+
+/// With no keys, a web identity token is exchanged through STS
+/// (`AssumeRoleWithWebIdentity`, moto's) for temporary credentials, and
+/// the token is shown nowhere.
+#[test]
+fn web_identity_credentials_come_from_sts() {
+    let (tmp, moto, b) = setup();
+    moto.put(&b, "k", &std::fs::read(sample_packet(tmp.path())).unwrap());
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "webid-token-MUST-NOT-LEAK\n").unwrap();
+    let proxy = Proxy::start(moto.port);
+    let with_token = |file: &str, log: &str| {
+        let args = ["digest", &format!("s3://{b}/k")];
+        let env = [
+            ("AWS_ACCESS_KEY_ID", ""),
+            ("AWS_SECRET_ACCESS_KEY", ""),
+            ("AWS_SESSION_TOKEN", ""),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", file),
+            ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/sessionfs"),
+            ("SESSIONFS_LOG", log),
+        ];
+        remote(proxy.port, &args, &env)
+    };
+    let r = with_token(token.to_str().unwrap(), "trace");
+    r.ok();
+    assert!(
+        r.stderr.contains("credentials=web identity"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("MUST-NOT-LEAK") && !r.json.to_string().contains("MUST-NOT-LEAK"));
+    let reqs = proxy.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert!(
+        reqs[0].starts_with("POST / ") && reqs[1].starts_with("GET "),
+        "{reqs:?}"
+    );
+    // A token file that cannot be read is a configuration error naming it.
+    let r = with_token("/nonexistent/token", "warn");
+    says(r.fails(9, "remote_config"), "/nonexistent/token");
+}
+
+/// Against a server that checks SigV4 (s3s-fs, when installed): the
+/// presigned requests, `If-Match` signed among their headers, are
+/// accepted, and a wrong secret is refused as `remote_denied`.
+#[test]
+fn signatures_are_accepted_by_a_strict_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(root.join("bkt")).unwrap();
+    let big = big_manifest_packet(tmp.path());
+    std::fs::copy(&big, root.join("bkt/big.packet")).unwrap();
+    let Some((port, _server)) = s3::s3s_fs(&root) else {
+        return;
+    };
+    let loc = "s3://bkt/big.packet";
+    let no_token = [("AWS_SESSION_TOKEN", "")];
+    for cmd in ["digest", "verify"] {
+        let local = run([cmd, big.to_str().unwrap()]);
+        let r = remote(port, &[cmd, loc], &no_token);
+        assert_eq!(r.ok()["digest"], local.ok()["digest"], "{cmd}");
+    }
+    let wrong = [
+        ("AWS_SESSION_TOKEN", ""),
+        ("AWS_SECRET_ACCESS_KEY", "wrong"),
+    ];
+    says(
+        remote(port, &["digest", loc], &wrong).fails(9, "remote_denied"),
+        "SignatureDoesNotMatch",
+    );
+}
