@@ -142,6 +142,12 @@ impl CliError {
         }
     }
 
+    /// The same error with advice of its own instead of its kind's.
+    pub fn with_hint(mut self, hint: String) -> CliError {
+        self.hint = hint.into();
+        self
+    }
+
     /// An error object from a daemon, to print unchanged.
     pub fn relayed(v: serde_json::Value) -> CliError {
         let exit_code = v["exit_code"]

@@ -4,6 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -250,6 +251,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             Some(crate::packet::path::shown_path(&a.packet)),
         ));
     }
+    wait_for_upper(&a.upper)?;
     let uid = a.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let gid = a.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw());
     let overlay = Arc::new(Overlay::mount(
@@ -287,7 +289,14 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             .collect(),
     };
     // Recorded in the upper directory too, so an offline seal rebases the same links.
-    super::seal::save_roots(&a.upper, &roots);
+    // And which daemon holds it at which mountpoint, for a mount of the
+    // same directory to name them (see wait_for_upper).
+    super::seal::MountInfo {
+        roots: roots.clone(),
+        mountpoint: Some(a.mountpoint.clone()),
+        pid: Some(std::process::id()),
+    }
+    .save(&a.upper);
     let result = std::cell::RefCell::new(None);
     let served = daemon::serve(
         overlay,
@@ -345,6 +354,73 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             tracing::error!(error = %e, "the FUSE session ended with an error");
             Ok(Output::printed())
         }
+    }
+}
+
+/// How long a mount waits for the process holding its upper directory's
+/// lock when that process serves no mount: a daemon whose mount was taken
+/// away (`fusermount3 -u`, `umount`, a pod's teardown) lets the lock go as
+/// it exits, some milliseconds later. (docs/CLI.md says 5 s.)
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until nothing holds the lock on upper directory `upper`, for at
+/// most [`LOCK_WAIT`]: refuses at once when the holder is a daemon still
+/// serving a mount (named with its pid, from `mount.json`), and after the
+/// wait when the lock is still held.
+fn wait_for_upper(upper: &Path) -> Result<(), CliError> {
+    let start = Instant::now();
+    let refuse = |message: String, hint: String| {
+        CliError::new(
+            Some(ErrorClass::Refused),
+            "upper_refused",
+            message,
+            Some(crate::packet::path::shown_path(upper)),
+        )
+        .with_hint(hint)
+    };
+    loop {
+        if super::umount::lock_free(upper) {
+            return Ok(());
+        }
+        let holder = super::umount::lock_holder(upper);
+        let info = super::seal::MountInfo::load(upper);
+        // The daemon mount.json names, if it is the holder (or the holder
+        // cannot be told) and its mount is still there.
+        let serving = info.and_then(|i| {
+            let (mp, pid) = (i.mountpoint?, i.pid?);
+            let holds = holder.is_none_or(|h| h == pid) && !super::umount::exited(pid as i32);
+            (holds && super::umount::is_sessionfs_mount(&mp)).then_some((mp, pid))
+        });
+        if let Some((mp, pid)) = serving {
+            return Err(refuse(
+                format!(
+                    "{}: in use by the sessionfs mount at {} (daemon pid {pid})",
+                    upper.display(),
+                    mp.display()
+                ),
+                format!(
+                    "unmount it first (`sessionfs umount {}`), or mount another upper directory",
+                    mp.display()
+                ),
+            ));
+        }
+        if start.elapsed() >= LOCK_WAIT {
+            let who = match holder {
+                Some(pid) => format!("process {pid}"),
+                None => "another process".to_owned(),
+            };
+            return Err(refuse(
+                format!(
+                    "{}: locked by {who}, which serves no mount here, and still after {} s",
+                    upper.display(),
+                    LOCK_WAIT.as_secs()
+                ),
+                "an offline `sessionfs seal` of it, or a mount in another mount namespace, holds \
+                 it: wait for it to end (or end it), then mount again"
+                    .to_owned(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

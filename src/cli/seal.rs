@@ -311,26 +311,52 @@ pub fn handle(
 /// were last mounted (see docs/upper-format.md).
 const MOUNT_INFO: &str = "mount.json";
 
-/// Records where each part is mounted, for an offline seal to rebase the
-/// same symlinks as the daemon would. Best effort: without it an offline
-/// seal stores absolute targets into the mount verbatim.
-pub fn save_roots(upper: &Path, roots: &HashMap<Part, Vec<String>>) {
-    let v = serde_json::json!({"schema": "sessionfs.mount-info/1", "roots": roots});
-    if let Err(e) = crate::sys::write_atomic(&upper.join(MOUNT_INFO), format!("{v}\n").as_bytes()) {
-        tracing::warn!(error = %e, "cannot record the mount roots in the upper directory");
+/// What `mount.json` records: where each part is mounted, for an offline
+/// seal to rebase the same symlinks as the daemon would, and which daemon
+/// holds the directory at which mountpoint, for a mount refused by its lock
+/// to name them (see docs/upper-format.md).
+#[derive(Serialize, Deserialize)]
+pub struct MountInfo {
+    /// Where each part is mounted.
+    pub roots: HashMap<Part, Vec<String>>,
+    /// The mountpoint of the daemon that wrote it (absent before 2026-12-06).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mountpoint: Option<PathBuf>,
+    /// That daemon's process id (absent before 2026-12-06).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+impl MountInfo {
+    /// Records `self` in upper directory `upper`. Best effort: without it
+    /// an offline seal stores absolute targets into the mount verbatim,
+    /// and a mount refused by the lock cannot name the mount holding it.
+    pub fn save(&self, upper: &Path) {
+        #[derive(Serialize)]
+        struct Versioned<'a> {
+            schema: &'static str,
+            #[serde(flatten)]
+            info: &'a MountInfo,
+        }
+        let v = Versioned {
+            schema: "sessionfs.mount-info/1",
+            info: self,
+        };
+        let line = serde_json::to_string(&v).unwrap_or_default() + "\n";
+        if let Err(e) = crate::sys::write_atomic(&upper.join(MOUNT_INFO), line.as_bytes()) {
+            tracing::warn!(error = %e, "cannot record the mount in the upper directory");
+        }
+    }
+
+    /// What upper directory `upper` records, if anything readable.
+    pub fn load(upper: &Path) -> Option<MountInfo> {
+        let bytes = std::fs::read(upper.join(MOUNT_INFO)).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 }
 
 fn load_roots(upper: &Path) -> HashMap<Part, Vec<String>> {
-    #[derive(Deserialize)]
-    struct Info {
-        roots: HashMap<Part, Vec<String>>,
-    }
-    std::fs::read(upper.join(MOUNT_INFO))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Info>(&b).ok())
-        .map(|i| i.roots)
-        .unwrap_or_default()
+    MountInfo::load(upper).map(|i| i.roots).unwrap_or_default()
 }
 
 /// Refuses a destination on the mount being sealed: the seal holds the

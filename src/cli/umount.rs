@@ -109,7 +109,7 @@ fn wait_gone(p: &Path, limit: Duration) -> bool {
 }
 
 /// Whether process `pid` has exited (a zombie has: its files are closed).
-fn exited(pid: i32) -> bool {
+pub fn exited(pid: i32) -> bool {
     if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
         return true;
     }
@@ -120,12 +120,42 @@ fn exited(pid: i32) -> bool {
 }
 
 /// Whether nothing holds the lock on upper directory `dir` (taken and
-/// released at once to find out).
-fn lock_free(dir: &Path) -> bool {
+/// released at once to find out; a directory that cannot be opened, or is
+/// absent, holds none).
+pub fn lock_free(dir: &Path) -> bool {
     let Ok(d) = std::fs::File::open(dir) else {
         return true;
     };
     nix::fcntl::Flock::lock(d, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+}
+
+/// The process holding the `flock` on directory `dir`, from
+/// `/proc/locks` (`None` where it cannot be read or names none).
+pub fn lock_holder(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).ok()?;
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    holder_in(
+        &locks,
+        nix::sys::stat::major(m.dev()),
+        nix::sys::stat::minor(m.dev()),
+        m.ino(),
+    )
+}
+
+/// The pid of the granted `FLOCK` on inode `ino` of device `major:minor`
+/// in `locks`, the text of `/proc/locks`: lines such as
+/// `1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF` (device numbers in
+/// hex; a waiter's line has `->` after the number).
+fn holder_in(locks: &str, major: u64, minor: u64, ino: u64) -> Option<u32> {
+    let want = format!("{major:02x}:{minor:02x}:{ino}");
+    locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            [_, "FLOCK", _, _, pid, id, ..] if *id == want => pid.parse().ok(),
+            _ => None,
+        }
+    })
 }
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
@@ -218,4 +248,22 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             via,
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holder_in;
+
+    #[test]
+    fn the_lock_holder_is_read_from_the_granted_flock_on_that_inode() {
+        let locks = "1: POSIX  ADVISORY  WRITE 10 08:01:77 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 99 00:2d:1234 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 5 00:2d:12345 0 EOF\n";
+        assert_eq!(holder_in(locks, 0, 0x2d, 1234), Some(4242));
+        assert_eq!(holder_in(locks, 0, 0x2d, 12345), Some(5));
+        assert_eq!(holder_in(locks, 8, 1, 77), None, "a POSIX lock is not ours");
+        assert_eq!(holder_in(locks, 0, 0x2e, 1234), None);
+        assert_eq!(holder_in("", 0, 0x2d, 1234), None);
+    }
 }

@@ -322,6 +322,12 @@ impl Mounted {
         run(["umount", self.mnt.to_str().unwrap()]).ok();
     }
 
+    /// Forgets the mount, which something other than `sessionfs umount`
+    /// took away (`fusermount3 -u`, `umount`): dropping it does nothing.
+    pub fn unmounted_elsewhere(mut self) {
+        self.mounted = false;
+    }
+
     /// Unmounts (asserting success) and mounts the workspace part of
     /// `packet` again at the same mountpoint over the same upper
     /// directory: the remount after a rebase, or after a restart.
