@@ -7,10 +7,11 @@ export CARGO_TERM_COLOR ?= never
 .PHONY: suites build release deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
 
 build:
-	$(CARGO) build --all-targets
+	$(CARGO) build --workspace --all-targets
 
+# The tool and the benchmark driver (bench/, a workspace member).
 release:
-	$(CARGO) build --release
+	$(CARGO) build --release --workspace
 
 deps:
 	scripts/deps.sh
@@ -23,16 +24,16 @@ test: deps fmt-check clippy doc
 check: test
 
 fmt:
-	$(CARGO) fmt
+	$(CARGO) fmt --all
 
 fmt-check:
-	$(CARGO) fmt --check
+	$(CARGO) fmt --all --check
 
 clippy:
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 doc:
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 schema-check: release
 	scripts/check-schema.sh
@@ -58,7 +59,6 @@ bench-quick: release
 	QUICK=1 scripts/bench/run.sh
 
 bench-pack: release
-	$(CARGO) build --release --bin sessionfs-bench
 	scripts/bench/pack.sh
 
 clean:
