@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
-.PHONY: suites build release deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check clean
+.PHONY: suites build release deps test unit check fmt fmt-check clippy doc demo bench bench-pack bench-quick fuzz schema-check no-test-hooks clean
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -18,7 +18,7 @@ deps:
 
 test: deps fmt-check clippy doc
 	SESSIONFS_REQUIRE_FUSE=1 $(CARGO) test --all-targets
-	$(MAKE) schema-check suites demo bench-quick
+	$(MAKE) schema-check no-test-hooks suites demo bench-quick
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
 
 check: test
@@ -37,6 +37,11 @@ doc:
 
 schema-check: release
 	scripts/check-schema.sh
+
+# The release binary has no test barriers (cargo feature test-hooks, which
+# only the tests enable; see src/barrier.rs).
+no-test-hooks: release
+	! grep -aq SESSIONFS_TEST_BARRIER target/release/sessionfs
 
 # Third-party suites against real mounts: pjdfstest (POSIX) and fsx (I/O).
 suites: release

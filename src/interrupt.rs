@@ -172,7 +172,7 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
                 briefly(move || {
                     tracing::warn!(%signal, "the work is done; finishing its report (a second signal ends the run now)");
                 });
-                crate::barrier::wait(crate::barrier::from_env().as_deref(), "interrupt-deferred");
+                crate::barrier::wait(crate::barrier::from_env().as_deref(), crate::barrier::Point::InterruptDeferred);
                 let Ok(again) = signals.wait() else { return };
                 (signal, gate) = (again, GATE.write());
             }

@@ -263,7 +263,10 @@ pub fn unpack(
         },
         e => e,
     })?;
-    crate::barrier::wait(crate::barrier::from_env().as_deref(), "restored");
+    crate::barrier::wait(
+        crate::barrier::from_env().as_deref(),
+        crate::barrier::Point::Restored,
+    );
     if !exists {
         // The new root's owner, before it is in place: it widens nothing
         // (the directory is private) and a refusal leaves nothing behind.
@@ -321,7 +324,10 @@ pub fn unpack(
     drop(pending);
     crate::interrupt::committed();
     drop(commit);
-    crate::barrier::wait(crate::barrier::from_env().as_deref(), "committed");
+    crate::barrier::wait(
+        crate::barrier::from_env().as_deref(),
+        crate::barrier::Point::Committed,
+    );
     Ok(UnpackOutcome {
         into: shown,
         ..outcome

@@ -134,6 +134,9 @@ pub fn main() -> ExitCode {
         Err(e) => return clap_error(e),
     };
     init_logging(cli.verbose);
+    if let Err(message) = crate::barrier::check_env() {
+        return report(CliError::usage(message));
+    }
     // Commands that write files remove what they half-wrote if stopped.
     // (A seal asked of a mount's daemon goes on there, whatever happens to
     // the client: only an offline seal writes here.)
@@ -185,7 +188,10 @@ pub fn main() -> ExitCode {
             });
             if pack {
                 // Only pack's: every other command's tests would wait here.
-                crate::barrier::wait(crate::barrier::from_env().as_deref(), "reported");
+                crate::barrier::wait(
+                    crate::barrier::from_env().as_deref(),
+                    crate::barrier::Point::Reported,
+                );
             }
             ExitCode::from(code)
         }

@@ -307,7 +307,7 @@ impl Overlay {
                 reason,
             })?;
         let (items, mut report) = self.collect(opts, &policy)?;
-        crate::barrier::wait(opts.barrier.as_deref(), "collected");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Collected);
         phase("collected");
         opts.go_on()?;
 
@@ -375,7 +375,7 @@ impl Overlay {
                 f.chunks = h.chunks.into();
             }
         }
-        crate::barrier::wait(opts.barrier.as_deref(), "hashed");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Hashed);
         phase("hashed");
         opts.go_on()?;
         let manifest_bytes = manifest.encode();
@@ -383,7 +383,7 @@ impl Overlay {
         let layout = Layout::compute(&manifest, manifest_len);
         let output = Output::create(&opts.output)?;
         output.size_for(&layout)?;
-        crate::barrier::wait(opts.barrier.as_deref(), "sized");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Sized);
         phase("sized");
 
         // Chunks verified earlier are trusted only in the file they were
@@ -415,12 +415,12 @@ impl Overlay {
             }
         }
         let digest = Digest::of_manifest(&manifest_bytes);
-        crate::barrier::wait(opts.barrier.as_deref(), "written");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Written);
         phase("written");
         // The last moment to give up: the packet goes into place next.
         opts.go_on()?;
         output.sync_data()?;
-        crate::barrier::wait(opts.barrier.as_deref(), "synced");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Synced);
         phase("synced");
         // Over the packet this mount serves (`--rebase` onto the same
         // path), the rename is the seal's own change to it.
@@ -431,7 +431,7 @@ impl Overlay {
         } else {
             output.commit(opts.mode)?
         };
-        crate::barrier::wait(opts.barrier.as_deref(), "committed");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
         phase("committed");
         if opts.rebase {
             let mut moved = Moved::default();
@@ -660,7 +660,7 @@ impl Overlay {
             kept,
         };
         self.upper.append_durable(&rec)?;
-        crate::barrier::wait(bar, "rebase-recorded");
+        crate::barrier::wait(bar, crate::barrier::Point::RebaseRecorded);
         phase("recorded");
         let (old_inos, old_data, kept_data) = {
             let mut st = self.state.write();
@@ -733,7 +733,7 @@ impl Overlay {
         // nodes are out of date either way.
         let compacted = self.upper.compact(&rec, &digest);
         if compacted.is_ok() {
-            crate::barrier::wait(bar, "rebase-compacted");
+            crate::barrier::wait(bar, crate::barrier::Point::RebaseCompacted);
             phase("compacted");
         }
         for id in old_data {
@@ -949,7 +949,7 @@ impl Overlay {
             });
             stack.push((lower.ino(r), path, part, 0));
         }
-        crate::barrier::wait(opts.barrier.as_deref(), "collecting");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Collecting);
         while let Some((dir, dpath, part, depth)) = stack.pop() {
             let list = st.list(lower, dir)?;
             let kinds: Vec<(Kind, Ino)> = list

@@ -268,7 +268,7 @@ pub fn pack(
     progress(PackProgress::Pass("hashing", manifest.content_bytes()));
     let hashes = hash_new(&manifest, &first, &stats, keep, &bytes)?;
     tracing::debug!(elapsed = ?t.elapsed(), hold_max = ?keep.hold_max, "content hashed");
-    crate::barrier::wait(opts.barrier.as_deref(), "hashed");
+    crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Hashed);
     let mut fingerprints = vec![Vec::new(); manifest.entries.len()];
     let mut held: Vec<Option<Box<[u8]>>> = vec![None; manifest.entries.len()];
     for h in hashes {
@@ -316,7 +316,7 @@ pub fn pack(
     tracing::debug!(elapsed = ?t.elapsed(), "written");
     output.commit(opts.mode)?;
     tracing::debug!(elapsed = ?t.elapsed(), "committed");
-    crate::barrier::wait(opts.barrier.as_deref(), "committed");
+    crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
 
     let count =
         |pred: fn(&Entry) -> bool| manifest.entries.iter().filter(|e| pred(e)).count() as u64;

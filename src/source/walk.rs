@@ -310,7 +310,7 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
             credential_dirs.extend(o.credential_dirs);
         }
         if std::mem::take(&mut roots_read) {
-            crate::barrier::wait(opts.barrier, "walked-roots");
+            crate::barrier::wait(opts.barrier, crate::barrier::Point::WalkedRoots);
         }
     }
     let linked = found
