@@ -381,6 +381,7 @@ fn seal_options(
         keep: vec![],
         limits: Limits::DEFAULT,
         roots: Default::default(),
+        file_sha256: false,
         barrier,
         rebase: false,
         cancel: None,

@@ -71,6 +71,11 @@ pub struct Args {
     /// than half of it. 0 reads every file twice.
     #[arg(long, value_name = "SIZE", env = "SESSIONFS_PACK_HOLD", value_parser = parse_size)]
     hold_memory: Option<u64>,
+    /// Also give the SHA-256 of the whole packet file (`file_sha256`): one
+    /// more pass over every byte written. The digest already attests every
+    /// byte; this is for transports that check whole files.
+    #[arg(long)]
+    file_sha256: bool,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -119,6 +124,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         limits,
         mode: file_mode_from_umask(),
         hold_memory: a.hold_memory,
+        file_sha256: a.file_sha256,
         barrier: crate::barrier::from_env(),
     };
     let progress = Progress::bytes("packing", 0);
@@ -129,7 +135,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     drop(progress);
     tracing::info!(digest = %outcome.digest, entries = outcome.entries, "packed");
     Ok(Output::new(
-        "sessionfs.pack-result/1",
+        "sessionfs.pack-result/2",
         Result {
             output: crate::packet::path::shown_path(&a.output),
             outcome,

@@ -71,6 +71,10 @@ pub struct Args {
     /// Keep entries matching GLOB that a default rule would leave out.
     #[arg(long, value_name = "GLOB")]
     keep: Vec<String>,
+    /// Also give the SHA-256 of the whole packet file (as `pack
+    /// --file-sha256`).
+    #[arg(long)]
+    file_sha256: bool,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -89,6 +93,9 @@ pub struct Request {
     max_entries: u64,
     max_path_bytes: u64,
     mode: u32,
+    /// Compute `file_sha256`.
+    #[serde(default)]
+    file_sha256: bool,
     /// Send progress messages before the answer (the client draws them).
     #[serde(default)]
     progress: bool,
@@ -128,6 +135,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         max_entries: limits.max_entries,
         max_path_bytes: limits.max_path_bytes,
         mode: file_mode_from_umask(),
+        file_sha256: a.file_sha256,
         progress: false,
     };
     if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {
@@ -204,6 +212,7 @@ pub fn handle(
             max_path_bytes: req.max_path_bytes,
         },
         roots: roots.clone(),
+        file_sha256: req.file_sha256,
         barrier: crate::barrier::from_env(),
         rebase: req.rebase,
         cancel: notify.map(|_| Default::default()),
@@ -297,7 +306,7 @@ pub fn handle(
         })?;
     }
     let out = Output::new(
-        "sessionfs.seal-result/1",
+        "sessionfs.seal-result/2",
         Result {
             outcome: &outcome,
             receipt: req.receipt.as_deref(),

@@ -27,7 +27,8 @@ use super::split;
 use super::state::{Lower, Ref};
 use super::{Overlay, Stale};
 use crate::output::{
-    Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
+    Check, ContentReader, Contents, Keep, Output, WriteOptions, WriteStats, hash_new,
+    write_in_order,
 };
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
@@ -57,6 +58,8 @@ pub struct SealOptions {
     /// Absolute spellings of each part's root where it is mounted, for
     /// rebasing absolute symlinks into it (empty: none are rebased).
     pub roots: HashMap<Part, Vec<String>>,
+    /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
+    pub file_sha256: bool,
     /// Test hook: pause at named points (see `barrier`).
     pub barrier: Option<PathBuf>,
     /// After sealing, continue on the new packet with an empty upper
@@ -142,8 +145,9 @@ pub struct SealOutcome {
     pub digest: Digest,
     /// The digest of the packet the mount served.
     pub parent: Digest,
-    /// SHA-256 of the new packet file.
-    pub file_sha256: Sha256,
+    /// SHA-256 of the new packet file, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_sha256: Option<Sha256>,
     /// Its length.
     pub packet_bytes: u64,
     /// Entries in it.
@@ -395,7 +399,10 @@ impl Overlay {
         // than it saved (docs/SEMANTICS.md, "Seal").
         let file_sha256 = write_in_order(
             &output,
-            true,
+            WriteOptions {
+                direct: true,
+                file_sha256: opts.file_sha256,
+            },
             &manifest,
             &manifest_bytes,
             &layout,

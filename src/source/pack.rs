@@ -3,8 +3,8 @@
 //! The walk yields every entry with its size and stamp; the manifest is
 //! validated before any file is read. Then two passes, as in the seal:
 //! every file is hashed on all cores, and the packet is written once, in
-//! file order, around the page cache, while a thread hashes it for
-//! `file_sha256` (nothing is read back). The smallest files, up to a
+//! file order, around the page cache (with `--file-sha256`, while a thread
+//! hashes it for `file_sha256`; nothing is read back). The smallest files, up to a
 //! memory budget, are read once: the first pass holds their bytes for the
 //! second. Any other file must be the same in both
 //! passes: the first takes a fingerprint of every file (or of each chunk)
@@ -29,7 +29,8 @@ use super::error::Error;
 use super::policy::Policy;
 use super::walk::{FoundFile, FoundKind, Root, ScanOptions, ScanReport, scan};
 use crate::output::{
-    Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
+    Check, ContentReader, Contents, Keep, Output, WriteOptions, WriteStats, hash_new,
+    write_in_order,
 };
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{HarnessKind, Limits, chunk_count};
@@ -62,6 +63,8 @@ pub struct PackOptions {
     /// (`None`: 256 MiB, or a sixteenth of the memory the process may use
     /// where that is less; never more than half of that memory).
     pub hold_memory: Option<u64>,
+    /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
+    pub file_sha256: bool,
     /// Test barrier directory (see [`crate::barrier`]); its point is
     /// `hashed`, between the two passes.
     pub barrier: Option<PathBuf>,
@@ -72,8 +75,9 @@ pub struct PackOptions {
 pub struct PackOutcome {
     /// The packet digest.
     pub digest: Digest,
-    /// SHA-256 of the whole file.
-    pub file_sha256: Sha256,
+    /// SHA-256 of the whole file, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_sha256: Option<Sha256>,
     /// Length of the packet file.
     pub packet_bytes: u64,
     /// Entry counts.
@@ -250,7 +254,7 @@ pub fn pack(
 
     // Two passes, like the seal: hash every file on all cores, then write
     // the packet once, in file order, hashing it on the way for
-    // `file_sha256` (see crate::output::in_order); the smallest files are
+    // `file_sha256` if asked (see crate::output::in_order); the smallest files are
     // copied from the bytes the first pass held, every other one
     // fingerprinted again as it is copied and compared with the first pass.
     let stats = WriteStats::default();
@@ -293,7 +297,10 @@ pub fn pack(
     progress(PackProgress::Pass("writing", layout.total_len()));
     let file_sha256 = write_in_order(
         &output,
-        true,
+        WriteOptions {
+            direct: true,
+            file_sha256: opts.file_sha256,
+        },
         &manifest,
         &manifest_bytes,
         &layout,
