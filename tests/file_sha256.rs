@@ -7,11 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use sessionfs::overlay::{Options, Overlay};
 use sessionfs::packet::digest::Sha256;
-use sessionfs::packet::format::Limits;
-use sessionfs::packet::path::Part;
-use sessionfs::packet::reader::Packet;
 
 fn sha256_of(path: &Path) -> String {
     Sha256::of(&std::fs::read(path).unwrap()).to_string()
@@ -44,31 +40,8 @@ fn an_offline_seal_gives_file_sha256_only_when_asked() {
     let packet = packet_of(&ws, tmp.path(), "p", &[]);
     let upper = tmp.path().join("upper");
     // An upper directory as a mount leaves it, made in-process.
-    drop(
-        Overlay::mount(
-            Packet::open(&packet, &Limits::DEFAULT).unwrap(),
-            &upper,
-            Options {
-                uid: 0,
-                gid: 0,
-                part: Some(Part::Workspace),
-            },
-        )
-        .unwrap(),
-    );
-    let seal = |out: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "seal".as_ref(),
-            "--packet".as_ref(),
-            packet.as_os_str(),
-            "--upper".as_ref(),
-            upper.as_os_str(),
-            "-o".as_ref(),
-            out.as_os_str(),
-        ];
-        args.extend(extra.iter().map(std::ffi::OsStr::new));
-        run(&args).ok().clone()
-    };
+    drop(overlay_of(&packet, &upper));
+    let seal = |out: &Path, extra: &[&str]| seal_offline(&packet, &upper, out, extra).ok().clone();
     let plain = tmp.path().join("plain.packet");
     let v = seal(&plain, &[]);
     assert_eq!(v["schema"], "sessionfs.seal-result/2");

@@ -154,9 +154,9 @@ fn receipts_report_moved_directories_and_new_links() {
     assert_eq!(
         (
             v["added"].as_u64(),
-            v["removed"].as_u64(),
+            v["deleted"].as_u64(),
             v["renamed"].as_u64(),
-            v["changed"].as_u64()
+            v["modified"].as_u64()
         ),
         (Some(2), Some(1), Some(1), Some(0)),
         "{v}"
@@ -188,9 +188,9 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
     assert_eq!(
         (
             v["renamed"].as_u64(),
-            v["changed"].as_u64(),
+            v["modified"].as_u64(),
             v["added"].as_u64(),
-            v["removed"].as_u64()
+            v["deleted"].as_u64()
         ),
         (Some(1), Some(1), Some(0), Some(1)),
         "{v}"
@@ -1197,7 +1197,7 @@ fn rebase_continues_on_the_new_packet() {
     let p3 = tmp.path().join("turn2.packet");
     let v2 = seal(&m, &p3, &["--rebase"]);
     assert_eq!(
-        (v2["added"].as_u64(), v2["changed"].as_u64()),
+        (v2["added"].as_u64(), v2["modified"].as_u64()),
         (Some(1), Some(1)),
         "{v2}"
     );

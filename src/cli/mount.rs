@@ -42,7 +42,8 @@ pub struct Args {
     packet: PathBuf,
     /// An empty directory to mount on.
     mountpoint: PathBuf,
-    /// The upper directory (created if absent; must belong to this packet).
+    /// The upper directory (created if absent, in a directory that exists;
+    /// must belong to this packet).
     #[arg(long, value_name = "DIR")]
     upper: PathBuf,
     /// Require this packet digest.
@@ -51,11 +52,12 @@ pub struct Args {
     /// Mount one part as the root (what a pod wants at /workspace).
     #[arg(long, value_enum)]
     part: Option<PartArg>,
-    /// Owner shown for the packet's files (default: the mounting user).
-    #[arg(long, value_name = "N")]
+    /// Owner shown for the packet's files, a user id (with `--gid`, as for
+    /// `unpack`; default: the mounting user and group).
+    #[arg(long, value_name = "N", requires = "gid")]
     uid: Option<u32>,
-    /// Group shown for the packet's files (default: the mounting group).
-    #[arg(long, value_name = "N")]
+    /// Group shown for the packet's files, a group id (with `--uid`).
+    #[arg(long, value_name = "N", requires = "uid")]
     gid: Option<u32>,
     /// Let other users use the mount (needs root, or user_allow_other in /etc/fuse.conf).
     #[arg(long)]
@@ -184,6 +186,37 @@ fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
     Ok(())
 }
 
+/// An upper directory that does not exist yet is created, but not its
+/// parent: refuses one whose parent is missing (or no directory), naming
+/// the directory to create, before anything is made or started.
+fn check_upper_parent(upper: &Path) -> Result<(), CliError> {
+    if std::fs::symlink_metadata(upper).is_ok() {
+        return Ok(());
+    }
+    let parent = match upper.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => return Ok(()),
+    };
+    if std::fs::metadata(parent).is_ok_and(|m| m.is_dir()) {
+        return Ok(());
+    }
+    Err(CliError::new(
+        Some(ErrorClass::Refused),
+        "target_unusable",
+        format!(
+            "{}: the directory to hold the upper directory, {}, does not exist (or is no \
+             directory); only the upper directory itself is created",
+            upper.display(),
+            parent.display()
+        ),
+        Some(crate::packet::path::shown_path(parent)),
+    )
+    .with_hint(format!(
+        "create it first (`mkdir -p {}`), or name an upper directory in an existing one",
+        parent.display()
+    )))
+}
+
 /// `p` made absolute through its longest existing ancestor, canonicalized
 /// (symlinks resolved), with the missing components after it appended.
 fn canonical_prefix(p: &Path) -> Option<PathBuf> {
@@ -219,6 +252,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     let limits = a.limits.limits()?;
     check_mountpoint(&a.mountpoint)?;
     check_upper_apart(&a.upper, &a.mountpoint)?;
+    check_upper_parent(&a.upper)?;
     if !a.foreground && !a.daemon_child {
         return spawn_daemon(&a.mountpoint);
     }
@@ -254,11 +288,18 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     wait_for_upper(&a.upper)?;
     let uid = a.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let gid = a.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw());
-    let overlay = Arc::new(Overlay::mount(
-        packet,
-        &a.upper,
-        Options { uid, gid, part },
-    )?);
+    // An upper directory this mount makes is removed if the mount fails:
+    // nothing was served, so nothing is in it but what the mount wrote.
+    let made_upper = std::fs::symlink_metadata(&a.upper).is_err();
+    let unmake_upper = || {
+        if made_upper {
+            let _ = std::fs::remove_dir_all(&a.upper);
+        }
+    };
+    let overlay = Arc::new(
+        Overlay::mount(packet, &a.upper, Options { uid, gid, part })
+            .inspect_err(|_| unmake_upper())?,
+    );
     raise_fd_limit();
     let replayed = overlay.records();
     let opts = daemon::ServeOptions {
@@ -341,20 +382,70 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         },
     );
     match served {
-        Ok(()) => Ok(Output::printed()),
-        Err(e) if result.borrow().is_none() => Err(mount_error(
-            "mount_failed",
-            format!(
-                "cannot mount on {}: {e} (is fuse3 installed, /dev/fuse present, and may this user mount?)",
-                a.mountpoint.display()
-            ),
-            &a.mountpoint,
-        )),
+        Ok(()) => {
+            // Unmounted: a log with nothing in it (nothing went wrong at
+            // the default level) is of no use to anyone.
+            if let Some(path) = &log
+                && std::fs::metadata(path).is_ok_and(|m| m.len() == 0)
+            {
+                let _ = std::fs::remove_file(path);
+            }
+            Ok(Output::printed())
+        }
+        Err(e) if result.borrow().is_none() => {
+            unmake_upper();
+            Err(mount_failed(&e, &a.mountpoint))
+        }
         Err(e) => {
             tracing::error!(error = %e, "the FUSE session ended with an error");
             Ok(Output::printed())
         }
     }
+}
+
+/// The error of a mount the kernel (or fusermount3) refused with `e`,
+/// saying what is wrong where it can be told: `/dev/fuse` missing, or
+/// not open to this user.
+fn mount_failed(e: &std::io::Error, mp: &Path) -> CliError {
+    use nix::unistd::{AccessFlags, access};
+    use std::os::unix::fs::MetadataExt;
+    const DEV: &str = "/dev/fuse";
+    let (what, hint) = match std::fs::metadata(DEV) {
+        Err(_) => (
+            format!("{DEV} does not exist"),
+            "load the fuse module (`modprobe fuse`), or in a container pass the device \
+             (`docker run --device /dev/fuse`, with the capability to mount or fusermount3)"
+                .to_owned(),
+        ),
+        Ok(m) if access(DEV, AccessFlags::R_OK | AccessFlags::W_OK).is_err() => (
+            format!(
+                "{DEV} (mode {:04o}, owner uid {} gid {}) cannot be opened for reading and \
+                 writing by this user (uid {})",
+                m.mode() & 0o7777,
+                m.uid(),
+                m.gid(),
+                nix::unistd::geteuid()
+            ),
+            format!(
+                "as root, `chmod 0666 {DEV}` (the mode fuse3 gives it; a udev rule \
+                 `KERNEL==\"fuse\", MODE=\"0666\"` keeps it), or add this user to group {} if \
+                 the device is group-writable, or mount as root",
+                m.gid()
+            ),
+        ),
+        Ok(_) => (
+            "is fuse3 installed (fusermount3), and may this user mount?".to_owned(),
+            "check that fuse3 is installed, /dev/fuse exists and you may mount (root, or \
+             fusermount3), and that the mountpoint is an empty directory not already mounted"
+                .to_owned(),
+        ),
+    };
+    mount_error(
+        "mount_failed",
+        format!("cannot mount on {}: {e}: {what}", mp.display()),
+        mp,
+    )
+    .with_hint(hint)
 }
 
 /// How long a mount waits for the process holding its upper directory's
@@ -434,6 +525,9 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
             mountpoint,
         )
     })?;
+    // A log this mount begins is removed if the daemon refuses the mount:
+    // its error object says all the log would.
+    let new_log = control::log_path(mountpoint).is_ok_and(|p| !p.exists());
     let (log, log_path) = control::open_log(mountpoint).map_err(|e| {
         mount_error(
             "mount_failed",
@@ -478,6 +572,9 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
     };
     if v["schema"] == "sessionfs.error/1" {
         let _ = child.wait();
+        if new_log {
+            let _ = std::fs::remove_file(&log_path);
+        }
         return Err(CliError::relayed(v));
     }
     Ok(Output::raw(v))

@@ -67,22 +67,86 @@ pub fn is_sessionfs_mount(p: &Path) -> bool {
 
 /// The error for mountpoint `mp` when its daemon cannot be reached
 /// (`error`, from its control socket): `not_mounted`, saying so when a
-/// sessionfs mount is there all the same (another user's daemon, whose
-/// socket is in that user's runtime directory, or one that died).
+/// sessionfs mount is there all the same, and whose it is when it is
+/// another user's (whose daemon's socket is in that user's runtime
+/// directory, and answers that user and root only).
 pub fn unreachable(mp: &Path, error: &std::io::Error) -> CliError {
-    let mut message = error.to_string();
-    if is_sessionfs_mount(mp) {
-        message.push_str(
-            "; a sessionfs mount is there all the same: its daemon runs as another user (ask \
-             as that user) or has exited (`sessionfs umount` detaches the mount)",
+    let at = Some(crate::packet::path::shown_path(mp));
+    if !is_sessionfs_mount(mp) {
+        return CliError::new(
+            Some(ErrorClass::Mount),
+            "not_mounted",
+            error.to_string(),
+            at,
         );
     }
-    CliError::new(
-        Some(ErrorClass::Mount),
-        "not_mounted",
-        message,
-        Some(crate::packet::path::shown_path(mp)),
-    )
+    let me = nix::unistd::geteuid().as_raw();
+    match real_path(mp).and_then(|p| mount_owner(&p)) {
+        Some(owner) if owner != me => {
+            let name = nix::unistd::User::from_uid(owner.into())
+                .ok()
+                .flatten()
+                .map_or_else(String::new, |u| format!(" ({})", u.name));
+            CliError::new(
+                Some(ErrorClass::Mount),
+                "not_owner",
+                format!(
+                    "{}: the sessionfs mount here is uid {owner}'s{name}, not this user's (uid \
+                     {me}): only its owner may ask its daemon, whose control socket is in the \
+                     owner's runtime directory",
+                    mp.display()
+                ),
+                at,
+            )
+            .with_hint(format!(
+                "run the command as uid {owner}{name} (as root: `setpriv --reuid={owner} \
+                 --regid=GID --init-groups sessionfs …`, or `sudo -u`)"
+            ))
+        }
+        _ => CliError::new(
+            Some(ErrorClass::Mount),
+            "not_mounted",
+            format!(
+                "{error}; a sessionfs mount is there all the same, but its daemon has exited \
+                 (`sessionfs umount` detaches the mount)"
+            ),
+            at,
+        ),
+    }
+}
+
+/// The user a FUSE mount at `real` (a real path) belongs to: its
+/// `user_id=` in `/proc/self/mountinfo` (the topmost mount there).
+fn mount_owner(real: &Path) -> Option<u32> {
+    use std::os::unix::ffi::OsStrExt;
+    // Mountinfo writes a space, tab, newline and backslash in a path as
+    // an octal escape: the path is escaped the same way to compare.
+    let mut point = String::new();
+    for &b in real.as_os_str().as_bytes() {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => point.push_str(&format!("\\{b:03o}")),
+            _ => point.push(char::from(b)),
+        }
+    }
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
+    owner_in(&String::from_utf8_lossy(&info), &point)
+}
+
+/// [`mount_owner`] in `info`, the text of a mountinfo, for the escaped
+/// mount point `point` (compared as bytes; a path that is not UTF-8
+/// matches nothing, and has no owner named).
+fn owner_in(info: &str, point: &str) -> Option<u32> {
+    info.lines().rev().find_map(|line| {
+        let (fields, rest) = line.split_once(" - ")?;
+        if fields.split(' ').nth(4)? != point {
+            return None;
+        }
+        let options = rest.split(' ').nth(2)?;
+        options
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|v| v.parse().ok())
+    })
 }
 
 /// The real path of `p`, as the mount table has it, without touching a
@@ -252,7 +316,17 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
 
 #[cfg(test)]
 mod tests {
-    use super::holder_in;
+    use super::{holder_in, owner_in};
+
+    #[test]
+    fn the_owner_of_a_fuse_mount_is_its_user_id_in_mountinfo() {
+        let info = "36 25 0:32 / /mnt/a\\040b rw,nosuid - fuse.sessionfs sessionfs:ab rw,user_id=1000,group_id=1000\n\
+                    37 25 0:33 / /mnt/c rw - fuse sessionfs:cd rw,user_id=0,group_id=0\n\
+                    38 25 0:34 / /mnt/c rw - fuse sessionfs:ef rw,user_id=7,group_id=7\n";
+        assert_eq!(owner_in(info, "/mnt/a\\040b"), Some(1000));
+        assert_eq!(owner_in(info, "/mnt/c"), Some(7), "the topmost mount");
+        assert_eq!(owner_in(info, "/mnt"), None);
+    }
 
     #[test]
     fn the_lock_holder_is_read_from_the_granted_flock_on_that_inode() {

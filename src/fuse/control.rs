@@ -84,10 +84,16 @@ pub fn log_path(mountpoint: &Path) -> io::Result<PathBuf> {
 /// take about twice this at most.
 pub const LOG_ROTATE_BYTES: u64 = 1 << 20;
 
-/// Logs (and sockets nobody listens on) untouched for this long are removed
-/// when a daemon starts: a runtime directory must not fill up with the logs
-/// of every mountpoint ever used.
+/// Logs of no running daemon untouched for this long are removed when a
+/// daemon starts: a runtime directory must not fill up with the logs of
+/// every mountpoint ever used. (Sockets nobody listens on go at once.)
 pub const LOG_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Empty logs of no running daemon untouched for this long are removed
+/// when a daemon starts (a daemon that unmounts removes its own empty log;
+/// this is for one that was killed). Not at once: a daemon being started
+/// has its log before its socket.
+pub const EMPTY_LOG_KEEP: Duration = Duration::from_secs(3600);
 
 /// Opens the log for a new daemon at `mountpoint`, appending to the last
 /// one's (rotated past [`LOG_ROTATE_BYTES`]), after removing stale files
@@ -129,11 +135,12 @@ fn append_to(path: &Path) -> io::Result<std::fs::File> {
         .open(path)
 }
 
-/// Removes from `dir` the daemon logs (`<key>.log`, `<key>.log.1`) and
-/// control sockets (`<key>.sock`) last modified more than `keep` before
-/// `now`, except those of a daemon that still answers on its socket. Best
-/// effort: a file that cannot be removed stays, and nothing else in `dir`
-/// is touched.
+/// Removes from `dir` what no running daemon uses: control sockets
+/// (`<key>.sock`) nobody listens on (a killed daemon's), empty daemon logs
+/// (`<key>.log`, `<key>.log.1`) last modified more than [`EMPTY_LOG_KEEP`]
+/// before `now`, and other logs more than `keep` before it; the logs of a
+/// daemon that answers on its socket stay. Best effort: a file that cannot
+/// be removed stays, and nothing else in `dir` is touched.
 pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
     let Ok(list) = std::fs::read_dir(dir) else {
         return;
@@ -151,11 +158,13 @@ pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
         if key.len() != 16 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
             continue;
         }
-        let stale = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > keep));
-        if !stale || UnixStream::connect(dir.join(format!("{key}.sock"))).is_ok() {
+        let stale = e.metadata().is_ok_and(|m| {
+            let keep = if m.len() == 0 { EMPTY_LOG_KEEP } else { keep };
+            m.modified()
+                .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > keep))
+        });
+        let socket = name.ends_with(".sock");
+        if !(stale || socket) || UnixStream::connect(dir.join(format!("{key}.sock"))).is_ok() {
             continue;
         }
         match std::fs::remove_file(e.path()) {
@@ -354,16 +363,26 @@ mod tests {
         let d = dir.path();
         let now = SystemTime::now();
         let touch = |name: &str, age: Duration| {
+            let mut f = std::fs::File::create(d.join(name)).unwrap();
+            f.write_all(b"a line\n").unwrap();
+            f.set_modified(now - age).unwrap();
+        };
+        let empty = |name: &str, age: Duration| {
             let f = std::fs::File::create(d.join(name)).unwrap();
             f.set_modified(now - age).unwrap();
         };
         touch("00000000000000aa.log", 8 * DAY); // stale, no daemon
         touch("00000000000000aa.log.1", 9 * DAY);
-        touch("00000000000000aa.sock", 8 * DAY); // a socket file nobody serves
+        empty("00000000000000aa.sock", 8 * DAY); // a socket file nobody serves
         touch("00000000000000bb.log", DAY); // recent
+        empty("00000000000000dd.sock", Duration::ZERO); // a killed daemon's: at once
+        empty("00000000000000ee.log", 2 * EMPTY_LOG_KEEP); // empty, of no daemon
+        empty("00000000000000ff.log", Duration::from_secs(60)); // a daemon starting
         touch("notes.log", 30 * DAY); // not ours
         touch("00000000000000cc.log", 30 * DAY); // stale, but its daemon lives
+        empty("00000000000000c1.log", 2 * EMPTY_LOG_KEEP); // empty, but its daemon lives
         let live = UnixListener::bind(d.join("00000000000000cc.sock")).unwrap();
+        let live1 = UnixListener::bind(d.join("00000000000000c1.sock")).unwrap();
 
         prune(d, LOG_KEEP, now);
 
@@ -376,12 +395,15 @@ mod tests {
             left,
             [
                 "00000000000000bb.log",
+                "00000000000000c1.log",
+                "00000000000000c1.sock",
                 "00000000000000cc.log",
                 "00000000000000cc.sock",
+                "00000000000000ff.log",
                 "notes.log"
             ]
         );
-        drop(live);
+        drop((live, live1));
     }
 
     #[test]

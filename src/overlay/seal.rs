@@ -155,9 +155,9 @@ pub struct SealOutcome {
     /// Entries added.
     pub added: u64,
     /// Entries modified.
-    pub changed: u64,
-    /// Entries removed.
-    pub removed: u64,
+    pub modified: u64,
+    /// Entries deleted.
+    pub deleted: u64,
     /// Entries renamed.
     pub renamed: u64,
     /// Entries carried over unchanged.
@@ -462,8 +462,8 @@ impl Overlay {
         let changes = receipt(old, &items, &manifest);
         let count = |f: fn(&Change) -> bool| changes.iter().filter(|c| f(c)).count() as u64;
         let added = count(|c| matches!(c, Change::Added { .. }));
-        let changed = count(|c| matches!(c, Change::Modified { .. }));
-        let removed = count(|c| matches!(c, Change::Deleted { .. }));
+        let modified = count(|c| matches!(c, Change::Modified { .. }));
+        let deleted = count(|c| matches!(c, Change::Deleted { .. }));
         let renamed = count(|c| matches!(c, Change::Renamed { .. }));
         let entries = manifest.entries.len() as u64;
         report.sort();
@@ -475,8 +475,8 @@ impl Overlay {
             packet_bytes: layout.total_len(),
             entries,
             added,
-            changed,
-            removed,
+            modified,
+            deleted,
             renamed,
             reused: items
                 .iter()

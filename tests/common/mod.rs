@@ -353,6 +353,41 @@ impl Drop for Mounted {
     }
 }
 
+/// The overlay a mount of `packet`'s workspace part over upper directory
+/// `upper` (made if absent) serves, in this process and without FUSE: the
+/// seal logic's test bench (the kernel is not needed to change the upper
+/// directory, only to decide what reaches it).
+pub fn overlay_of(packet: &Path, upper: &Path) -> sessionfs::overlay::Overlay {
+    use sessionfs::overlay::{Options, Overlay};
+    let limits = sessionfs::packet::format::Limits::DEFAULT;
+    Overlay::mount(
+        sessionfs::packet::reader::Packet::open(packet, &limits).unwrap(),
+        upper,
+        Options {
+            uid: 0,
+            gid: 0,
+            part: Some(sessionfs::packet::path::Part::Workspace),
+        },
+    )
+    .unwrap()
+}
+
+/// Runs an offline seal, `seal --packet packet --upper upper -o out`
+/// (extra args appended).
+pub fn seal_offline(packet: &Path, upper: &Path, out: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "seal".as_ref(),
+        "--packet".as_ref(),
+        packet.as_os_str(),
+        "--upper".as_ref(),
+        upper.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    run(&args)
+}
+
 /// Packs `ws` (extra pack args) into `dir/name.packet` and returns its path.
 pub fn packet_of(ws: &Path, dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let p = dir.join(format!("{name}.packet"));
