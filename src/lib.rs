@@ -12,6 +12,7 @@ pub mod barrier;
 pub mod cli;
 pub mod fuse;
 pub mod interrupt;
+pub mod kind;
 pub mod output;
 pub mod overlay;
 pub mod packet;

@@ -160,7 +160,7 @@ pub fn main() -> ExitCode {
     if pooled && let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
         return report(CliError::new(
             Some(crate::packet::error::ErrorClass::Io),
-            "io",
+            crate::packet::error::ErrorKind::Io,
             format!(
                 "cannot start the worker threads: {e}; raise the limit on processes \
                  (`ulimit -u`, or the container's pids.max) or on address space (`ulimit -v`)"
@@ -213,7 +213,7 @@ fn report_interrupt(i: crate::interrupt::Interrupted) {
         (_, n) => format!("{n} half-written path(s) could not be removed (named above)"),
     };
     let mut e = CliError::usage(format!("interrupted by {}; {done}", i.signal));
-    e.kind = "interrupted".into();
+    e.kind = crate::packet::error::ErrorKind::Interrupted;
     e.hint = if i.committed {
         "nothing to redo: the output is complete and in place".into()
     } else {

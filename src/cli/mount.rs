@@ -14,7 +14,7 @@ use super::error::{CliError, at_packet};
 use crate::fuse::{control, daemon};
 use crate::overlay::{Options, Overlay};
 use crate::packet::digest::Digest;
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 use crate::packet::path::Part;
 use crate::packet::reader::Packet;
 
@@ -101,7 +101,7 @@ struct MountResult {
     seconds: f64,
 }
 
-fn mount_error(kind: &str, message: String, path: &Path) -> CliError {
+fn mount_error(kind: ErrorKind, message: String, path: &Path) -> CliError {
     CliError::new(
         Some(ErrorClass::Mount),
         kind,
@@ -120,7 +120,7 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
         let dead = matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED));
         if dead && super::umount::is_sessionfs_mount(&at) {
             mount_error(
-                "already_mounted",
+                ErrorKind::AlreadyMounted,
                 format!(
                     "{}: a sessionfs mount whose daemon is gone is still here ({e}); detach it first",
                     mp.display()
@@ -128,19 +128,19 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
                 mp,
             )
         } else {
-            mount_error("mountpoint_unusable", format!("{}: {e}", mp.display()), mp)
+            mount_error(ErrorKind::MountpointUnusable, format!("{}: {e}", mp.display()), mp)
         }
     })?;
     if !meta.is_dir() {
         return Err(mount_error(
-            "mountpoint_unusable",
+            ErrorKind::MountpointUnusable,
             format!("{}: not a directory", mp.display()),
             mp,
         ));
     }
     if super::umount::is_sessionfs_mount(mp) {
         return Err(mount_error(
-            "already_mounted",
+            ErrorKind::AlreadyMounted,
             format!(
                 "{}: a sessionfs mount is already served here; unmount it first",
                 mp.display()
@@ -148,11 +148,16 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
             mp,
         ));
     }
-    let mut entries = std::fs::read_dir(mp)
-        .map_err(|e| mount_error("mountpoint_unusable", format!("{}: {e}", mp.display()), mp))?;
+    let mut entries = std::fs::read_dir(mp).map_err(|e| {
+        mount_error(
+            ErrorKind::MountpointUnusable,
+            format!("{}: {e}", mp.display()),
+            mp,
+        )
+    })?;
     if entries.next().is_some() {
         return Err(mount_error(
-            "mountpoint_not_empty",
+            ErrorKind::MountpointNotEmpty,
             format!(
                 "{}: not empty; mount on an empty directory (nothing under it would be visible)",
                 mp.display()
@@ -173,7 +178,7 @@ fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
     if upper_c.starts_with(&mp_c) || mp_c.starts_with(&upper_c) {
         return Err(CliError::new(
             Some(ErrorClass::Refused),
-            "upper_refused",
+            ErrorKind::UpperRefused,
             format!(
                 "{}: the upper directory must lie outside the mountpoint {} (and not contain \
                  it): the mount would hide it; pick a directory beside it",
@@ -202,7 +207,7 @@ fn check_upper_parent(upper: &Path) -> Result<(), CliError> {
     }
     Err(CliError::new(
         Some(ErrorClass::Refused),
-        "target_unusable",
+        ErrorKind::TargetUnusable,
         format!(
             "{}: the directory to hold the upper directory, {}, does not exist (or is no \
              directory); only the upper directory itself is created",
@@ -259,7 +264,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     // Before the setup below starts any thread (see daemon::block_signals).
     daemon::block_signals().map_err(|e| {
         mount_error(
-            "mount_failed",
+            ErrorKind::MountFailed,
             format!("cannot block signals: {e}"),
             &a.mountpoint,
         )
@@ -277,7 +282,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     if let Some(p) = part.filter(|p| !packet.manifest.has_part(*p)) {
         return Err(CliError::new(
             Some(ErrorClass::Refused),
-            "part_missing",
+            ErrorKind::PartMissing,
             format!(
                 "{}: the packet has no {p} part to mount; mount without --part, or with the part it has",
                 a.packet.display()
@@ -441,7 +446,7 @@ fn mount_failed(e: &std::io::Error, mp: &Path) -> CliError {
         ),
     };
     mount_error(
-        "mount_failed",
+        ErrorKind::MountFailed,
         format!("cannot mount on {}: {e}: {what}", mp.display()),
         mp,
     )
@@ -463,7 +468,7 @@ fn wait_for_upper(upper: &Path) -> Result<(), CliError> {
     let refuse = |message: String, hint: String| {
         CliError::new(
             Some(ErrorClass::Refused),
-            "upper_refused",
+            ErrorKind::UpperRefused,
             message,
             Some(crate::packet::path::shown_path(upper)),
         )
@@ -520,7 +525,7 @@ fn wait_for_upper(upper: &Path) -> Result<(), CliError> {
 fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
     let exe = std::env::current_exe().map_err(|e| {
         mount_error(
-            "mount_failed",
+            ErrorKind::MountFailed,
             format!("cannot find this executable: {e}"),
             mountpoint,
         )
@@ -530,7 +535,7 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
     let new_log = control::log_path(mountpoint).is_ok_and(|p| !p.exists());
     let (log, log_path) = control::open_log(mountpoint).map_err(|e| {
         mount_error(
-            "mount_failed",
+            ErrorKind::MountFailed,
             format!("cannot open the daemon's log in the runtime directory: {e}"),
             mountpoint,
         )
@@ -547,7 +552,7 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
         .spawn()
         .map_err(|e| {
             mount_error(
-                "mount_failed",
+                ErrorKind::MountFailed,
                 format!("cannot start the daemon: {e}"),
                 mountpoint,
             )
@@ -561,7 +566,7 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
         Err(_) => {
             let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
             return Err(mount_error(
-                "mount_failed",
+                ErrorKind::MountFailed,
                 format!(
                     "the daemon exited before the mount was ready ({status}); see {}",
                     log_path.display()

@@ -12,7 +12,7 @@ use super::error::{CliError, at_packet};
 use crate::fuse::control;
 use crate::overlay::seal::{SealOptions, SealOutcome};
 use crate::overlay::{Options, Overlay};
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 use crate::packet::format::Limits;
 use crate::packet::path::Part;
 use crate::packet::reader::Packet;
@@ -144,7 +144,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         if std::fs::symlink_metadata(upper.join(crate::overlay::upper::HEADER)).is_err() {
             return Err(CliError::new(
                 Some(ErrorClass::Refused),
-                "upper_refused",
+                ErrorKind::UpperRefused,
                 format!(
                     "{}: not the upper directory of a mount (no {} in it): nothing to seal; \
                      pass the --upper a mount of this packet used",
@@ -282,7 +282,7 @@ pub fn handle(
             ),
             Err(e) => tracing::warn!(
                 output = %req.output.display(),
-                kind = e.kind(),
+                kind = e.kind().as_str(),
                 "the seal ended without its client: {e}"
             ),
         }
@@ -383,7 +383,7 @@ fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), Cl
     match std::fs::metadata(dir) {
         Ok(d) if d.dev() == mount.dev() => Err(CliError::new(
             Some(ErrorClass::Refused),
-            "target_unusable",
+            ErrorKind::TargetUnusable,
             format!(
                 "{}: is on the mount being sealed ({}); a seal cannot write into the tree \
                  it seals: write it outside the mount",
@@ -404,7 +404,7 @@ fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(
     let refuse = |path: &Path, why: String| {
         CliError::new(
             Some(ErrorClass::Refused),
-            "target_unusable",
+            ErrorKind::TargetUnusable,
             format!("{}: {why}", path.display()),
             Some(crate::packet::path::shown_path(path)),
         )
@@ -498,7 +498,7 @@ fn write_receipt(path: &Path, o: &SealOutcome) -> std::result::Result<(), CliErr
     crate::sys::write_atomic(path, &bytes).map_err(|e| {
         CliError::new(
             Some(ErrorClass::Io),
-            "io",
+            ErrorKind::Io,
             format!("{}: cannot write the receipt: {e}", path.display()),
             Some(crate::packet::path::shown_path(path)),
         )

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::Output;
 use super::error::CliError;
 use crate::fuse::control;
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 
 /// Unmount a sessionfs mount: asks its daemon (found from the mountpoint
 /// through its control socket) to unmount cleanly, and waits until the
@@ -75,7 +75,7 @@ pub fn unreachable(mp: &Path, error: &std::io::Error) -> CliError {
     if !is_sessionfs_mount(mp) {
         return CliError::new(
             Some(ErrorClass::Mount),
-            "not_mounted",
+            ErrorKind::NotMounted,
             error.to_string(),
             at,
         );
@@ -89,7 +89,7 @@ pub fn unreachable(mp: &Path, error: &std::io::Error) -> CliError {
                 .map_or_else(String::new, |u| format!(" ({})", u.name));
             CliError::new(
                 Some(ErrorClass::Mount),
-                "not_owner",
+                ErrorKind::NotOwner,
                 format!(
                     "{}: the sessionfs mount here is uid {owner}'s{name}, not this user's (uid \
                      {me}): only its owner may ask its daemon, whose control socket is in the \
@@ -105,7 +105,7 @@ pub fn unreachable(mp: &Path, error: &std::io::Error) -> CliError {
         }
         _ => CliError::new(
             Some(ErrorClass::Mount),
-            "not_mounted",
+            ErrorKind::NotMounted,
             format!(
                 "{error}; a sessionfs mount is there all the same, but its daemon has exited \
                  (`sessionfs umount` detaches the mount)"
@@ -226,7 +226,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     // Named through a symlink, the mount is unmounted where it is.
     let real = real_path(&a.mountpoint).unwrap_or_else(|| a.mountpoint.clone());
     let mp = &real;
-    let fail = |kind: &str, message: String| {
+    let fail = |kind: ErrorKind, message: String| {
         CliError::new(
             Some(ErrorClass::Mount),
             kind,
@@ -236,7 +236,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     };
     if !is_sessionfs_mount(mp) {
         return Err(fail(
-            "not_mounted",
+            ErrorKind::NotMounted,
             format!("{}: no sessionfs mount here", mp.display()),
         ));
     }
@@ -286,9 +286,9 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                     };
                     nix::mount::umount2(mp, flags).map_err(|e| {
                         let kind = if e == nix::errno::Errno::EBUSY {
-                            "busy"
+                            ErrorKind::Busy
                         } else {
-                            "umount_failed"
+                            ErrorKind::UmountFailed
                         };
                         fail(kind, format!("{}: cannot unmount: {e}", mp.display()))
                     })?;
@@ -299,7 +299,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     };
     if !wait_gone(mp, Duration::from_secs(30)) {
         return Err(fail(
-            "umount_failed",
+            ErrorKind::UmountFailed,
             format!("{}: still mounted after the unmount request", mp.display()),
         ));
     }

@@ -23,6 +23,8 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::Digest as _;
 
+use crate::packet::error::ErrorKind;
+
 /// The directory holding control sockets and daemon logs for this user.
 pub fn runtime_dir() -> io::Result<PathBuf> {
     let uid = nix::unistd::geteuid().as_raw();
@@ -289,7 +291,7 @@ pub fn serve(
                 let reply = match serde_json::from_str::<Value>(&line) {
                     Ok(req) => handle(&req, &client),
                     Err(e) => serde_json::json!({
-                        "schema": "sessionfs.error/1", "kind": "usage",
+                        "schema": "sessionfs.error/1", "kind": ErrorKind::Usage,
                         "message": format!("bad control request: {e}"), "exit_code": 2
                     }),
                 };

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use super::control;
 use super::fs::SessionFs;
 use crate::overlay::{Overlay, Stale};
+use crate::packet::error::ErrorKind;
 
 /// How to serve.
 pub struct ServeOptions {
@@ -135,7 +136,7 @@ pub fn serve(
                     match r {
                         Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": crate::sys::absolute(overlay.upper_dir())}),
                         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
-                            "busy",
+                            ErrorKind::Busy,
                             &format!(
                                 "{}: cannot unmount: files on it are open or a process works in it; close them, or use `sessionfs umount --lazy`",
                                 mountpoint.display()
@@ -143,13 +144,13 @@ pub fn serve(
                             Some(&mountpoint),
                         ),
                         Err(e) => error(
-                            "io",
+                            ErrorKind::Io,
                             &format!("{}: cannot unmount: {e}", mountpoint.display()),
                             Some(&mountpoint),
                         ),
                     }
                 }
-                _ => handler(&overlay, req, notify).unwrap_or_else(|| error("usage", "unknown control request", None)),
+                _ => handler(&overlay, req, notify).unwrap_or_else(|| error(ErrorKind::Usage, "unknown control request", None)),
             })
         })?;
     }
@@ -276,10 +277,10 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
 }
 
 /// A control-protocol error object, naming `path` when there is one.
-pub fn error(kind: &str, message: &str, path: Option<&Path>) -> Value {
+pub fn error(kind: ErrorKind, message: &str, path: Option<&Path>) -> Value {
     let exit = match kind {
-        "usage" => 2,
-        "busy" => 8,
+        ErrorKind::Usage => 2,
+        ErrorKind::Busy => 8,
         _ => 6,
     };
     let mut e =

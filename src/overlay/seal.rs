@@ -77,7 +77,7 @@ impl SealOptions {
         match &self.cancel {
             Some(c) if c.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Refused {
                 path: crate::packet::path::shown_path(&self.output),
-                kind: "cancelled",
+                kind: crate::packet::error::ErrorKind::Cancelled,
                 reason: "the seal was given up before it placed the packet (its client went \
                          away): nothing was written and the mount is as it was"
                     .into(),
@@ -307,7 +307,7 @@ impl Overlay {
         let policy =
             Policy::new(harness, &opts.exclude, &opts.keep).map_err(|reason| Error::Refused {
                 path: String::new(),
-                kind: "bad_pattern",
+                kind: crate::packet::error::ErrorKind::BadPattern,
                 reason,
             })?;
         let (items, mut report) = self.collect(opts, &policy)?;
@@ -522,7 +522,7 @@ impl Overlay {
         // below as written here, unverified.
         let refuse = |what: &str| Error::Refused {
             path: crate::packet::path::shown_path(output),
-            kind: "packet_changed",
+            kind: crate::packet::error::ErrorKind::PacketChanged,
             reason: format!(
                 "was {what} after this seal wrote it; the mount moves only onto the file \
                  the seal wrote, as it wrote it"
@@ -994,7 +994,7 @@ impl Overlay {
                     Verdict::Refuse(reason) => {
                         return Err(Error::Refused {
                             path,
-                            kind: "credential_store",
+                            kind: crate::packet::error::ErrorKind::CredentialStore,
                             reason,
                         });
                     }
@@ -1038,7 +1038,7 @@ impl Overlay {
                             Err(reason) => {
                                 return Err(Error::Refused {
                                     path,
-                                    kind: "external_symlink",
+                                    kind: crate::packet::error::ErrorKind::ExternalSymlink,
                                     reason,
                                 });
                             }
@@ -1335,7 +1335,7 @@ fn stamp_of(file: &File, path: &str) -> Result<Stamp> {
 fn changed_while_sealing(path: &str) -> Error {
     Error::Refused {
         path: path.to_string(),
-        kind: "changed_while_sealing",
+        kind: crate::packet::error::ErrorKind::ChangedWhileSealing,
         reason: "its upper data file changed while the seal read it (only the daemon may write the upper directory)".into(),
     }
 }
@@ -1491,7 +1491,7 @@ impl ContentReader for SealReader<'_> {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
                         Error::Refused {
                             path: path.to_string(),
-                            kind: "changed_while_sealing",
+                            kind: crate::packet::error::ErrorKind::ChangedWhileSealing,
                             reason: "its upper data file is shorter than when the seal began \
                                      (only the daemon may write the upper directory)"
                                 .into(),

@@ -158,7 +158,7 @@ fn part_root_identities(
     if w == h {
         return Err(Error::Refused {
             path: crate::packet::path::shown_path(harness),
-            kind: "parts_overlap",
+            kind: crate::packet::error::ErrorKind::PartsOverlap,
             reason: "--workspace and --harness name the same directory; the harness part is \
                      the agent's home (such as ~/.codex), give it apart from the workspace"
                 .into(),
@@ -193,7 +193,7 @@ pub fn pack(
     if let Some(reason) = crate::output::refuse_replacing(&opts.output) {
         return Err(Error::Refused {
             path: crate::packet::path::shown_path(&opts.output),
-            kind: "target_unusable",
+            kind: crate::packet::error::ErrorKind::TargetUnusable,
             reason,
         });
     }

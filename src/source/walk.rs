@@ -743,7 +743,7 @@ impl Walker<'_, '_> {
                 Verdict::Refuse(reason) => {
                     return Err(Error::Refused {
                         path: cpath,
-                        kind: "credential_store",
+                        kind: crate::packet::error::ErrorKind::CredentialStore,
                         reason,
                     });
                 }
@@ -751,7 +751,7 @@ impl Walker<'_, '_> {
             if child.raw.is_some() {
                 return Err(Error::Refused {
                     path: cpath,
-                    kind: "non_utf8_name",
+                    kind: crate::packet::error::ErrorKind::NonUtf8Name,
                     reason: "the name is not UTF-8; rename it, or leave it out with --exclude \
                              (packets hold UTF-8 names so they restore on every platform)"
                         .into(),
@@ -919,7 +919,7 @@ impl Walker<'_, '_> {
         if size > MAX_FILE_SIZE {
             return Err(Error::Refused {
                 path: path.into(),
-                kind: "format_limit",
+                kind: crate::packet::error::ErrorKind::FormatLimit,
                 reason: format!(
                     "file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"
                 ),
@@ -975,7 +975,7 @@ impl Walker<'_, '_> {
                 Err(_) => {
                     return Err(Error::Refused {
                         path: path.into(),
-                        kind: "non_utf8_target",
+                        kind: crate::packet::error::ErrorKind::NonUtf8Target,
                         reason: format!(
                             "symlink target `{shown}` is not UTF-8; packets hold UTF-8 only"
                         ),
@@ -993,7 +993,7 @@ impl Walker<'_, '_> {
             )
             .map_err(|reason| Error::Refused {
                 path: path.into(),
-                kind: "external_symlink",
+                kind: crate::packet::error::ErrorKind::ExternalSymlink,
                 reason,
             })
     }
@@ -1017,7 +1017,7 @@ impl ScanReport {
         self.resolved_escapes(manifest, reject_external)
             .map_err(|(path, reason)| Error::Refused {
                 path,
-                kind: "external_symlink",
+                kind: crate::packet::error::ErrorKind::ExternalSymlink,
                 reason,
             })
     }
