@@ -27,6 +27,7 @@ use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
 ///   sessionfs pack --workspace ./repo --zero-mtimes -o s.packet   # digest of content alone
 ///   sessionfs pack --workspace ./repo --reject-external-symlinks -o s.packet
 ///   sessionfs pack --workspace ./repo --hold-memory 64MiB -o s.packet   # a tight pod
+///   sessionfs pack --workspace ./repo --file-sha256 -o s.packet   # for a whole-file checksum
 ///   sessionfs pack --workspace ./big -o s.packet --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs pack --workspace ./deep -o s.packet --max-path-bytes 8192
 #[derive(clap::Args, Debug)]

@@ -33,6 +33,7 @@ use crate::packet::reader::Packet;
 ///   sessionfs seal /workspace -o turn-2.packet --receipt turn-2.receipt.json
 ///   sessionfs seal /workspace --output turn-3.packet --rebase
 ///   sessionfs seal --packet turn-1.packet --upper /var/lib/s/upper -o turn-2.packet
+///   sessionfs seal /workspace -o turn-2.packet --file-sha256
 ///   sessionfs seal /workspace -o t.packet --exclude 'target' --keep '.env.test' --zero-mtimes
 ///   sessionfs seal /workspace -o t.packet --reject-external-symlinks
 ///   sessionfs seal /workspace -o t.packet --max-bytes 8GiB --max-entries 1000000 --max-path-bytes 8192
