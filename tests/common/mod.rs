@@ -372,6 +372,28 @@ pub fn overlay_of(packet: &Path, upper: &Path) -> sessionfs::overlay::Overlay {
     .unwrap()
 }
 
+/// What an in-process seal into `output` is given: the defaults of
+/// `sessionfs seal`, and the test barrier at `barrier`.
+pub fn seal_options(
+    output: std::path::PathBuf,
+    barrier: Option<std::path::PathBuf>,
+) -> sessionfs::overlay::seal::SealOptions {
+    sessionfs::overlay::seal::SealOptions {
+        output,
+        mode: 0o644,
+        zero_mtimes: false,
+        reject_external_symlinks: false,
+        exclude: vec![],
+        keep: vec![],
+        limits: sessionfs::packet::format::Limits::DEFAULT,
+        roots: Default::default(),
+        file_sha256: false,
+        barrier,
+        rebase: false,
+        cancel: None,
+    }
+}
+
 /// Runs an offline seal, `seal --packet packet --upper upper -o out`
 /// (extra args appended).
 pub fn seal_offline(packet: &Path, upper: &Path, out: &Path, extra: &[&str]) -> Run {
