@@ -216,6 +216,24 @@ impl CliError {
     }
 }
 
+/// The error for a daemon's `reply` that does not answer the request
+/// sent: its own refusal, relayed; or an internal error (a daemon of
+/// another version, or a bug).
+pub fn unexpected_reply(reply: crate::fuse::control::Reply) -> CliError {
+    match reply {
+        e @ crate::fuse::control::Reply::Error(_) => CliError::relayed(e.into_value()),
+        other => CliError::new(
+            Some(ErrorClass::Io),
+            ErrorKind::Internal,
+            format!(
+                "the daemon answered with something else: {}",
+                other.into_value()
+            ),
+            None,
+        ),
+    }
+}
+
 /// Maps an error met reading the packet file `file` ([`CliError::in_file`]).
 pub fn at_packet<E: Into<CliError>>(file: &std::path::Path) -> impl Fn(E) -> CliError + '_ {
     move |e| e.into().in_file(file)

@@ -375,15 +375,12 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             }
             *result.borrow_mut() = Some(());
         },
-        move |overlay, req, notify| match req["op"].as_str() {
-            Some("seal") => Some(
-                match serde_json::from_value::<super::seal::Request>(req.clone()) {
-                    Ok(r) => super::seal::handle(overlay, &r, &roots, Some(notify))
-                        .unwrap_or_else(|e| e.to_value()),
-                    Err(e) => CliError::usage(format!("bad seal request: {e}")).to_value(),
-                },
-            ),
-            _ => None,
+        // A mount's seal: the same code as an offline one.
+        move |overlay, req, notify| {
+            control::Reply::from_value(
+                super::seal::handle(overlay, req, &roots, Some(notify))
+                    .unwrap_or_else(|e| e.to_value()),
+            )
         },
     );
     match served {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::Output;
 use super::args::{LimitArgs, file_mode_from_umask};
 use super::error::{CliError, at_packet};
-use crate::fuse::control;
+use crate::fuse::control::{self, Reply, Request, SealRequest};
 use crate::overlay::seal::{SealOptions, SealOutcome};
 use crate::overlay::{Options, Overlay};
 use crate::packet::error::{ErrorClass, ErrorKind};
@@ -80,28 +80,6 @@ pub struct Args {
     limits: LimitArgs,
 }
 
-/// A seal request as sent to a daemon.
-#[derive(Serialize, Deserialize, Debug, Default)]
-pub struct Request {
-    output: PathBuf,
-    receipt: Option<PathBuf>,
-    rebase: bool,
-    zero_mtimes: bool,
-    reject_external_symlinks: bool,
-    exclude: Vec<String>,
-    keep: Vec<String>,
-    max_bytes: u64,
-    max_entries: u64,
-    max_path_bytes: u64,
-    mode: u32,
-    /// Compute `file_sha256`.
-    #[serde(default)]
-    file_sha256: bool,
-    /// Send progress messages before the answer (the client draws them).
-    #[serde(default)]
-    progress: bool,
-}
-
 #[derive(Serialize)]
 struct Result<'a> {
     #[serde(flatten)]
@@ -124,7 +102,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     // Bad patterns are usage errors, as for pack, before any daemon is asked.
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
         .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;
-    let req = Request {
+    let req = SealRequest {
         output: crate::sys::absolute(&a.output),
         receipt: a.receipt.as_deref().map(crate::sys::absolute),
         rebase: a.rebase,
@@ -174,16 +152,15 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         refuse_on_mount(path, &mp)?;
     }
     let bar = super::progress::Progress::bytes("sealing", 0);
-    let mut msg = serde_json::to_value(&req).unwrap_or(Value::Null);
-    msg["op"] = Value::String("seal".into());
-    msg["progress"] = Value::Bool(bar.visible());
-    let answer = control::request_with_progress(&mp, &msg, None, &mut |p| {
-        bar.set(p["bytes"].as_u64().unwrap_or(0));
+    let req = Request::Seal(SealRequest {
+        progress: bar.visible(),
+        ..req
     });
+    let answer = control::request_with_progress(&mp, &req, None, &mut |bytes| bar.set(bytes));
     drop(bar);
     match answer {
-        Ok(v) if v["schema"] == "sessionfs.error/1" => Err(CliError::relayed(v)),
-        Ok(v) => Ok(Output::raw(v)),
+        Ok(r @ Reply::Sealed(_)) => Ok(Output::raw(r.into_value())),
+        Ok(r) => Err(super::error::unexpected_reply(r)),
         Err(e) => Err(super::umount::unreachable(&mp, &e)),
     }
 }
@@ -193,7 +170,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
 /// absolute spellings of each part's mounted root, for symlink rebasing.
 pub fn handle(
     overlay: &Overlay,
-    req: &Request,
+    req: &SealRequest,
     roots: &HashMap<Part, Vec<String>>,
     notify: Option<control::Notify>,
 ) -> std::result::Result<Value, CliError> {
@@ -236,7 +213,7 @@ pub fn handle(
             && last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_millis(100))
         {
             *last = Some(std::time::Instant::now());
-            notify.notify(&serde_json::json!({"progress": {"bytes": total}}));
+            notify.progress(total);
         }
     };
     // A daemon's seal is given up when its client goes away before the
@@ -401,7 +378,7 @@ fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), Cl
 /// output is not the packet being served unless the seal rebases onto it
 /// (overwriting it would pull the packet from under the mount, and leave
 /// the upper directory tied to a packet that no longer exists).
-fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(), CliError> {
+fn check_destinations(overlay: &Overlay, req: &SealRequest) -> std::result::Result<(), CliError> {
     let refuse = |path: &Path, why: String| {
         CliError::new(
             Some(ErrorClass::Refused),

@@ -240,17 +240,13 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             format!("{}: no sessionfs mount here", mp.display()),
         ));
     }
-    let request = serde_json::json!({"op": "unmount", "lazy": a.lazy});
+    let request = control::Request::Unmount { lazy: a.lazy };
     let via = match control::request(mp, &request, Some(Duration::from_secs(60))) {
-        Ok(v) if v["schema"] == "sessionfs.error/1" => return Err(CliError::relayed(v)),
-        Ok(v) => {
+        Ok(control::Reply::Unmounted { pid, upper, .. }) => {
             // The daemon holds the upper directory's lock until it exits:
             // wait for that, so the same upper directory can be mounted
             // again right away (a lazy unmount exits when files close).
-            if let (Some(pid), false) = (
-                v["pid"].as_i64().and_then(|p| i32::try_from(p).ok()),
-                a.lazy,
-            ) {
+            if let (Ok(pid), false) = (i32::try_from(pid), a.lazy) {
                 let start = Instant::now();
                 while !exited(pid) && start.elapsed() < Duration::from_secs(30) {
                     std::thread::sleep(Duration::from_millis(5));
@@ -258,15 +254,13 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 // A process whose main thread is a zombie may still have
                 // threads finishing their exit, holding its files (and the
                 // lock): wait for the lock itself.
-                if let Some(upper) = v["upper"].as_str() {
-                    while !lock_free(Path::new(upper)) && start.elapsed() < Duration::from_secs(30)
-                    {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+                while !lock_free(&upper) && start.elapsed() < Duration::from_secs(30) {
+                    std::thread::sleep(Duration::from_millis(5));
                 }
             }
             "daemon"
         }
+        Ok(r) => return Err(super::error::unexpected_reply(r)),
         // The daemon may have unmounted and exited without answering.
         Err(_) if !is_sessionfs_mount(mp) => "daemon",
         Err(e) => {

@@ -7,9 +7,8 @@ use std::sync::atomic::Ordering;
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
-use serde_json::{Value, json};
 
-use super::control;
+use super::control::{self, Reply, Request, SealRequest};
 use super::fs::SessionFs;
 use crate::overlay::{Overlay, Stale};
 use crate::packet::error::ErrorKind;
@@ -47,13 +46,13 @@ pub fn block_signals() -> io::Result<SigSet> {
 
 /// Mounts and serves until unmounted (by `sessionfs umount`, a signal, or
 /// `fusermount3 -u`). `ready` runs once the kernel has completed the FUSE
-/// handshake: the mount is usable from then on. `handler` answers control
-/// requests other than `status` and `unmount` (`seal`).
+/// handshake: the mount is usable from then on. The daemon answers the
+/// control requests `status` and `unmount` itself, and `seal` with `seal`.
 pub fn serve(
     overlay: Arc<Overlay>,
     opts: &ServeOptions,
     ready: impl FnOnce(&Ready),
-    handler: impl Fn(&Overlay, &Value, control::Notify) -> Option<Value> + Send + Sync + 'static,
+    seal: impl Fn(&Overlay, &SealRequest, control::Notify) -> Reply + Send + Sync + 'static,
 ) -> io::Result<()> {
     let signals = block_signals()?;
 
@@ -128,29 +127,30 @@ pub fn serve(
         let mountpoint = opts.mountpoint.clone();
         let ours = ours.clone();
         std::thread::Builder::new().name("control".into()).spawn(move || {
-            control::serve(listener, move |req, notify| match req["op"].as_str() {
-                Some("status") => status(&overlay, &mountpoint),
-                Some("unmount") => {
-                    let lazy = req["lazy"].as_bool().unwrap_or(false);
-                    let r = unmount(&mountpoint, lazy, &ours);
-                    match r {
-                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": crate::sys::absolute(overlay.upper_dir())}),
-                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
-                            ErrorKind::Busy,
-                            &format!(
-                                "{}: cannot unmount: files on it are open or a process works in it; close them, or use `sessionfs umount --lazy`",
-                                mountpoint.display()
-                            ),
-                            Some(&mountpoint),
+            control::serve(listener, move |req, notify| match req {
+                Request::Status => Reply::Status(status(&overlay, &mountpoint)),
+                Request::Unmount { lazy } => match unmount(&mountpoint, lazy, &ours) {
+                    Ok(()) => Reply::Unmounted {
+                        mountpoint: mountpoint.clone(),
+                        unmounted: true,
+                        pid: std::process::id(),
+                        upper: crate::sys::absolute(overlay.upper_dir()),
+                    },
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Reply::error(
+                        ErrorKind::Busy,
+                        &format!(
+                            "{}: cannot unmount: files on it are open or a process works in it; close them, or use `sessionfs umount --lazy`",
+                            mountpoint.display()
                         ),
-                        Err(e) => error(
-                            ErrorKind::Io,
-                            &format!("{}: cannot unmount: {e}", mountpoint.display()),
-                            Some(&mountpoint),
-                        ),
-                    }
-                }
-                _ => handler(&overlay, req, notify).unwrap_or_else(|| error(ErrorKind::Usage, "unknown control request", None)),
+                        Some(&mountpoint),
+                    ),
+                    Err(e) => Reply::error(
+                        ErrorKind::Io,
+                        &format!("{}: cannot unmount: {e}", mountpoint.display()),
+                        Some(&mountpoint),
+                    ),
+                },
+                Request::Seal(r) => seal(&overlay, &r, notify),
             })
         })?;
     }
@@ -276,42 +276,25 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
     }
 }
 
-/// A control-protocol error object, naming `path` when there is one.
-pub fn error(kind: ErrorKind, message: &str, path: Option<&Path>) -> Value {
-    let exit = match kind {
-        ErrorKind::Usage => 2,
-        ErrorKind::Busy => 8,
-        _ => 6,
-    };
-    let mut e =
-        json!({"schema": "sessionfs.error/1", "kind": kind, "message": message, "exit_code": exit});
-    if let Some(path) = path {
-        e["path"] = crate::packet::path::shown_path(path).into();
-    }
-    e
-}
-
-fn status(o: &Overlay, mountpoint: &Path) -> Value {
+fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
     let s = &o.stats;
-    let read_inodes: Vec<u64> = s.read_inodes.lock().clone();
     // Absolute: the asker's working directory need not be the daemon's.
     let abs = crate::sys::absolute;
-    json!({
-        "schema": "sessionfs.status-result/2",
-        "mountpoint": abs(mountpoint),
-        "packet": abs(o.lower().packet.path()),
-        "digest": o.lower().packet.digest.to_string(),
-        "upper": abs(o.upper_dir()),
-        "pid": std::process::id(),
-        "records": o.records(),
-        "lookups": s.lookups.load(Ordering::Relaxed),
-        "reads": s.reads.load(Ordering::Relaxed),
-        "read_bytes": s.read_bytes.load(Ordering::Relaxed),
-        "writes": s.writes.load(Ordering::Relaxed),
-        "copy_ups": s.copy_ups.load(Ordering::Relaxed),
-        "verified_bytes": o.verified_bytes(),
-        "read_inodes": read_inodes,
-    })
+    control::Status {
+        mountpoint: abs(mountpoint),
+        packet: abs(o.lower().packet.path()),
+        digest: o.lower().packet.digest.to_string(),
+        upper: abs(o.upper_dir()),
+        pid: std::process::id(),
+        records: o.records(),
+        lookups: s.lookups.load(Ordering::Relaxed),
+        reads: s.reads.load(Ordering::Relaxed),
+        read_bytes: s.read_bytes.load(Ordering::Relaxed),
+        writes: s.writes.load(Ordering::Relaxed),
+        copy_ups: s.copy_ups.load(Ordering::Relaxed),
+        verified_bytes: o.verified_bytes(),
+        read_inodes: s.read_inodes.lock().clone(),
+    }
 }
 
 #[cfg(test)]

@@ -263,7 +263,11 @@ pub fn fuse_available() -> bool {
     if std::env::var_os("SESSIONFS_REQUIRE_FUSE").is_some() {
         panic!("/dev/fuse is missing but SESSIONFS_REQUIRE_FUSE is set: FUSE tests must run");
     }
-    eprintln!("SKIPPED: /dev/fuse does not exist on this machine, so no FUSE mount can be made");
+    // Named after the test (its thread's name), which may ask more than once.
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    eprintln!(
+        "SKIPPED {test}: /dev/fuse does not exist on this machine, so no FUSE mount can be made"
+    );
     false
 }
 
