@@ -35,9 +35,7 @@ fn pack_gives_file_sha256_only_when_asked() {
 #[test]
 fn an_offline_seal_gives_file_sha256_only_when_asked() {
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let packet = sample_packet(tmp.path());
     let upper = tmp.path().join("upper");
     // An upper directory as a mount leaves it, made in-process.
     drop(overlay_of(&packet, &upper));

@@ -6,7 +6,7 @@ mod common;
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use sessionfs::overlay::{Caller, ino::ROOT};
@@ -38,15 +38,20 @@ fn mount_in(run: &Path, packet: &Path, mnt: &Path, upper: &Path, extra: &[&str])
     run_env(&args, &[("XDG_RUNTIME_DIR", run.to_str().unwrap())])
 }
 
-#[test]
-fn an_upper_directory_whose_parent_is_missing_is_refused_naming_the_parent() {
+/// A packet of [`sample_tree`] in a new temporary directory, an empty
+/// mountpoint and a runtime directory there.
+fn to_mount() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let packet = sample_packet(tmp.path());
     let mnt = tmp.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
     let run_dir = tmp.path().join("run");
+    (tmp, packet, mnt, run_dir)
+}
+
+#[test]
+fn an_upper_directory_whose_parent_is_missing_is_refused_naming_the_parent() {
+    let (tmp, packet, mnt, run_dir) = to_mount();
     let upper = tmp.path().join("state/session/upper");
     let r = mount_in(&run_dir, &packet, &mnt, &upper, &["--part", "workspace"]);
     let e = r.fails(7, "target_unusable");
@@ -65,13 +70,7 @@ fn an_upper_directory_whose_parent_is_missing_is_refused_naming_the_parent() {
 
 #[test]
 fn a_mount_refused_by_its_daemon_leaves_no_upper_directory_and_no_log() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let mnt = tmp.path().join("mnt");
-    fs::create_dir(&mnt).unwrap();
-    let run_dir = tmp.path().join("run");
+    let (tmp, packet, mnt, run_dir) = to_mount();
     let upper = tmp.path().join("upper");
     // The packet has no harness part: refused by the daemon it started.
     let r = mount_in(&run_dir, &packet, &mnt, &upper, &["--part", "harness"]);
@@ -82,13 +81,7 @@ fn a_mount_refused_by_its_daemon_leaves_no_upper_directory_and_no_log() {
 
 #[test]
 fn mount_takes_uid_and_gid_together_as_unpack_does() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
-    let mnt = tmp.path().join("mnt");
-    fs::create_dir(&mnt).unwrap();
-    let run_dir = tmp.path().join("run");
+    let (tmp, packet, mnt, run_dir) = to_mount();
     let upper = tmp.path().join("upper");
     for flag in ["--uid", "--gid"] {
         let r = mount_in(&run_dir, &packet, &mnt, &upper, &[flag, "1000"]);
@@ -156,9 +149,7 @@ fn a_utf8_name_with_a_backslash_is_shown_apart_from_the_name_with_that_byte() {
 #[test]
 fn the_seal_result_counts_changes_in_the_receipts_words() {
     let tmp = tempfile::tempdir().unwrap();
-    let ws = tmp.path().join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp.path(), "p", &[]);
+    let packet = sample_packet(tmp.path());
     let upper = tmp.path().join("upper");
     {
         let o = overlay_of(&packet, &upper);
@@ -216,9 +207,7 @@ fn a_dev_fuse_this_user_cannot_open_is_named_with_its_mode_and_owner() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     chmod(t, 0o755);
-    let ws = t.join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, t, "p", &[]);
+    let packet = sample_packet(t);
     chmod(&packet, 0o644);
     // Everything the user (nobody) mounts with is its own.
     let own = |p: &Path| {

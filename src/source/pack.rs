@@ -11,7 +11,7 @@
 //! beside its hashes, and the second fingerprints it again as it copies
 //! it and compares (timestamps cannot prove a file unchanged: stores
 //! through a shared mapping move no ctime until writeback); see
-//! [`crate::output::fingerprint`] for why a fingerprint, not a second
+//! `crate::output::fingerprint` for why a fingerprint, not a second
 //! SHA-256. After every read the file must still be the one the walk saw,
 //! with the same size and mtime.
 
@@ -65,7 +65,7 @@ pub struct PackOptions {
     pub hold_memory: Option<u64>,
     /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
     pub file_sha256: bool,
-    /// Test barrier directory (see [`crate::barrier`]); its point is
+    /// Test barrier directory (see `crate::barrier`); its point is
     /// `hashed`, between the two passes.
     pub barrier: Option<PathBuf>,
 }

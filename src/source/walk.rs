@@ -233,7 +233,7 @@ pub struct ScanOptions<'a> {
     /// Directories to leave out and report because they are the root of
     /// the other part: the `(dev, ino)` of each part's root, and that part.
     pub other_parts: Vec<(sys::FileId, Part)>,
-    /// Test barrier directory (see [`crate::barrier`]): the walk pauses
+    /// Test barrier directory (see `crate::barrier`): the walk pauses
     /// at `walked-roots` once the part roots are read.
     pub barrier: Option<&'a Path>,
 }

@@ -452,12 +452,17 @@ pub fn mount_workspace(packet: &Path, tmp: &Path) -> Mounted {
     )
 }
 
+/// A packet of [`sample_tree`] (made at `tmp/ws`) at `tmp/p.packet`.
+pub fn sample_packet(tmp: &Path) -> PathBuf {
+    let ws = tmp.join("ws");
+    sample_tree(&ws);
+    packet_of(&ws, tmp, "p", &[])
+}
+
 /// A packet of [`sample_tree`] in `tmp`, mounted by [`mount_workspace`].
 #[track_caller]
 pub fn sample_mount(tmp: &Path) -> (PathBuf, Mounted) {
-    let ws = tmp.join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp, "p", &[]);
+    let packet = sample_packet(tmp);
     let m = mount_workspace(&packet, tmp);
     (packet, m)
 }
