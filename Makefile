@@ -4,13 +4,14 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
-.PHONY: suites build release deps harness-deps test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-quick fuzz schema-check clean
+.PHONY: suites build release deps harness-deps test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-quick fuzz schema-check no-test-hooks clean
 
 build:
-	$(CARGO) build --all-targets
+	$(CARGO) build --workspace --all-targets
 
+# The tool and the benchmark driver (bench/, a workspace member).
 release:
-	$(CARGO) build --release
+	$(CARGO) build --release --workspace
 
 deps:
 	scripts/deps.sh
@@ -23,19 +24,19 @@ harness-deps:
 test: deps harness-deps fmt-check clippy apple-check doc
 	SESSIONFS_REQUIRE_FUSE=1 SESSIONFS_REQUIRE_HARNESS=1 $(CARGO) test --all-targets
 	scripts/fallback-tests.sh
-	$(MAKE) schema-check suites demo bench-quick
+	$(MAKE) schema-check no-test-hooks suites demo bench-quick
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-15} scripts/fuzz.sh
 
 check: test
 
 fmt:
-	$(CARGO) fmt
+	$(CARGO) fmt --all
 
 fmt-check:
-	$(CARGO) fmt --check
+	$(CARGO) fmt --all --check
 
 clippy:
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # macOS: cargo check and clippy for both Apple targets (compile only).
 apple-check:
@@ -46,10 +47,15 @@ fallback-tests:
 	scripts/fallback-tests.sh
 
 doc:
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 schema-check: release
 	scripts/check-schema.sh
+
+# The release binary has no test barriers (cargo feature test-hooks, which
+# only the tests enable; see src/barrier.rs).
+no-test-hooks: release
+	! grep -aq SESSIONFS_TEST_BARRIER target/release/sessionfs
 
 # Third-party suites against real mounts: pjdfstest (POSIX) and fsx (I/O).
 suites: release
@@ -72,7 +78,6 @@ bench-quick: release
 	QUICK=1 scripts/bench/run.sh
 
 bench-pack: release
-	$(CARGO) build --release --bin sessionfs-bench
 	scripts/bench/pack.sh
 
 clean:

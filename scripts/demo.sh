@@ -111,7 +111,7 @@ for n in (1, 2):
     s = json.load(open(f"{work}/seal{n}.json"))
     assert s["digest"] == digests[n]
     print(f"turn {n} (seal): {s['digest']}  parent {s['parent'][:19]}…  "
-          f"added {s['added']} changed {s['changed']} removed {s['removed']} renamed {s['renamed']} "
+          f"added {s['added']} modified {s['modified']} deleted {s['deleted']} renamed {s['renamed']} "
           f"reused {s['reused']}  hashed {s['bytes_hashed']} B  copied {s['bytes_copied']} B  "
           f"excluded {[e['path'] for e in s['excluded']]}  {s['seconds'] * 1000:.1f} ms")
 EOF

@@ -29,8 +29,6 @@ static PENDING: Mutex<Vec<(u64, Target)>> = Mutex::new(Vec::new());
 
 /// Something half-written.
 enum Target {
-    /// A file, or a directory and its contents, by path.
-    Path(PathBuf),
     /// A file, or a directory and its contents (no mount inside is
     /// entered), by its name in a directory held open: found there
     /// wherever the directory has been moved; and its path when
@@ -41,20 +39,9 @@ enum Target {
 impl Target {
     /// Removes it; what it is, for a message.
     fn remove(&self) -> (String, std::io::Result<()>) {
-        match self {
-            Target::Path(path) => {
-                let gone = match std::fs::symlink_metadata(path) {
-                    Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
-                    Ok(_) => std::fs::remove_file(path),
-                    Err(e) => Err(e),
-                };
-                (crate::packet::path::shown_path(path), gone)
-            }
-            Target::At(dir, name, shown) => {
-                let gone = crate::sys::remove_tree_at(dir.as_fd(), name);
-                (crate::packet::path::shown_path(shown), gone)
-            }
-        }
+        let Target::At(dir, name, shown) = self;
+        let gone = crate::sys::remove_tree_at(dir.as_fd(), name);
+        (crate::packet::path::shown_path(shown), gone)
     }
 }
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -81,17 +68,11 @@ impl Drop for Pending {
     }
 }
 
-/// Removes `path` (a file, or a directory and its contents) if the process
-/// is interrupted while the returned registration lives. Without [`arm`],
-/// it costs a lock and does nothing else.
-pub fn remove_on_interrupt(path: &Path) -> Pending {
-    register(Target::Path(path.to_owned()))
-}
-
 /// Removes the entry `name` (a file, or a directory and its contents) of
-/// the directory `dir` (a handle of its own),
-/// `shown` in messages, if the process is interrupted while the returned
-/// registration lives, as [`remove_on_interrupt`] does.
+/// the directory `dir` (a handle of its own), `shown` in messages, if the
+/// process is interrupted while the returned registration lives (found
+/// there wherever the directory has been moved). Without [`arm`], it costs
+/// a lock and does nothing else.
 pub fn remove_on_interrupt_at(dir: OwnedFd, name: &OsStr, shown: &Path) -> Pending {
     register(Target::At(dir, name.to_owned(), shown.to_owned()))
 }
@@ -172,7 +153,7 @@ pub fn arm(report: fn(Interrupted)) -> std::io::Result<()> {
                 briefly(move || {
                     tracing::warn!(%signal, "the work is done; finishing its report (a second signal ends the run now)");
                 });
-                crate::barrier::wait(crate::barrier::from_env().as_deref(), "interrupt-deferred");
+                crate::barrier::wait(crate::barrier::from_env().as_deref(), crate::barrier::Point::InterruptDeferred);
                 let Ok(again) = signals.wait() else { return };
                 (signal, gate) = (again, GATE.write());
             }

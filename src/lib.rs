@@ -1,19 +1,20 @@
 //! sessionfs: deterministic, content-addressed session packets for AI coding
 //! agents, served through FUSE with a copy-on-write upper directory.
 //!
-//! Layers depend one way: `packet` <- `overlay` <- `fuse` <- `cli`, with
-//! `source` (pack), `restore` (unpack) and `output` beside `overlay`.
-//! See `docs/ARCHITECTURE.md`.
+//! Layers depend one way: `packet` <- `output` <- `source` <- `overlay` <-
+//! `fuse` <- `cli` (`restore` beside `source`; `kind`, `sys`, `barrier` and
+//! `interrupt` usable from any). See `docs/ARCHITECTURE.md`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod barrier;
+pub(crate) mod barrier;
 pub mod cli;
 pub mod fuse;
 pub mod harness;
-pub mod interrupt;
-pub mod output;
+pub(crate) mod interrupt;
+pub mod kind;
+pub(crate) mod output;
 pub mod overlay;
 pub mod packet;
 pub mod restore;

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::packet::digest::Digest;
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 use crate::packet::format::{MODE_DIR, MODE_EXEC, MODE_FILE};
 use crate::packet::manifest::EntryKind;
 use crate::packet::path::Part;
@@ -67,12 +67,12 @@ pub enum Error {
 
 impl Error {
     /// Stable kind.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Packet(e) => e.kind(),
-            Error::Target { .. } => "target_unusable",
-            Error::PartMissing { .. } => "part_missing",
-            Error::Io { .. } => "io",
+            Error::Target { .. } => ErrorKind::TargetUnusable,
+            Error::PartMissing { .. } => ErrorKind::PartMissing,
+            Error::Io { .. } => ErrorKind::Io,
         }
     }
 
@@ -263,7 +263,10 @@ pub fn unpack<B: Source + Sync>(
         },
         e => e,
     })?;
-    crate::barrier::wait(crate::barrier::from_env().as_deref(), "restored");
+    crate::barrier::wait(
+        crate::barrier::from_env().as_deref(),
+        crate::barrier::Point::Restored,
+    );
     if !exists {
         // The new root's owner, before it is in place: it widens nothing
         // (the directory is private) and a refusal leaves nothing behind.
@@ -321,7 +324,10 @@ pub fn unpack<B: Source + Sync>(
     drop(pending);
     crate::interrupt::committed();
     drop(commit);
-    crate::barrier::wait(crate::barrier::from_env().as_deref(), "committed");
+    crate::barrier::wait(
+        crate::barrier::from_env().as_deref(),
+        crate::barrier::Point::Committed,
+    );
     Ok(UnpackOutcome {
         into: shown,
         ..outcome

@@ -131,7 +131,7 @@ fn chunked_packet_is_pinned_by_its_hashes() {
     set_mtime(&ws.join("big.bin"), 1_700_000_000_000_000_000);
     set_mtime(&ws.join("exactly-one-chunk"), 1_700_000_000_000_000_000);
     let out = tmp.path().join("chunked.packet");
-    let v = pack(&ws, &out, &[]);
+    let v = pack(&ws, &out, &["--file-sha256"]);
     let line = format!(
         "{} {}\n",
         v["digest"].as_str().unwrap(),

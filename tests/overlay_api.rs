@@ -376,6 +376,40 @@ proptest! {
     }
 }
 
+/// Applies `ops` through the API and to an unpacked copy, then seals the
+/// overlay in process (mtimes zeroed): the packet is, byte for byte, the
+/// one `pack --zero-mtimes` makes of the copy ("seal gives the bytes pack
+/// gives", without a kernel).
+fn check_seal(ops: &[Op]) -> Result<(), TestCaseError> {
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, model) = model_packet(tmp.path());
+    let o = open(&packet, &tmp.path().join("upper"));
+    for op in ops {
+        let _ = api(&o, op);
+        let _ = apply(&model, op);
+    }
+    let sealed = tmp.path().join("sealed.packet");
+    let mut opts = seal_options(sealed.clone(), None);
+    opts.zero_mtimes = true;
+    o.seal(&opts, &|_| {}).unwrap();
+    let packed = tmp.path().join("packed.packet");
+    pack(&model, &packed, &["--zero-mtimes"]);
+    prop_assert!(
+        fs::read(&sealed).unwrap() == fs::read(&packed).unwrap(),
+        "the seal differs from pack of the same tree"
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn an_in_process_seal_is_pack_of_the_same_tree(ops in prop::collection::vec(op(), 1..30)) {
+        check_seal(&ops)?;
+    }
+}
+
 /// An overlay of a packet holding one file, `a` (one byte), in `tmp`.
 fn overlay_of_one_file(tmp: &Path) -> Overlay {
     let ws = tmp.join("ws");
@@ -383,27 +417,6 @@ fn overlay_of_one_file(tmp: &Path) -> Overlay {
     fs::write(ws.join("a"), b"a").unwrap();
     let packet = packet_of(&ws, tmp, "p", &[]);
     open(&packet, &tmp.join("upper"))
-}
-
-/// What an in-process seal into `output` is given: the defaults of
-/// `sessionfs seal`, and the test barrier at `barrier`.
-fn seal_options(
-    output: std::path::PathBuf,
-    barrier: Option<std::path::PathBuf>,
-) -> sessionfs::overlay::seal::SealOptions {
-    sessionfs::overlay::seal::SealOptions {
-        output,
-        mode: 0o644,
-        zero_mtimes: false,
-        reject_external_symlinks: false,
-        exclude: vec![],
-        keep: vec![],
-        limits: Limits::DEFAULT,
-        roots: Default::default(),
-        barrier,
-        rebase: false,
-        cancel: None,
-    }
 }
 
 /// A seal gets the change gate while writers keep it busy. Changes took it

@@ -35,8 +35,8 @@ fn same_tree_same_bytes_whatever_the_umask_owner_and_creation_order() {
     assert_eq!(snapshot(&a).len(), snapshot(&b).len());
     let pa = tmp.path().join("a.packet");
     let pb = tmp.path().join("b.packet");
-    let ra = pack(&a, &pa, &[]);
-    let rb = pack(&b, &pb, &[]);
+    let ra = pack(&a, &pa, &["--file-sha256"]);
+    let rb = pack(&b, &pb, &["--file-sha256"]);
     assert_eq!(digest(&ra), digest(&rb));
     assert_eq!(
         fs::read(&pa).unwrap(),
@@ -580,7 +580,7 @@ fn a_pack_under_an_address_space_limit_stays_within_it() {
         .unwrap();
     assert!(o.status.success(), "{o:?}");
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["schema"], "sessionfs.pack-result/1");
+    assert_eq!(v["schema"], "sessionfs.pack-result/2");
     assert_eq!(v["files"], 3000);
     run(["verify", out.to_str().unwrap()]).ok();
     // Run through the dynamic loader, this process's executable is the
@@ -2087,7 +2087,7 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
             );
         } else {
             assert_eq!(o.status.code(), Some(0), "{v}");
-            assert_eq!(v["schema"], "sessionfs.pack-result/1");
+            assert_eq!(v["schema"], "sessionfs.pack-result/2");
             assert_eq!(v["entries"], 4);
         }
         run(["verify", out.to_str().unwrap()]).ok();
@@ -2109,7 +2109,7 @@ fn a_signal_after_the_commit_lets_the_pack_finish() {
         )
     });
     assert_eq!(o.status.code(), Some(0), "{v}");
-    assert_eq!(v["schema"], "sessionfs.pack-result/1");
+    assert_eq!(v["schema"], "sessionfs.pack-result/2");
 }
 
 /// A run whose result nobody reads (larger than a pipe holds: thousands of

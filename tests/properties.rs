@@ -98,6 +98,7 @@ fn opts_holding(ws: &Path, out: &Path, hold_memory: u64) -> PackOptions {
         limits: Limits::DEFAULT,
         mode: 0o644,
         hold_memory: Some(hold_memory),
+        file_sha256: true,
         barrier: None,
     }
 }

@@ -152,9 +152,9 @@ fn receipts_report_moved_directories_and_new_links() {
     assert_eq!(
         (
             v["added"].as_u64(),
-            v["removed"].as_u64(),
+            v["deleted"].as_u64(),
             v["renamed"].as_u64(),
-            v["changed"].as_u64()
+            v["modified"].as_u64()
         ),
         (Some(2), Some(1), Some(1), Some(0)),
         "{v}"
@@ -186,9 +186,9 @@ fn renames_are_cheap_and_editor_saves_leave_no_trace() {
     assert_eq!(
         (
             v["renamed"].as_u64(),
-            v["changed"].as_u64(),
+            v["modified"].as_u64(),
             v["added"].as_u64(),
-            v["removed"].as_u64()
+            v["deleted"].as_u64()
         ),
         (Some(1), Some(1), Some(0), Some(1)),
         "{v}"
@@ -582,7 +582,7 @@ fn large_files_are_copied_chunk_by_chunk_and_tampering_is_caught() {
     let m = mount_workspace(&packet, tmp);
     fs::write(m.path("d/new.txt"), b"new").unwrap();
     let out = tmp.join("s.packet");
-    let v = seal(&m, &out, &["--zero-mtimes"]);
+    let v = seal(&m, &out, &["--zero-mtimes", "--file-sha256"]);
     let lower_bytes = big.len() as u64 + (4 << 20) + 5;
     assert_eq!(v["bytes_verified"], lower_bytes, "{v}");
     assert_eq!(v["bytes_copied"], lower_bytes, "{v}");
@@ -1229,7 +1229,7 @@ fn rebase_continues_on_the_new_packet() {
     let p3 = tmp.path().join("turn2.packet");
     let v2 = seal(&m, &p3, &["--rebase"]);
     assert_eq!(
-        (v2["added"].as_u64(), v2["changed"].as_u64()),
+        (v2["added"].as_u64(), v2["modified"].as_u64()),
         (Some(1), Some(1)),
         "{v2}"
     );
@@ -1639,7 +1639,7 @@ fn a_seal_through_the_control_socket_reports_progress_before_its_answer() {
         .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
         .collect();
     let (answer, interim) = lines.split_last().unwrap();
-    assert_eq!(answer["schema"], "sessionfs.seal-result/1", "{answer}");
+    assert_eq!(answer["schema"], "sessionfs.seal-result/2", "{answer}");
     assert!(!interim.is_empty(), "no progress before the answer");
     let counts: Vec<u64> = interim
         .iter()
@@ -1692,7 +1692,7 @@ fn a_seal_whose_client_goes_away_is_given_up_until_its_packet_is_placed() {
         // Seals take turns: this one starts once the first has ended.
         let next = tmp.path().join("after.packet");
         let r = run(["seal", mnt.to_str().unwrap(), "-o", next.to_str().unwrap()]);
-        assert_eq!(r.ok()["schema"], "sessionfs.seal-result/1");
+        assert_eq!(r.ok()["schema"], "sessionfs.seal-result/2");
         run(["verify", next.to_str().unwrap()]).ok();
         let served = run(["status", mnt.to_str().unwrap()]).ok()["digest"].clone();
         if placed {

@@ -7,22 +7,8 @@ log "writing $report"
 chart_dat=$dir/ratios.dat
 tables=$("$tool" report "$results" --baseline native --chart "$chart_dat")
 img_dir=$(dirname "$report")
-gnuplot <<EOF || log "the ratio chart failed"
-set terminal pngcairo size 1400,800 font ",10" noenhanced
-set bmargin 14
-set rmargin 14
-set output "$img_dir/benchmarks.png"
-set title "Time relative to native (lower is better; log scale)"
-set style data histogram
-set style histogram cluster gap 1
-set style fill solid border -1
-set logscale y
-set yrange [0.1:*]
-set xtics rotate by -30
-set key top left
-set grid ytics
-plot for [i=2:*] "$chart_dat" using i:xtic(1) title columnheader(i)
-EOF
+gnuplot -e "dat='$chart_dat'; out='$img_dir/benchmarks.png'" "$root/scripts/bench/ratios.gp" ||
+  log "the ratio chart failed"
 gnuplot <<EOF || log "the scale chart failed"
 set terminal pngcairo size 1200,450 font ",10" noenhanced
 set output "$img_dir/benchmarks-scale.png"

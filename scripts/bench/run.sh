@@ -6,7 +6,7 @@
 #
 # Needs root (drop_caches, mounts). Installs the peers it needs (Debian
 # packages, ratarmount from PyPI into .bench/venv). Timing and reports are
-# in sessionfs-bench (src/bin/sessionfs-bench); this script sets up state.
+# in sessionfs-bench (bench/, a workspace member); this script sets up state.
 set -euo pipefail
 # shellcheck source=config.sh
 . "$(dirname "$0")/config.sh"

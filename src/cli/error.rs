@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 
 /// Documented exit codes (see `docs/CLI.md`). Stable: scripts rely on them.
 pub mod exit {
@@ -36,7 +36,7 @@ pub mod exit {
 #[derive(Debug, Serialize)]
 pub struct CliError {
     /// Stable kind (`content_mismatch`, `limit_exceeded`, ...).
-    pub kind: String,
+    pub kind: ErrorKind,
     /// What went wrong, with the offending path or value.
     pub message: String,
     /// The path concerned, when there is one.
@@ -52,42 +52,42 @@ pub struct CliError {
 }
 
 /// Advice for a kind whose class's advice would mislead.
-fn kind_hint(kind: &str) -> Option<&'static str> {
+fn kind_hint(kind: ErrorKind) -> Option<&'static str> {
     Some(match kind {
-        "not_mounted" => {
+        ErrorKind::NotMounted => {
             "no sessionfs daemon serves that path: check the mountpoint (`sessionfs status MOUNTPOINT`), or seal offline with --packet and --upper"
         }
-        "busy" => {
+        ErrorKind::Busy => {
             "close the files open on the mount and leave it (cd elsewhere), or use `sessionfs umount --lazy`"
         }
-        "umount_failed" => {
+        ErrorKind::UmountFailed => {
             "see the daemon's log (named by `sessionfs mount`); `fusermount3 -uz MOUNTPOINT` detaches the mount by force"
         }
-        "already_mounted" => {
+        ErrorKind::AlreadyMounted => {
             "unmount it first with `sessionfs umount MOUNTPOINT` (add --lazy while files are open there; it also detaches a mount whose daemon is gone), or mount on another directory"
         }
-        "mountpoint_not_empty" => {
+        ErrorKind::MountpointNotEmpty => {
             "mount on an empty directory: nothing under a mountpoint shows while it is mounted, so sessionfs will not hide it"
         }
-        "mountpoint_unusable" => {
+        ErrorKind::MountpointUnusable => {
             "the mountpoint must be an existing directory you may use (the message says what it is): create it (`mkdir -p MOUNTPOINT`), fix the path, or detach what is mounted there (a FUSE mount whose daemon died answers `Transport endpoint is not connected` or `Software caused connection abort`: `fusermount3 -uz MOUNTPOINT`)"
         }
-        "symlink_budget" => {
+        ErrorKind::SymlinkBudget => {
             "the packet is valid but its symlinks are too costly to resolve in strict mode; unpack without --strict-symlinks to restore them as they are"
         }
-        "symlink_escapes" => {
+        ErrorKind::SymlinkEscapes => {
             "the packet is valid but holds a symlink leading out of the tree; unpack without --strict-symlinks to restore it as it is"
         }
-        "rebase_failed" => {
+        ErrorKind::RebaseFailed => {
             "the message says what failed and what the mount serves: the previous packet with its changes (seal again to move), or the new packet (its upper directory is mounted over the new packet from now on)"
         }
-        "remote_changed" => {
+        ErrorKind::RemoteChanged => {
             "the object was replaced while it was read: run the command again; name packets by their digest (…/sha256-<hex>.packet) so that a key never changes"
         }
-        "remote_config" => {
+        ErrorKind::RemoteConfig => {
             "set the AWS configuration the message names (docs/remote.md lists what is read: AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_S3, …)"
         }
-        "changed_while_packing" | "changed_while_sealing" => {
+        ErrorKind::ChangedWhilePacking | ErrorKind::ChangedWhileSealing => {
             "something wrote to the tree while it was read: run the command again once nothing writes to it"
         }
         _ => return None,
@@ -98,7 +98,7 @@ impl CliError {
     /// Builds an error of `class`.
     pub fn new(
         class: Option<ErrorClass>,
-        kind: &str,
+        kind: ErrorKind,
         message: String,
         path: Option<String>,
     ) -> CliError {
@@ -137,7 +137,7 @@ impl CliError {
             ),
         };
         CliError {
-            kind: kind.to_owned(),
+            kind,
             message,
             path,
             hint: match (kind_hint(kind), class) {
@@ -154,6 +154,12 @@ impl CliError {
             exit_code,
             relayed: None,
         }
+    }
+
+    /// The same error with advice of its own instead of its kind's.
+    pub fn with_hint(mut self, hint: String) -> CliError {
+        self.hint = hint.into();
+        self
     }
 
     /// An error object from a daemon, to print unchanged.
@@ -176,7 +182,12 @@ impl CliError {
         };
         let mut e = CliError::new(
             class,
-            v["kind"].as_str().unwrap_or("internal"),
+            // A kind this build does not know (a newer daemon's) is kept in
+            // the object, printed as it came.
+            v["kind"]
+                .as_str()
+                .and_then(ErrorKind::parse)
+                .unwrap_or(ErrorKind::Internal),
             v["message"].as_str().unwrap_or("").to_owned(),
             v["path"].as_str().map(str::to_owned),
         );
@@ -221,7 +232,25 @@ impl CliError {
 
     /// A usage error.
     pub fn usage(message: impl Into<String>) -> CliError {
-        CliError::new(None, "usage", message.into(), None)
+        CliError::new(None, ErrorKind::Usage, message.into(), None)
+    }
+}
+
+/// The error for a daemon's `reply` that does not answer the request
+/// sent: its own refusal, relayed; or an internal error (a daemon of
+/// another version, or a bug).
+pub fn unexpected_reply(reply: crate::fuse::control::Reply) -> CliError {
+    match reply {
+        e @ crate::fuse::control::Reply::Error(_) => CliError::relayed(e.into_value()),
+        other => CliError::new(
+            Some(ErrorClass::Io),
+            ErrorKind::Internal,
+            format!(
+                "the daemon answered with something else: {}",
+                other.into_value()
+            ),
+            None,
+        ),
     }
 }
 

@@ -135,6 +135,9 @@ pub fn main() -> ExitCode {
         Err(e) => return clap_error(e),
     };
     init_logging(cli.verbose);
+    if let Err(message) = crate::barrier::check_env() {
+        return report(CliError::usage(message));
+    }
     // Commands that write files remove what they half-wrote if stopped.
     // (A seal asked of a mount's daemon goes on there, whatever happens to
     // the client: only an offline seal writes here.)
@@ -158,7 +161,7 @@ pub fn main() -> ExitCode {
     if pooled && let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
         return report(CliError::new(
             Some(crate::packet::error::ErrorClass::Io),
-            "io",
+            crate::packet::error::ErrorKind::Io,
             format!(
                 "cannot start the worker threads: {e}; raise the limit on processes \
                  (`ulimit -u`, or the container's pids.max) or on address space (`ulimit -v`)"
@@ -186,7 +189,10 @@ pub fn main() -> ExitCode {
             });
             if pack {
                 // Only pack's: every other command's tests would wait here.
-                crate::barrier::wait(crate::barrier::from_env().as_deref(), "reported");
+                crate::barrier::wait(
+                    crate::barrier::from_env().as_deref(),
+                    crate::barrier::Point::Reported,
+                );
             }
             ExitCode::from(code)
         }
@@ -208,7 +214,7 @@ fn report_interrupt(i: crate::interrupt::Interrupted) {
         (_, n) => format!("{n} half-written path(s) could not be removed (named above)"),
     };
     let mut e = CliError::usage(format!("interrupted by {}; {done}", i.signal));
-    e.kind = "interrupted".into();
+    e.kind = crate::packet::error::ErrorKind::Interrupted;
     e.hint = if i.committed {
         "nothing to redo: the output is complete and in place".into()
     } else {

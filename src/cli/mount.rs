@@ -4,6 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -13,7 +14,7 @@ use super::error::{CliError, at_packet};
 use crate::fuse::{control, daemon};
 use crate::overlay::{Options, Overlay};
 use crate::packet::digest::Digest;
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 use crate::packet::path::Part;
 use crate::packet::reader::Packet;
 
@@ -42,7 +43,8 @@ pub struct Args {
     packet: PathBuf,
     /// An empty directory to mount on.
     mountpoint: PathBuf,
-    /// The upper directory (created if absent; must belong to this packet).
+    /// The upper directory (created if absent, in a directory that exists;
+    /// must belong to this packet).
     #[arg(long, value_name = "DIR")]
     upper: PathBuf,
     /// Require this packet digest.
@@ -51,11 +53,12 @@ pub struct Args {
     /// Mount one part as the root (what a pod wants at /workspace).
     #[arg(long, value_enum)]
     part: Option<PartArg>,
-    /// Owner shown for the packet's files (default: the mounting user).
-    #[arg(long, value_name = "N")]
+    /// Owner shown for the packet's files, a user id (with `--gid`, as for
+    /// `unpack`; default: the mounting user and group).
+    #[arg(long, value_name = "N", requires = "gid")]
     uid: Option<u32>,
-    /// Group shown for the packet's files (default: the mounting group).
-    #[arg(long, value_name = "N")]
+    /// Group shown for the packet's files, a group id (with `--uid`).
+    #[arg(long, value_name = "N", requires = "uid")]
     gid: Option<u32>,
     /// Let other users use the mount (needs root, or user_allow_other in /etc/fuse.conf).
     #[arg(long)]
@@ -115,7 +118,7 @@ struct MountResult {
     seconds: f64,
 }
 
-fn mount_error(kind: &str, message: String, path: &Path) -> CliError {
+fn mount_error(kind: ErrorKind, message: String, path: &Path) -> CliError {
     CliError::new(
         Some(ErrorClass::Mount),
         kind,
@@ -134,7 +137,7 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
         let dead = matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED));
         if dead && super::umount::is_sessionfs_mount(&at) {
             mount_error(
-                "already_mounted",
+                ErrorKind::AlreadyMounted,
                 format!(
                     "{}: a sessionfs mount whose daemon is gone is still here ({e}); detach it first",
                     mp.display()
@@ -142,19 +145,19 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
                 mp,
             )
         } else {
-            mount_error("mountpoint_unusable", format!("{}: {e}", mp.display()), mp)
+            mount_error(ErrorKind::MountpointUnusable, format!("{}: {e}", mp.display()), mp)
         }
     })?;
     if !meta.is_dir() {
         return Err(mount_error(
-            "mountpoint_unusable",
+            ErrorKind::MountpointUnusable,
             format!("{}: not a directory", mp.display()),
             mp,
         ));
     }
     if super::umount::is_sessionfs_mount(mp) {
         return Err(mount_error(
-            "already_mounted",
+            ErrorKind::AlreadyMounted,
             format!(
                 "{}: a sessionfs mount is already served here; unmount it first",
                 mp.display()
@@ -162,11 +165,16 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
             mp,
         ));
     }
-    let mut entries = std::fs::read_dir(mp)
-        .map_err(|e| mount_error("mountpoint_unusable", format!("{}: {e}", mp.display()), mp))?;
+    let mut entries = std::fs::read_dir(mp).map_err(|e| {
+        mount_error(
+            ErrorKind::MountpointUnusable,
+            format!("{}: {e}", mp.display()),
+            mp,
+        )
+    })?;
     if entries.next().is_some() {
         return Err(mount_error(
-            "mountpoint_not_empty",
+            ErrorKind::MountpointNotEmpty,
             format!(
                 "{}: not empty; mount on an empty directory (nothing under it would be visible)",
                 mp.display()
@@ -187,7 +195,7 @@ fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
     if upper_c.starts_with(&mp_c) || mp_c.starts_with(&upper_c) {
         return Err(CliError::new(
             Some(ErrorClass::Refused),
-            "upper_refused",
+            ErrorKind::UpperRefused,
             format!(
                 "{}: the upper directory must lie outside the mountpoint {} (and not contain \
                  it): the mount would hide it; pick a directory beside it",
@@ -198,6 +206,37 @@ fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
         ));
     }
     Ok(())
+}
+
+/// An upper directory that does not exist yet is created, but not its
+/// parent: refuses one whose parent is missing (or no directory), naming
+/// the directory to create, before anything is made or started.
+fn check_upper_parent(upper: &Path) -> Result<(), CliError> {
+    if std::fs::symlink_metadata(upper).is_ok() {
+        return Ok(());
+    }
+    let parent = match upper.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => return Ok(()),
+    };
+    if std::fs::metadata(parent).is_ok_and(|m| m.is_dir()) {
+        return Ok(());
+    }
+    Err(CliError::new(
+        Some(ErrorClass::Refused),
+        ErrorKind::TargetUnusable,
+        format!(
+            "{}: the directory to hold the upper directory, {}, does not exist (or is no \
+             directory); only the upper directory itself is created",
+            upper.display(),
+            parent.display()
+        ),
+        Some(crate::packet::path::shown_path(parent)),
+    )
+    .with_hint(format!(
+        "create it first (`mkdir -p {}`), or name an upper directory in an existing one",
+        parent.display()
+    )))
 }
 
 /// `p` made absolute through its longest existing ancestor, canonicalized
@@ -235,13 +274,14 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     let limits = a.limits.limits()?;
     check_mountpoint(&a.mountpoint)?;
     check_upper_apart(&a.upper, &a.mountpoint)?;
+    check_upper_parent(&a.upper)?;
     if !a.foreground && !a.daemon_child {
         return spawn_daemon(&a.mountpoint);
     }
     // Before the setup below starts any thread (see daemon::block_signals).
     daemon::block_signals().map_err(|e| {
         mount_error(
-            "mount_failed",
+            ErrorKind::MountFailed,
             format!("cannot block signals: {e}"),
             &a.mountpoint,
         )
@@ -260,7 +300,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     if let Some(p) = part.filter(|p| !packet.manifest.has_part(*p)) {
         return Err(CliError::new(
             Some(ErrorClass::Refused),
-            "part_missing",
+            ErrorKind::PartMissing,
             format!(
                 "{}: the packet has no {p} part to mount; mount without --part, or with the part it has",
                 a.packet.display()
@@ -268,11 +308,23 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             Some(crate::packet::path::shown_path(&a.packet)),
         ));
     }
+    wait_for_upper(&a.upper)?;
     let uid = a.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let gid = a.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw());
-    let mut overlay = Overlay::mount(packet, &a.upper, Options { uid, gid, part })?;
+    // An upper directory this mount makes is removed if the mount fails:
+    // nothing was served, so nothing is in it but what the mount wrote.
+    let made_upper = std::fs::symlink_metadata(&a.upper).is_err();
+    let unmake_upper = || {
+        if made_upper {
+            let _ = std::fs::remove_dir_all(&a.upper);
+        }
+    };
+    let mut overlay = Overlay::mount(packet, &a.upper, Options { uid, gid, part })
+        .inspect_err(|_| unmake_upper())?;
     for (view, host) in &a.secrets {
-        overlay.add_secret(view, host)?;
+        overlay
+            .add_secret(view, host)
+            .inspect_err(|_| unmake_upper())?;
     }
     let overlay = Arc::new(overlay);
     raise_fd_limit();
@@ -305,7 +357,14 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             .collect(),
     };
     // Recorded in the upper directory too, so an offline seal rebases the same links.
-    super::seal::save_roots(&a.upper, &roots);
+    // And which daemon holds it at which mountpoint, for a mount of the
+    // same directory to name them (see wait_for_upper).
+    super::seal::MountInfo {
+        roots: roots.clone(),
+        mountpoint: Some(a.mountpoint.clone()),
+        pid: Some(std::process::id()),
+    }
+    .save(&a.upper);
     let result = std::cell::RefCell::new(None);
     let served = daemon::serve(
         overlay,
@@ -338,31 +397,145 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             }
             *result.borrow_mut() = Some(());
         },
-        move |overlay, req, notify| match req["op"].as_str() {
-            Some("seal") => Some(
-                match serde_json::from_value::<super::seal::Request>(req.clone()) {
-                    Ok(r) => super::seal::handle(overlay, &r, &roots, Some(notify))
-                        .unwrap_or_else(|e| e.to_value()),
-                    Err(e) => CliError::usage(format!("bad seal request: {e}")).to_value(),
-                },
-            ),
-            _ => None,
+        // A mount's seal: the same code as an offline one.
+        move |overlay, req, notify| {
+            control::Reply::from_value(
+                super::seal::handle(overlay, req, &roots, Some(notify))
+                    .unwrap_or_else(|e| e.to_value()),
+            )
         },
     );
     match served {
-        Ok(()) => Ok(Output::printed()),
-        Err(e) if result.borrow().is_none() => Err(mount_error(
-            "mount_failed",
-            format!(
-                "cannot mount on {}: {e} (is fuse3 installed, /dev/fuse present, and may this user mount?)",
-                a.mountpoint.display()
-            ),
-            &a.mountpoint,
-        )),
+        Ok(()) => {
+            // Unmounted: a log with nothing in it (nothing went wrong at
+            // the default level) is of no use to anyone.
+            if let Some(path) = &log
+                && std::fs::metadata(path).is_ok_and(|m| m.len() == 0)
+            {
+                let _ = std::fs::remove_file(path);
+            }
+            Ok(Output::printed())
+        }
+        Err(e) if result.borrow().is_none() => {
+            unmake_upper();
+            Err(mount_failed(&e, &a.mountpoint))
+        }
         Err(e) => {
             tracing::error!(error = %e, "the FUSE session ended with an error");
             Ok(Output::printed())
         }
+    }
+}
+
+/// The error of a mount the kernel (or fusermount3) refused with `e`,
+/// saying what is wrong where it can be told: `/dev/fuse` missing, or
+/// not open to this user.
+fn mount_failed(e: &std::io::Error, mp: &Path) -> CliError {
+    use nix::unistd::{AccessFlags, access};
+    use std::os::unix::fs::MetadataExt;
+    const DEV: &str = "/dev/fuse";
+    let (what, hint) = match std::fs::metadata(DEV) {
+        Err(_) => (
+            format!("{DEV} does not exist"),
+            "load the fuse module (`modprobe fuse`), or in a container pass the device \
+             (`docker run --device /dev/fuse`, with the capability to mount or fusermount3)"
+                .to_owned(),
+        ),
+        Ok(m) if access(DEV, AccessFlags::R_OK | AccessFlags::W_OK).is_err() => (
+            format!(
+                "{DEV} (mode {:04o}, owner uid {} gid {}) cannot be opened for reading and \
+                 writing by this user (uid {})",
+                m.mode() & 0o7777,
+                m.uid(),
+                m.gid(),
+                nix::unistd::geteuid()
+            ),
+            format!(
+                "as root, `chmod 0666 {DEV}` (the mode fuse3 gives it; a udev rule \
+                 `KERNEL==\"fuse\", MODE=\"0666\"` keeps it), or add this user to group {} if \
+                 the device is group-writable, or mount as root",
+                m.gid()
+            ),
+        ),
+        Ok(_) => (
+            "is fuse3 installed (fusermount3), and may this user mount?".to_owned(),
+            "check that fuse3 is installed, /dev/fuse exists and you may mount (root, or \
+             fusermount3), and that the mountpoint is an empty directory not already mounted"
+                .to_owned(),
+        ),
+    };
+    mount_error(
+        ErrorKind::MountFailed,
+        format!("cannot mount on {}: {e}: {what}", mp.display()),
+        mp,
+    )
+    .with_hint(hint)
+}
+
+/// How long a mount waits for the process holding its upper directory's
+/// lock when that process serves no mount: a daemon whose mount was taken
+/// away (`fusermount3 -u`, `umount`, a pod's teardown) lets the lock go as
+/// it exits, some milliseconds later. (docs/CLI.md says 5 s.)
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until nothing holds the lock on upper directory `upper`, for at
+/// most [`LOCK_WAIT`]: refuses at once when the holder is a daemon still
+/// serving a mount (named with its pid, from `mount.json`), and after the
+/// wait when the lock is still held.
+fn wait_for_upper(upper: &Path) -> Result<(), CliError> {
+    let start = Instant::now();
+    let refuse = |message: String, hint: String| {
+        CliError::new(
+            Some(ErrorClass::Refused),
+            ErrorKind::UpperRefused,
+            message,
+            Some(crate::packet::path::shown_path(upper)),
+        )
+        .with_hint(hint)
+    };
+    loop {
+        if super::umount::lock_free(upper) {
+            return Ok(());
+        }
+        let holder = super::umount::lock_holder(upper);
+        let info = super::seal::MountInfo::load(upper);
+        // The daemon mount.json names, if it is the holder (or the holder
+        // cannot be told) and its mount is still there.
+        let serving = info.and_then(|i| {
+            let (mp, pid) = (i.mountpoint?, i.pid?);
+            let holds = holder.is_none_or(|h| h == pid) && !super::umount::exited(pid as i32);
+            (holds && super::umount::is_sessionfs_mount(&mp)).then_some((mp, pid))
+        });
+        if let Some((mp, pid)) = serving {
+            return Err(refuse(
+                format!(
+                    "{}: in use by the sessionfs mount at {} (daemon pid {pid})",
+                    upper.display(),
+                    mp.display()
+                ),
+                format!(
+                    "unmount it first (`sessionfs umount {}`), or mount another upper directory",
+                    mp.display()
+                ),
+            ));
+        }
+        if start.elapsed() >= LOCK_WAIT {
+            let who = match holder {
+                Some(pid) => format!("process {pid}"),
+                None => "another process".to_owned(),
+            };
+            return Err(refuse(
+                format!(
+                    "{}: locked by {who}, which serves no mount here, and still after {} s",
+                    upper.display(),
+                    LOCK_WAIT.as_secs()
+                ),
+                "an offline `sessionfs seal` of it, or a mount in another mount namespace, holds \
+                 it: wait for it to end (or end it), then mount again"
+                    .to_owned(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -371,14 +544,17 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
 fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
     let exe = std::env::current_exe().map_err(|e| {
         mount_error(
-            "mount_failed",
+            ErrorKind::MountFailed,
             format!("cannot find this executable: {e}"),
             mountpoint,
         )
     })?;
+    // A log this mount begins is removed if the daemon refuses the mount:
+    // its error object says all the log would.
+    let new_log = control::log_path(mountpoint).is_ok_and(|p| !p.exists());
     let (log, log_path) = control::open_log(mountpoint).map_err(|e| {
         mount_error(
-            "mount_failed",
+            ErrorKind::MountFailed,
             format!("cannot open the daemon's log in the runtime directory: {e}"),
             mountpoint,
         )
@@ -395,7 +571,7 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
         .spawn()
         .map_err(|e| {
             mount_error(
-                "mount_failed",
+                ErrorKind::MountFailed,
                 format!("cannot start the daemon: {e}"),
                 mountpoint,
             )
@@ -409,7 +585,7 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
         Err(_) => {
             let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
             return Err(mount_error(
-                "mount_failed",
+                ErrorKind::MountFailed,
                 format!(
                     "the daemon exited before the mount was ready ({status}); see {}",
                     log_path.display()
@@ -420,6 +596,9 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
     };
     if v["schema"] == "sessionfs.error/1" {
         let _ = child.wait();
+        if new_log {
+            let _ = std::fs::remove_file(&log_path);
+        }
         return Err(CliError::relayed(v));
     }
     Ok(Output::raw(v))

@@ -27,6 +27,7 @@ use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
 ///   sessionfs pack --workspace ./repo --zero-mtimes -o s.packet   # digest of content alone
 ///   sessionfs pack --workspace ./repo --reject-external-symlinks -o s.packet
 ///   sessionfs pack --workspace ./repo --hold-memory 64MiB -o s.packet   # a tight pod
+///   sessionfs pack --workspace ./repo --file-sha256 -o s.packet   # for a whole-file checksum
 ///   sessionfs pack --workspace ./big -o s.packet --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs pack --workspace ./deep -o s.packet --max-path-bytes 8192
 #[derive(clap::Args, Debug)]
@@ -71,6 +72,11 @@ pub struct Args {
     /// than half of it. 0 reads every file twice.
     #[arg(long, value_name = "SIZE", env = "SESSIONFS_PACK_HOLD", value_parser = parse_size)]
     hold_memory: Option<u64>,
+    /// Also give the SHA-256 of the whole packet file (`file_sha256`): one
+    /// more pass over every byte written. The digest already attests every
+    /// byte; this is for transports that check whole files.
+    #[arg(long)]
+    file_sha256: bool,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -119,6 +125,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         limits,
         mode: file_mode_from_umask(),
         hold_memory: a.hold_memory,
+        file_sha256: a.file_sha256,
         barrier: crate::barrier::from_env(),
     };
     let progress = Progress::bytes("packing", 0);
@@ -129,7 +136,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     drop(progress);
     tracing::info!(digest = %outcome.digest, entries = outcome.entries, "packed");
     Ok(Output::new(
-        "sessionfs.pack-result/1",
+        "sessionfs.pack-result/2",
         Result {
             output: crate::packet::path::shown_path(&a.output),
             outcome,

@@ -9,10 +9,10 @@ use serde_json::Value;
 use super::Output;
 use super::args::{LimitArgs, file_mode_from_umask};
 use super::error::{CliError, at_packet};
-use crate::fuse::control;
+use crate::fuse::control::{self, Reply, Request, SealRequest};
 use crate::overlay::seal::{SealOptions, SealOutcome};
 use crate::overlay::{Options, Overlay};
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 use crate::packet::format::Limits;
 use crate::packet::path::Part;
 use crate::packet::reader::Packet;
@@ -33,6 +33,7 @@ use crate::packet::reader::Packet;
 ///   sessionfs seal /workspace -o turn-2.packet --receipt turn-2.receipt.json
 ///   sessionfs seal /workspace --output turn-3.packet --rebase
 ///   sessionfs seal --packet turn-1.packet --upper /var/lib/s/upper -o turn-2.packet
+///   sessionfs seal /workspace -o turn-2.packet --file-sha256
 ///   sessionfs seal /workspace -o t.packet --exclude 'target' --keep '.env.test' --zero-mtimes
 ///   sessionfs seal /workspace -o t.packet --reject-external-symlinks
 ///   sessionfs seal /workspace -o t.packet --max-bytes 8GiB --max-entries 1000000 --max-path-bytes 8192
@@ -71,27 +72,12 @@ pub struct Args {
     /// Keep entries matching GLOB that a default rule would leave out.
     #[arg(long, value_name = "GLOB")]
     keep: Vec<String>,
+    /// Also give the SHA-256 of the whole packet file (as `pack
+    /// --file-sha256`).
+    #[arg(long)]
+    file_sha256: bool,
     #[command(flatten)]
     limits: LimitArgs,
-}
-
-/// A seal request as sent to a daemon.
-#[derive(Serialize, Deserialize, Debug, Default)]
-pub struct Request {
-    output: PathBuf,
-    receipt: Option<PathBuf>,
-    rebase: bool,
-    zero_mtimes: bool,
-    reject_external_symlinks: bool,
-    exclude: Vec<String>,
-    keep: Vec<String>,
-    max_bytes: u64,
-    max_entries: u64,
-    max_path_bytes: u64,
-    mode: u32,
-    /// Send progress messages before the answer (the client draws them).
-    #[serde(default)]
-    progress: bool,
 }
 
 #[derive(Serialize)]
@@ -116,7 +102,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     // Bad patterns are usage errors, as for pack, before any daemon is asked.
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
         .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;
-    let req = Request {
+    let req = SealRequest {
         output: crate::sys::absolute(&a.output),
         receipt: a.receipt.as_deref().map(crate::sys::absolute),
         rebase: a.rebase,
@@ -128,6 +114,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         max_entries: limits.max_entries,
         max_path_bytes: limits.max_path_bytes,
         mode: file_mode_from_umask(),
+        file_sha256: a.file_sha256,
         progress: false,
     };
     if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {
@@ -136,7 +123,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         if std::fs::symlink_metadata(upper.join(crate::overlay::upper::HEADER)).is_err() {
             return Err(CliError::new(
                 Some(ErrorClass::Refused),
-                "upper_refused",
+                ErrorKind::UpperRefused,
                 format!(
                     "{}: not the upper directory of a mount (no {} in it): nothing to seal; \
                      pass the --upper a mount of this packet used",
@@ -165,16 +152,15 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         refuse_on_mount(path, &mp)?;
     }
     let bar = super::progress::Progress::bytes("sealing", 0);
-    let mut msg = serde_json::to_value(&req).unwrap_or(Value::Null);
-    msg["op"] = Value::String("seal".into());
-    msg["progress"] = Value::Bool(bar.visible());
-    let answer = control::request_with_progress(&mp, &msg, None, &mut |p| {
-        bar.set(p["bytes"].as_u64().unwrap_or(0));
+    let req = Request::Seal(SealRequest {
+        progress: bar.visible(),
+        ..req
     });
+    let answer = control::request_with_progress(&mp, &req, None, &mut |bytes| bar.set(bytes));
     drop(bar);
     match answer {
-        Ok(v) if v["schema"] == "sessionfs.error/1" => Err(CliError::relayed(v)),
-        Ok(v) => Ok(Output::raw(v)),
+        Ok(r @ Reply::Sealed(_)) => Ok(Output::raw(r.into_value())),
+        Ok(r) => Err(super::error::unexpected_reply(r)),
         Err(e) => Err(super::umount::unreachable(&mp, &e)),
     }
 }
@@ -184,7 +170,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
 /// absolute spellings of each part's mounted root, for symlink rebasing.
 pub fn handle(
     overlay: &Overlay,
-    req: &Request,
+    req: &SealRequest,
     roots: &HashMap<Part, Vec<String>>,
     notify: Option<control::Notify>,
 ) -> std::result::Result<Value, CliError> {
@@ -204,6 +190,7 @@ pub fn handle(
             max_path_bytes: req.max_path_bytes,
         },
         roots: roots.clone(),
+        file_sha256: req.file_sha256,
         barrier: crate::barrier::from_env(),
         rebase: req.rebase,
         cancel: notify.map(|_| Default::default()),
@@ -226,7 +213,7 @@ pub fn handle(
             && last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_millis(100))
         {
             *last = Some(std::time::Instant::now());
-            notify.notify(&serde_json::json!({"progress": {"bytes": total}}));
+            notify.progress(total);
         }
     };
     // A daemon's seal is given up when its client goes away before the
@@ -273,7 +260,7 @@ pub fn handle(
             ),
             Err(e) => tracing::warn!(
                 output = %req.output.display(),
-                kind = e.kind(),
+                kind = e.kind().as_str(),
                 "the seal ended without its client: {e}"
             ),
         }
@@ -297,7 +284,7 @@ pub fn handle(
         })?;
     }
     let out = Output::new(
-        "sessionfs.seal-result/1",
+        "sessionfs.seal-result/2",
         Result {
             outcome: &outcome,
             receipt: req.receipt.as_deref(),
@@ -311,26 +298,52 @@ pub fn handle(
 /// were last mounted (see docs/upper-format.md).
 const MOUNT_INFO: &str = "mount.json";
 
-/// Records where each part is mounted, for an offline seal to rebase the
-/// same symlinks as the daemon would. Best effort: without it an offline
-/// seal stores absolute targets into the mount verbatim.
-pub fn save_roots(upper: &Path, roots: &HashMap<Part, Vec<String>>) {
-    let v = serde_json::json!({"schema": "sessionfs.mount-info/1", "roots": roots});
-    if let Err(e) = crate::sys::write_atomic(&upper.join(MOUNT_INFO), format!("{v}\n").as_bytes()) {
-        tracing::warn!(error = %e, "cannot record the mount roots in the upper directory");
+/// What `mount.json` records: where each part is mounted, for an offline
+/// seal to rebase the same symlinks as the daemon would, and which daemon
+/// holds the directory at which mountpoint, for a mount refused by its lock
+/// to name them (see docs/upper-format.md).
+#[derive(Serialize, Deserialize)]
+pub struct MountInfo {
+    /// Where each part is mounted.
+    pub roots: HashMap<Part, Vec<String>>,
+    /// The mountpoint of the daemon that wrote it (absent before 2026-12-06).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mountpoint: Option<PathBuf>,
+    /// That daemon's process id (absent before 2026-12-06).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+impl MountInfo {
+    /// Records `self` in upper directory `upper`. Best effort: without it
+    /// an offline seal stores absolute targets into the mount verbatim,
+    /// and a mount refused by the lock cannot name the mount holding it.
+    pub fn save(&self, upper: &Path) {
+        #[derive(Serialize)]
+        struct Versioned<'a> {
+            schema: &'static str,
+            #[serde(flatten)]
+            info: &'a MountInfo,
+        }
+        let v = Versioned {
+            schema: "sessionfs.mount-info/1",
+            info: self,
+        };
+        let line = serde_json::to_string(&v).unwrap_or_default() + "\n";
+        if let Err(e) = crate::sys::write_atomic(&upper.join(MOUNT_INFO), line.as_bytes()) {
+            tracing::warn!(error = %e, "cannot record the mount in the upper directory");
+        }
+    }
+
+    /// What upper directory `upper` records, if anything readable.
+    pub fn load(upper: &Path) -> Option<MountInfo> {
+        let bytes = std::fs::read(upper.join(MOUNT_INFO)).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 }
 
 fn load_roots(upper: &Path) -> HashMap<Part, Vec<String>> {
-    #[derive(Deserialize)]
-    struct Info {
-        roots: HashMap<Part, Vec<String>>,
-    }
-    std::fs::read(upper.join(MOUNT_INFO))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Info>(&b).ok())
-        .map(|i| i.roots)
-        .unwrap_or_default()
+    MountInfo::load(upper).map(|i| i.roots).unwrap_or_default()
 }
 
 /// Refuses a destination on the mount being sealed: the seal holds the
@@ -348,7 +361,7 @@ fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), Cl
     match std::fs::metadata(dir) {
         Ok(d) if d.dev() == mount.dev() => Err(CliError::new(
             Some(ErrorClass::Refused),
-            "target_unusable",
+            ErrorKind::TargetUnusable,
             format!(
                 "{}: is on the mount being sealed ({}); a seal cannot write into the tree \
                  it seals: write it outside the mount",
@@ -365,11 +378,11 @@ fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), Cl
 /// output is not the packet being served unless the seal rebases onto it
 /// (overwriting it would pull the packet from under the mount, and leave
 /// the upper directory tied to a packet that no longer exists).
-fn check_destinations(overlay: &Overlay, req: &Request) -> std::result::Result<(), CliError> {
+fn check_destinations(overlay: &Overlay, req: &SealRequest) -> std::result::Result<(), CliError> {
     let refuse = |path: &Path, why: String| {
         CliError::new(
             Some(ErrorClass::Refused),
-            "target_unusable",
+            ErrorKind::TargetUnusable,
             format!("{}: {why}", path.display()),
             Some(crate::packet::path::shown_path(path)),
         )
@@ -463,7 +476,7 @@ fn write_receipt(path: &Path, o: &SealOutcome) -> std::result::Result<(), CliErr
     crate::sys::write_atomic(path, &bytes).map_err(|e| {
         CliError::new(
             Some(ErrorClass::Io),
-            "io",
+            ErrorKind::Io,
             format!("{}: cannot write the receipt: {e}", path.display()),
             Some(crate::packet::path::shown_path(path)),
         )

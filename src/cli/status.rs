@@ -21,13 +21,10 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<Output, CliError> {
-    match control::request(
-        &a.mountpoint,
-        &serde_json::json!({"op": "status"}),
-        Some(Duration::from_secs(10)),
-    ) {
-        Ok(v) if v["schema"] == "sessionfs.error/1" => Err(CliError::relayed(v)),
-        Ok(v) => Ok(Output::raw(v)),
+    let req = control::Request::Status;
+    match control::request(&a.mountpoint, &req, Some(Duration::from_secs(10))) {
+        Ok(r @ control::Reply::Status(_)) => Ok(Output::raw(r.into_value())),
+        Ok(r) => Err(super::error::unexpected_reply(r)),
         Err(e) => Err(super::umount::unreachable(&a.mountpoint, &e)),
     }
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::Output;
 use super::error::CliError;
 use crate::fuse::control;
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 
 /// Unmount a sessionfs mount: asks its daemon (found from the mountpoint
 /// through its control socket) to unmount cleanly, and waits until the
@@ -58,22 +58,86 @@ pub fn is_sessionfs_mount(p: &Path) -> bool {
 
 /// The error for mountpoint `mp` when its daemon cannot be reached
 /// (`error`, from its control socket): `not_mounted`, saying so when a
-/// sessionfs mount is there all the same (another user's daemon, whose
-/// socket is in that user's runtime directory, or one that died).
+/// sessionfs mount is there all the same, and whose it is when it is
+/// another user's (whose daemon's socket is in that user's runtime
+/// directory, and answers that user and root only).
 pub fn unreachable(mp: &Path, error: &std::io::Error) -> CliError {
-    let mut message = error.to_string();
-    if is_sessionfs_mount(mp) {
-        message.push_str(
-            "; a sessionfs mount is there all the same: its daemon runs as another user (ask \
-             as that user) or has exited (`sessionfs umount` detaches the mount)",
+    let at = Some(crate::packet::path::shown_path(mp));
+    if !is_sessionfs_mount(mp) {
+        return CliError::new(
+            Some(ErrorClass::Mount),
+            ErrorKind::NotMounted,
+            error.to_string(),
+            at,
         );
     }
-    CliError::new(
-        Some(ErrorClass::Mount),
-        "not_mounted",
-        message,
-        Some(crate::packet::path::shown_path(mp)),
-    )
+    let me = nix::unistd::geteuid().as_raw();
+    match real_path(mp).and_then(|p| mount_owner(&p)) {
+        Some(owner) if owner != me => {
+            let name = nix::unistd::User::from_uid(owner.into())
+                .ok()
+                .flatten()
+                .map_or_else(String::new, |u| format!(" ({})", u.name));
+            CliError::new(
+                Some(ErrorClass::Mount),
+                ErrorKind::NotOwner,
+                format!(
+                    "{}: the sessionfs mount here is uid {owner}'s{name}, not this user's (uid \
+                     {me}): only its owner may ask its daemon, whose control socket is in the \
+                     owner's runtime directory",
+                    mp.display()
+                ),
+                at,
+            )
+            .with_hint(format!(
+                "run the command as uid {owner}{name} (as root: `setpriv --reuid={owner} \
+                 --regid=GID --init-groups sessionfs …`, or `sudo -u`)"
+            ))
+        }
+        _ => CliError::new(
+            Some(ErrorClass::Mount),
+            ErrorKind::NotMounted,
+            format!(
+                "{error}; a sessionfs mount is there all the same, but its daemon has exited \
+                 (`sessionfs umount` detaches the mount)"
+            ),
+            at,
+        ),
+    }
+}
+
+/// The user a FUSE mount at `real` (a real path) belongs to: its
+/// `user_id=` in `/proc/self/mountinfo` (the topmost mount there).
+fn mount_owner(real: &Path) -> Option<u32> {
+    use std::os::unix::ffi::OsStrExt;
+    // Mountinfo writes a space, tab, newline and backslash in a path as
+    // an octal escape: the path is escaped the same way to compare.
+    let mut point = String::new();
+    for &b in real.as_os_str().as_bytes() {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => point.push_str(&format!("\\{b:03o}")),
+            _ => point.push(char::from(b)),
+        }
+    }
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
+    owner_in(&String::from_utf8_lossy(&info), &point)
+}
+
+/// [`mount_owner`] in `info`, the text of a mountinfo, for the escaped
+/// mount point `point` (compared as bytes; a path that is not UTF-8
+/// matches nothing, and has no owner named).
+fn owner_in(info: &str, point: &str) -> Option<u32> {
+    info.lines().rev().find_map(|line| {
+        let (fields, rest) = line.split_once(" - ")?;
+        if fields.split(' ').nth(4)? != point {
+            return None;
+        }
+        let options = rest.split(' ').nth(2)?;
+        options
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|v| v.parse().ok())
+    })
 }
 
 /// The real path of `p`, as the mount table has it, without touching a
@@ -100,7 +164,7 @@ fn wait_gone(p: &Path, limit: Duration) -> bool {
 }
 
 /// Whether process `pid` has exited (a zombie has: its files are closed).
-fn exited(pid: i32) -> bool {
+pub fn exited(pid: i32) -> bool {
     if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
         return true;
     }
@@ -111,19 +175,49 @@ fn exited(pid: i32) -> bool {
 }
 
 /// Whether nothing holds the lock on upper directory `dir` (taken and
-/// released at once to find out).
-fn lock_free(dir: &Path) -> bool {
+/// released at once to find out; a directory that cannot be opened, or is
+/// absent, holds none).
+pub fn lock_free(dir: &Path) -> bool {
     let Ok(d) = std::fs::File::open(dir) else {
         return true;
     };
     nix::fcntl::Flock::lock(d, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
 }
 
+/// The process holding the `flock` on directory `dir`, from
+/// `/proc/locks` (`None` where it cannot be read or names none).
+pub fn lock_holder(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).ok()?;
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    holder_in(
+        &locks,
+        nix::sys::stat::major(m.dev()),
+        nix::sys::stat::minor(m.dev()),
+        m.ino(),
+    )
+}
+
+/// The pid of the granted `FLOCK` on inode `ino` of device `major:minor`
+/// in `locks`, the text of `/proc/locks`: lines such as
+/// `1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF` (device numbers in
+/// hex; a waiter's line has `->` after the number).
+fn holder_in(locks: &str, major: u64, minor: u64, ino: u64) -> Option<u32> {
+    let want = format!("{major:02x}:{minor:02x}:{ino}");
+    locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            [_, "FLOCK", _, _, pid, id, ..] if *id == want => pid.parse().ok(),
+            _ => None,
+        }
+    })
+}
+
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     // Named through a symlink, the mount is unmounted where it is.
     let real = real_path(&a.mountpoint).unwrap_or_else(|| a.mountpoint.clone());
     let mp = &real;
-    let fail = |kind: &str, message: String| {
+    let fail = |kind: ErrorKind, message: String| {
         CliError::new(
             Some(ErrorClass::Mount),
             kind,
@@ -133,21 +227,17 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     };
     if !is_sessionfs_mount(mp) {
         return Err(fail(
-            "not_mounted",
+            ErrorKind::NotMounted,
             format!("{}: no sessionfs mount here", mp.display()),
         ));
     }
-    let request = serde_json::json!({"op": "unmount", "lazy": a.lazy});
+    let request = control::Request::Unmount { lazy: a.lazy };
     let via = match control::request(mp, &request, Some(Duration::from_secs(60))) {
-        Ok(v) if v["schema"] == "sessionfs.error/1" => return Err(CliError::relayed(v)),
-        Ok(v) => {
+        Ok(control::Reply::Unmounted { pid, upper, .. }) => {
             // The daemon holds the upper directory's lock until it exits:
             // wait for that, so the same upper directory can be mounted
             // again right away (a lazy unmount exits when files close).
-            if let (Some(pid), false) = (
-                v["pid"].as_i64().and_then(|p| i32::try_from(p).ok()),
-                a.lazy,
-            ) {
+            if let (Ok(pid), false) = (i32::try_from(pid), a.lazy) {
                 let start = Instant::now();
                 while !exited(pid) && start.elapsed() < Duration::from_secs(30) {
                     std::thread::sleep(Duration::from_millis(5));
@@ -155,15 +245,13 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 // A process whose main thread is a zombie may still have
                 // threads finishing their exit, holding its files (and the
                 // lock): wait for the lock itself.
-                if let Some(upper) = v["upper"].as_str() {
-                    while !lock_free(Path::new(upper)) && start.elapsed() < Duration::from_secs(30)
-                    {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+                while !lock_free(&upper) && start.elapsed() < Duration::from_secs(30) {
+                    std::thread::sleep(Duration::from_millis(5));
                 }
             }
             "daemon"
         }
+        Ok(r) => return Err(super::error::unexpected_reply(r)),
         // The daemon may have unmounted and exited without answering.
         Err(_) if !is_sessionfs_mount(mp) => "daemon",
         Err(e) => {
@@ -178,9 +266,9 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 _ => {
                     crate::sys::platform::unmount(mp, a.lazy).map_err(|e| {
                         let kind = if e == nix::errno::Errno::EBUSY {
-                            "busy"
+                            ErrorKind::Busy
                         } else {
-                            "umount_failed"
+                            ErrorKind::UmountFailed
                         };
                         fail(kind, format!("{}: cannot unmount: {e}", mp.display()))
                     })?;
@@ -191,7 +279,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     };
     if !wait_gone(mp, Duration::from_secs(30)) {
         return Err(fail(
-            "umount_failed",
+            ErrorKind::UmountFailed,
             format!("{}: still mounted after the unmount request", mp.display()),
         ));
     }
@@ -204,4 +292,32 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             via,
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{holder_in, owner_in};
+
+    #[test]
+    fn the_owner_of_a_fuse_mount_is_its_user_id_in_mountinfo() {
+        let info = "36 25 0:32 / /mnt/a\\040b rw,nosuid - fuse.sessionfs sessionfs:ab rw,user_id=1000,group_id=1000\n\
+                    37 25 0:33 / /mnt/c rw - fuse sessionfs:cd rw,user_id=0,group_id=0\n\
+                    38 25 0:34 / /mnt/c rw - fuse sessionfs:ef rw,user_id=7,group_id=7\n";
+        assert_eq!(owner_in(info, "/mnt/a\\040b"), Some(1000));
+        assert_eq!(owner_in(info, "/mnt/c"), Some(7), "the topmost mount");
+        assert_eq!(owner_in(info, "/mnt"), None);
+    }
+
+    #[test]
+    fn the_lock_holder_is_read_from_the_granted_flock_on_that_inode() {
+        let locks = "1: POSIX  ADVISORY  WRITE 10 08:01:77 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 99 00:2d:1234 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 5 00:2d:12345 0 EOF\n";
+        assert_eq!(holder_in(locks, 0, 0x2d, 1234), Some(4242));
+        assert_eq!(holder_in(locks, 0, 0x2d, 12345), Some(5));
+        assert_eq!(holder_in(locks, 8, 1, 77), None, "a POSIX lock is not ours");
+        assert_eq!(holder_in(locks, 0, 0x2e, 1234), None);
+        assert_eq!(holder_in("", 0, 0x2d, 1234), None);
+    }
 }

@@ -9,9 +9,10 @@
 //! daemon's log. Only the mounting user (and root) may connect: the daemon
 //! checks the peer's credentials.
 //!
-//! Protocol: one JSON object per line in each direction; a request has an
-//! `op` (`status`, `unmount`, `seal`), a response is a result object as the
-//! CLI prints it, or a `sessionfs.error/1` object.
+//! Protocol: one JSON object per line in each direction: a [`Request`]
+//! (tagged by `op`), answered by interim [`Progress`] lines (a seal's, when
+//! asked) and one [`Reply`] (tagged by `schema`: a result object as the
+//! CLI prints it, or a `sessionfs.error/1` object).
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -20,8 +21,191 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use sha2::Digest as _;
+
+use crate::packet::error::ErrorKind;
+
+/// A request to a mount's daemon.
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// What the mount serves, and its counters.
+    Status,
+    /// Unmount; `lazy` detaches a busy mount too.
+    Unmount {
+        /// Detach now even if busy.
+        #[serde(default)]
+        lazy: bool,
+    },
+    /// Seal the merged view into a new packet.
+    Seal(SealRequest),
+}
+
+/// What to seal, and how: `sessionfs seal MOUNTPOINT`'s options, paths
+/// absolute (the daemon's working directory is not the client's).
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
+pub struct SealRequest {
+    /// Where the new packet goes.
+    pub output: PathBuf,
+    /// Where the receipt goes, if anywhere.
+    pub receipt: Option<PathBuf>,
+    /// Continue the mount on the new packet.
+    pub rebase: bool,
+    /// Record every mtime as 0.
+    pub zero_mtimes: bool,
+    /// Refuse symlinks leaving their part.
+    pub reject_external_symlinks: bool,
+    /// `--exclude` patterns.
+    pub exclude: Vec<String>,
+    /// `--keep` patterns.
+    pub keep: Vec<String>,
+    /// Limits of the new packet.
+    pub max_bytes: u64,
+    /// Limits of the new packet.
+    pub max_entries: u64,
+    /// Limits of the new packet.
+    pub max_path_bytes: u64,
+    /// Mode of the packet file.
+    pub mode: u32,
+    /// Compute `file_sha256`.
+    #[serde(default)]
+    pub file_sha256: bool,
+    /// Send [`Progress`] lines before the reply (the client draws them).
+    #[serde(default)]
+    pub progress: bool,
+}
+
+/// The answer to a request: the last line the daemon sends.
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(tag = "schema")]
+pub enum Reply {
+    /// To [`Request::Status`]: the `sessionfs status` result.
+    #[serde(rename = "sessionfs.status-result/2")]
+    Status(Status),
+    /// To [`Request::Unmount`]: unmounted; the daemon exits once the
+    /// reply is sent, letting the upper directory's lock go.
+    #[serde(rename = "sessionfs.umount-result/1")]
+    Unmounted {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// Always true.
+        unmounted: bool,
+        /// The daemon's pid, to wait for.
+        pid: u32,
+        /// The upper directory, whose lock to wait for.
+        upper: PathBuf,
+    },
+    /// To [`Request::Seal`]: the `sessionfs seal` result's fields.
+    #[serde(rename = "sessionfs.seal-result/2")]
+    Sealed(Map<String, Value>),
+    /// A refusal: the `sessionfs.error/1` object's fields.
+    #[serde(rename = "sessionfs.error/1")]
+    Error(Map<String, Value>),
+}
+
+impl Reply {
+    /// A refusal of `kind` (exit code by kind: usage 2, busy 8, else 6),
+    /// naming `path` when there is one.
+    pub fn error(kind: ErrorKind, message: &str, path: Option<&Path>) -> Reply {
+        let exit_code = match kind {
+            ErrorKind::Usage => 2,
+            ErrorKind::Busy => 8,
+            _ => 6,
+        };
+        let mut e = Map::new();
+        e.insert("kind".into(), kind.as_str().into());
+        e.insert("message".into(), message.into());
+        if let Some(path) = path {
+            e.insert("path".into(), crate::packet::path::shown_path(path).into());
+        }
+        e.insert("exit_code".into(), exit_code.into());
+        Reply::Error(e)
+    }
+
+    /// A result or error object as the CLI prints it (`schema` first), as
+    /// a reply; an object of no schema the protocol knows is an error.
+    pub fn from_value(v: Value) -> Reply {
+        let shown = v.to_string();
+        serde_json::from_value(v).unwrap_or_else(|e| {
+            Reply::error(
+                ErrorKind::Internal,
+                &format!("not a reply of the control protocol ({e}): {shown}"),
+                None,
+            )
+        })
+    }
+
+    /// The reply as the object the CLI prints.
+    pub fn into_value(self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// The `sessionfs status` result.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Status {
+    /// The mountpoint.
+    pub mountpoint: PathBuf,
+    /// The packet served.
+    pub packet: PathBuf,
+    /// Its digest.
+    pub digest: String,
+    /// The upper directory.
+    pub upper: PathBuf,
+    /// The daemon's pid.
+    pub pid: u32,
+    /// Journal records replayed and appended.
+    pub records: u64,
+    /// Name lookups the kernel sent.
+    pub lookups: u64,
+    /// Reads.
+    pub reads: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Writes.
+    pub writes: u64,
+    /// Copy-ups.
+    pub copy_ups: u64,
+    /// Lower bytes hashed so far.
+    pub verified_bytes: u64,
+    /// Inode numbers whose content was read from offset 0, in order.
+    pub read_inodes: Vec<u64>,
+    /// Files shown from the host (`mount --secret`).
+    pub secrets: Vec<ShownSecret>,
+}
+
+/// A file a mount shows from the host (`mount --secret`).
+#[derive(Serialize, Deserialize, Debug)]
+pub struct ShownSecret {
+    /// Its path in the view, relative to the mount's root.
+    pub path: String,
+    /// The host file.
+    pub host: PathBuf,
+}
+
+/// An interim line before a seal's reply: bytes written so far.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Progress {
+    /// The count.
+    pub progress: ProgressBytes,
+}
+
+/// [`Progress`]'s count.
+#[derive(Serialize, Deserialize, Debug)]
+pub struct ProgressBytes {
+    /// Bytes written so far.
+    pub bytes: u64,
+}
+
+/// A line from the daemon: an interim one or the reply.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Line {
+    Reply(Reply),
+    Progress(Progress),
+}
 
 /// The directory holding control sockets and daemon logs for this user.
 pub fn runtime_dir() -> io::Result<PathBuf> {
@@ -84,10 +268,16 @@ pub fn log_path(mountpoint: &Path) -> io::Result<PathBuf> {
 /// take about twice this at most.
 pub const LOG_ROTATE_BYTES: u64 = 1 << 20;
 
-/// Logs (and sockets nobody listens on) untouched for this long are removed
-/// when a daemon starts: a runtime directory must not fill up with the logs
-/// of every mountpoint ever used.
+/// Logs of no running daemon untouched for this long are removed when a
+/// daemon starts: a runtime directory must not fill up with the logs of
+/// every mountpoint ever used. (Sockets nobody listens on go at once.)
 pub const LOG_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Empty logs of no running daemon untouched for this long are removed
+/// when a daemon starts (a daemon that unmounts removes its own empty log;
+/// this is for one that was killed). Not at once: a daemon being started
+/// has its log before its socket.
+pub const EMPTY_LOG_KEEP: Duration = Duration::from_secs(3600);
 
 /// Opens the log for a new daemon at `mountpoint`, appending to the last
 /// one's (rotated past [`LOG_ROTATE_BYTES`]), after removing stale files
@@ -129,11 +319,12 @@ fn append_to(path: &Path) -> io::Result<std::fs::File> {
         .open(path)
 }
 
-/// Removes from `dir` the daemon logs (`<key>.log`, `<key>.log.1`) and
-/// control sockets (`<key>.sock`) last modified more than `keep` before
-/// `now`, except those of a daemon that still answers on its socket. Best
-/// effort: a file that cannot be removed stays, and nothing else in `dir`
-/// is touched.
+/// Removes from `dir` what no running daemon uses: control sockets
+/// (`<key>.sock`) nobody listens on (a killed daemon's), empty daemon logs
+/// (`<key>.log`, `<key>.log.1`) last modified more than [`EMPTY_LOG_KEEP`]
+/// before `now`, and other logs more than `keep` before it; the logs of a
+/// daemon that answers on its socket stay. Best effort: a file that cannot
+/// be removed stays, and nothing else in `dir` is touched.
 pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
     let Ok(list) = std::fs::read_dir(dir) else {
         return;
@@ -151,11 +342,13 @@ pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
         if key.len() != 16 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
             continue;
         }
-        let stale = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > keep));
-        if !stale || UnixStream::connect(dir.join(format!("{key}.sock"))).is_ok() {
+        let stale = e.metadata().is_ok_and(|m| {
+            let keep = if m.len() == 0 { EMPTY_LOG_KEEP } else { keep };
+            m.modified()
+                .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age > keep))
+        });
+        let socket = name.ends_with(".sock");
+        if !(stale || socket) || UnixStream::connect(dir.join(format!("{key}.sock"))).is_ok() {
             continue;
         }
         match std::fs::remove_file(e.path()) {
@@ -210,11 +403,19 @@ pub struct Client<'a> {
 }
 
 impl Client<'_> {
-    /// Sends an interim message: a line before the answer, such as a
-    /// seal's progress.
-    pub fn notify(&self, v: &Value) {
+    /// Sends an interim line before the reply: a seal's progress.
+    pub fn progress(&self, bytes: u64) {
+        self.send(&Progress {
+            progress: ProgressBytes { bytes },
+        });
+    }
+
+    /// Sends one line: `msg` as JSON.
+    fn send(&self, msg: &impl Serialize) {
         let _turn = self.out.lock();
-        let _ = (&mut &*self.conn).write_all(format!("{v}\n").as_bytes());
+        if let Ok(line) = serde_json::to_string(msg) {
+            let _ = (&mut &*self.conn).write_all(format!("{line}\n").as_bytes());
+        }
     }
 
     /// Waits until the client closes the connection (it was killed, or
@@ -248,12 +449,11 @@ impl Client<'_> {
 pub type Notify<'a> = &'a Client<'a>;
 
 /// Serves requests until the process exits; `handle` answers each one, and
-/// may send interim messages first through the [`Client`] it is given
-/// (objects with a `progress` key, which [`request_with_progress`] hands
-/// to its callback), or ask it whether the client is still there.
+/// may send [`Progress`] lines first through the [`Client`] it is given, or
+/// ask it whether the client is still there.
 pub fn serve(
     listener: UnixListener,
-    handle: impl Fn(&Value, Notify) -> Value + Send + Sync + 'static,
+    handle: impl Fn(Request, Notify) -> Reply + Send + Sync + 'static,
 ) {
     let handle = std::sync::Arc::new(handle);
     let me = nix::unistd::geteuid().as_raw();
@@ -274,34 +474,34 @@ pub fn serve(
                     conn: &conn,
                     out: parking_lot::Mutex::new(()),
                 };
-                let reply = match serde_json::from_str::<Value>(&line) {
-                    Ok(req) => handle(&req, &client),
-                    Err(e) => serde_json::json!({
-                        "schema": "sessionfs.error/1", "kind": "usage",
-                        "message": format!("bad control request: {e}"), "exit_code": 2
-                    }),
+                let reply = match serde_json::from_str::<Request>(&line) {
+                    Ok(req) => handle(req, &client),
+                    Err(e) => {
+                        Reply::error(ErrorKind::Usage, &format!("bad control request: {e}"), None)
+                    }
                 };
-                client.notify(&reply);
+                client.send(&reply);
             }
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
         });
     }
 }
 
-/// Sends one request to the daemon of `mountpoint` and returns its answer.
+/// Sends one request to the daemon of `mountpoint` and returns its reply.
 /// `timeout` bounds the wait for the answer (a seal of a large tree takes a
 /// while: pass `None` to wait as long as it takes).
-pub fn request(mountpoint: &Path, req: &Value, timeout: Option<Duration>) -> io::Result<Value> {
+pub fn request(mountpoint: &Path, req: &Request, timeout: Option<Duration>) -> io::Result<Reply> {
     request_with_progress(mountpoint, req, timeout, &mut |_| {})
 }
 
-/// [`request`], handing each interim `progress` message to `progress`.
+/// [`request`], handing the byte count of each [`Progress`] line to
+/// `progress`.
 pub fn request_with_progress(
     mountpoint: &Path,
-    req: &Value,
+    req: &Request,
     timeout: Option<Duration>,
-    progress: &mut dyn FnMut(&Value),
-) -> io::Result<Value> {
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Reply> {
     let path = socket_path(mountpoint).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -319,7 +519,8 @@ pub fn request_with_progress(
         )
     })?;
     conn.set_read_timeout(timeout)?;
-    (&conn).write_all(format!("{req}\n").as_bytes())?;
+    let line = serde_json::to_string(req).map_err(io::Error::other)?;
+    (&conn).write_all(format!("{line}\n").as_bytes())?;
     let mut reader = BufReader::new(&conn);
     loop {
         let mut line = String::new();
@@ -329,11 +530,15 @@ pub fn request_with_progress(
                 "the daemon closed the control connection without an answer",
             ));
         }
-        let v: Value = serde_json::from_str(&line)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        match v.get("progress") {
-            Some(p) if v.get("schema").is_none() => progress(p),
-            _ => return Ok(v),
+        match serde_json::from_str::<Line>(&line) {
+            Ok(Line::Progress(p)) => progress(p.progress.bytes),
+            Ok(Line::Reply(r)) => return Ok(r),
+            Err(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("not a line of the control protocol: {}", line.trim_end()),
+                ));
+            }
         }
     }
 }
@@ -351,16 +556,26 @@ mod tests {
         let d = dir.path();
         let now = SystemTime::now();
         let touch = |name: &str, age: Duration| {
+            let mut f = std::fs::File::create(d.join(name)).unwrap();
+            f.write_all(b"a line\n").unwrap();
+            f.set_modified(now - age).unwrap();
+        };
+        let empty = |name: &str, age: Duration| {
             let f = std::fs::File::create(d.join(name)).unwrap();
             f.set_modified(now - age).unwrap();
         };
         touch("00000000000000aa.log", 8 * DAY); // stale, no daemon
         touch("00000000000000aa.log.1", 9 * DAY);
-        touch("00000000000000aa.sock", 8 * DAY); // a socket file nobody serves
+        empty("00000000000000aa.sock", 8 * DAY); // a socket file nobody serves
         touch("00000000000000bb.log", DAY); // recent
+        empty("00000000000000dd.sock", Duration::ZERO); // a killed daemon's: at once
+        empty("00000000000000ee.log", 2 * EMPTY_LOG_KEEP); // empty, of no daemon
+        empty("00000000000000ff.log", Duration::from_secs(60)); // a daemon starting
         touch("notes.log", 30 * DAY); // not ours
         touch("00000000000000cc.log", 30 * DAY); // stale, but its daemon lives
+        empty("00000000000000c1.log", 2 * EMPTY_LOG_KEEP); // empty, but its daemon lives
         let live = UnixListener::bind(d.join("00000000000000cc.sock")).unwrap();
+        let live1 = UnixListener::bind(d.join("00000000000000c1.sock")).unwrap();
 
         prune(d, LOG_KEEP, now);
 
@@ -373,12 +588,15 @@ mod tests {
             left,
             [
                 "00000000000000bb.log",
+                "00000000000000c1.log",
+                "00000000000000c1.sock",
                 "00000000000000cc.log",
                 "00000000000000cc.sock",
+                "00000000000000ff.log",
                 "notes.log"
             ]
         );
-        drop(live);
+        drop((live, live1));
     }
 
     #[test]

@@ -7,11 +7,11 @@ use std::sync::atomic::Ordering;
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
-use serde_json::{Value, json};
 
-use super::control;
+use super::control::{self, Reply, Request, SealRequest};
 use super::fs::SessionFs;
 use crate::overlay::{Overlay, Stale};
+use crate::packet::error::ErrorKind;
 
 /// How to serve.
 pub struct ServeOptions {
@@ -46,13 +46,13 @@ pub fn block_signals() -> io::Result<SigSet> {
 
 /// Mounts and serves until unmounted (by `sessionfs umount`, a signal, or
 /// `fusermount3 -u`). `ready` runs once the kernel has completed the FUSE
-/// handshake: the mount is usable from then on. `handler` answers control
-/// requests other than `status` and `unmount` (`seal`).
+/// handshake: the mount is usable from then on. The daemon answers the
+/// control requests `status` and `unmount` itself, and `seal` with `seal`.
 pub fn serve(
     overlay: Arc<Overlay>,
     opts: &ServeOptions,
     ready: impl FnOnce(&Ready),
-    handler: impl Fn(&Overlay, &Value, control::Notify) -> Option<Value> + Send + Sync + 'static,
+    seal: impl Fn(&Overlay, &SealRequest, control::Notify) -> Reply + Send + Sync + 'static,
 ) -> io::Result<()> {
     let signals = block_signals()?;
 
@@ -138,38 +138,37 @@ pub fn serve(
         let ours = ours.clone();
         let own_socket = own_socket.clone();
         std::thread::Builder::new().name("control".into()).spawn(move || {
-            control::serve(listener, move |req, notify| match req["op"].as_str() {
-                Some("status") => status(&overlay, &mountpoint),
-                Some("unmount") => {
-                    let lazy = req["lazy"].as_bool().unwrap_or(false);
-                    let r = unmount(&mountpoint, lazy, &ours);
-                    if r.is_ok() {
-                        // The mount is gone from here, but the kernel may
-                        // keep it alive in another mount namespace that
-                        // copied it (a sandbox a harness started: bwrap),
-                        // which this daemon serves until that ends. Its
-                        // socket goes now, so that a new mount can be made
-                        // at this mountpoint meanwhile.
-                        own_socket.remove();
-                    }
-                    match r {
-                        Ok(()) => json!({"schema": "sessionfs.umount-result/1", "mountpoint": mountpoint, "unmounted": true, "pid": std::process::id(), "upper": crate::sys::absolute(overlay.upper_dir())}),
-                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => error(
-                            "busy",
-                            &format!(
-                                "{}: cannot unmount: files on it are open or a process works in it; close them, or use `sessionfs umount --lazy`",
-                                mountpoint.display()
-                            ),
-                            Some(&mountpoint),
+            control::serve(listener, move |req, notify| match req {
+                Request::Status => Reply::Status(status(&overlay, &mountpoint)),
+                // The mount is gone from here once unmounted, but the kernel
+                // may keep it alive in another mount namespace that copied
+                // it (a sandbox a harness started: bwrap), which this
+                // daemon serves until that ends. Its socket goes now, so
+                // that a new mount can be made at this mountpoint meanwhile.
+                Request::Unmount { lazy } => match unmount(&mountpoint, lazy, &ours)
+                    .inspect(|()| own_socket.remove())
+                {
+                    Ok(()) => Reply::Unmounted {
+                        mountpoint: mountpoint.clone(),
+                        unmounted: true,
+                        pid: std::process::id(),
+                        upper: crate::sys::absolute(overlay.upper_dir()),
+                    },
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Reply::error(
+                        ErrorKind::Busy,
+                        &format!(
+                            "{}: cannot unmount: files on it are open or a process works in it; close them, or use `sessionfs umount --lazy`",
+                            mountpoint.display()
                         ),
-                        Err(e) => error(
-                            "io",
-                            &format!("{}: cannot unmount: {e}", mountpoint.display()),
-                            Some(&mountpoint),
-                        ),
-                    }
-                }
-                _ => handler(&overlay, req, notify).unwrap_or_else(|| error("usage", "unknown control request", None)),
+                        Some(&mountpoint),
+                    ),
+                    Err(e) => Reply::error(
+                        ErrorKind::Io,
+                        &format!("{}: cannot unmount: {e}", mountpoint.display()),
+                        Some(&mountpoint),
+                    ),
+                },
+                Request::Seal(r) => seal(&overlay, &r, notify),
             })
         })?;
     }
@@ -361,43 +360,33 @@ fn macos_options(packet: &Path, digest: &str) -> Vec<String> {
     ]
 }
 
-/// A control-protocol error object, naming `path` when there is one.
-pub fn error(kind: &str, message: &str, path: Option<&Path>) -> Value {
-    let exit = match kind {
-        "usage" => 2,
-        "busy" => 8,
-        _ => 6,
-    };
-    let mut e =
-        json!({"schema": "sessionfs.error/1", "kind": kind, "message": message, "exit_code": exit});
-    if let Some(path) = path {
-        e["path"] = crate::packet::path::shown_path(path).into();
-    }
-    e
-}
-
-fn status(o: &Overlay, mountpoint: &Path) -> Value {
+fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
     let s = &o.stats;
-    let read_inodes: Vec<u64> = s.read_inodes.lock().clone();
     // Absolute: the asker's working directory need not be the daemon's.
     let abs = crate::sys::absolute;
-    json!({
-        "schema": "sessionfs.status-result/2",
-        "mountpoint": abs(mountpoint),
-        "packet": abs(o.lower().packet.path()),
-        "digest": o.lower().packet.digest.to_string(),
-        "upper": abs(o.upper_dir()),
-        "pid": std::process::id(),
-        "records": o.records(),
-        "lookups": s.lookups.load(Ordering::Relaxed),
-        "reads": s.reads.load(Ordering::Relaxed),
-        "read_bytes": s.read_bytes.load(Ordering::Relaxed),
-        "writes": s.writes.load(Ordering::Relaxed),
-        "copy_ups": s.copy_ups.load(Ordering::Relaxed),
-        "verified_bytes": o.verified_bytes(),
-        "read_inodes": read_inodes,
-        "secrets": o.secrets().iter().map(|s| json!({"path": s.path, "host": s.host})).collect::<Vec<_>>(),
-    })
+    control::Status {
+        mountpoint: abs(mountpoint),
+        packet: abs(o.lower().packet.path()),
+        digest: o.lower().packet.digest.to_string(),
+        upper: abs(o.upper_dir()),
+        pid: std::process::id(),
+        records: o.records(),
+        lookups: s.lookups.load(Ordering::Relaxed),
+        reads: s.reads.load(Ordering::Relaxed),
+        read_bytes: s.read_bytes.load(Ordering::Relaxed),
+        writes: s.writes.load(Ordering::Relaxed),
+        copy_ups: s.copy_ups.load(Ordering::Relaxed),
+        verified_bytes: o.verified_bytes(),
+        read_inodes: s.read_inodes.lock().clone(),
+        secrets: o
+            .secrets()
+            .iter()
+            .map(|s| control::ShownSecret {
+                path: s.path.clone(),
+                host: s.host.clone(),
+            })
+            .collect(),
+    }
 }
 
 #[cfg(test)]

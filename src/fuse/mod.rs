@@ -4,8 +4,8 @@
 //! socket (`daemon.rs`, `control.rs`); `quiet.rs` keeps fuser's one
 //! harmless error line out of the log.
 
-pub mod control;
-pub mod daemon;
+pub(crate) mod control;
+pub(crate) mod daemon;
 pub mod errno;
-pub mod fs;
-pub mod quiet;
+pub(crate) mod fs;
+pub(crate) mod quiet;

@@ -11,8 +11,9 @@
 //! small file's hash, or the one chunk a piece of a large file holds),
 //! content `pack` hashed in its first pass against that pass's
 //! fingerprint, per file or chunk likewise; two writer threads write them (two writes
-//! in flight); a hasher thread hashes them in file order for `file_sha256`
-//! (that hash is sequential, so the pipeline runs at its pace at best).
+//! in flight); a hasher thread takes them in file order, checks the files that span
+//! pieces whole, and hashes them for `file_sha256` when asked (that hash is
+//! sequential, so the pipeline then runs at its pace at best).
 //! Nothing is read back.
 //!
 //! The writer goes around the page cache (`O_DIRECT`) when asked: for a
@@ -22,7 +23,7 @@
 //! piece's writeback at once, so the fsync waits only for the tail.
 //!
 //! Why not `copy_file_range` for reused content: its bytes pass through
-//! memory anyway, to be verified and to feed `file_sha256`; and the
+//! memory anyway, to be verified; and the
 //! extent sharing that makes it cheap on reflink filesystems needs content
 //! at block-aligned offsets in both files, which tar's 512-byte members
 //! rarely give.
@@ -201,23 +202,33 @@ fn range(piece: &Piece, manifest: &Manifest, layout: &Layout) -> Range<u64> {
     }
 }
 
+/// How [`write_in_order`] writes.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteOptions {
+    /// The bytes go to the disk without the page cache (`O_DIRECT`, where
+    /// the file system takes it): no copy into the cache and nothing left
+    /// dirty, for a packet that will not be read here soon.
+    pub direct: bool,
+    /// Compute the SHA-256 of the whole file (`--file-sha256`): one more
+    /// pass over every byte, on a thread of its own.
+    pub file_sha256: bool,
+}
+
 /// Writes the whole packet for a complete `manifest` (whose encoding is
 /// `manifest_bytes`) into `out`, as the module describes, and returns the
-/// SHA-256 of the file. The caller syncs and commits. With `direct`, the
-/// bytes go to the disk without the page cache (`O_DIRECT`, where the file
-/// system takes it): no copy into the cache and nothing left dirty, for a
-/// packet that will not be read here soon.
+/// SHA-256 of the file when `how` asks for it. The caller syncs and
+/// commits.
 #[allow(clippy::too_many_arguments)]
 pub fn write_in_order<S: Contents>(
     out: &Output,
-    direct: bool,
+    how: WriteOptions,
     manifest: &Manifest,
     manifest_bytes: &[u8],
     layout: &Layout,
     src: &S,
     stats: &WriteStats,
     progress: &(dyn Fn(u64) + Sync),
-) -> std::result::Result<Sha256, S::Error> {
+) -> std::result::Result<Option<Sha256>, S::Error> {
     let a = Assembler {
         manifest,
         manifest_bytes,
@@ -231,7 +242,7 @@ pub fn write_in_order<S: Contents>(
     // 2 cores when the check was a second SHA-256: two workers beat one,
     // whose per-file work left the hasher waiting.
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    write_pieces(&a, out, direct, workers)
+    write_pieces(&a, out, how, workers)
 }
 
 /// [`write_in_order`]'s pipeline, with `workers` assembling threads (at
@@ -239,9 +250,9 @@ pub fn write_in_order<S: Contents>(
 fn write_pieces<S: Contents>(
     a: &Assembler<'_, S>,
     out: &Output,
-    direct: bool,
+    how: WriteOptions,
     workers: usize,
-) -> std::result::Result<Sha256, S::Error> {
+) -> std::result::Result<Option<Sha256>, S::Error> {
     let workers = workers.clamp(1, IN_FLIGHT);
     let (manifest, layout) = (a.manifest, a.layout);
     let pieces = pieces(manifest, layout);
@@ -250,7 +261,7 @@ fn write_pieces<S: Contents>(
     let failed = AtomicBool::new(false);
     let sink = Sink {
         out,
-        direct: if direct { out.open_direct() } else { None },
+        direct: if how.direct { out.open_direct() } else { None },
         direct_refused: AtomicBool::new(false),
     };
     tracing::debug!(
@@ -274,9 +285,12 @@ fn write_pieces<S: Contents>(
         let hasher = {
             let pool_tx = pool_tx.clone();
             let pieces = &pieces;
-            start(s, failed, move || -> Result<Option<Sha256>> {
+            // `Some` once every piece is checked; in it, the file's hash
+            // if asked for. The pieces go through here either way: files
+            // that span pieces are checked whole here.
+            start(s, failed, move || -> Result<Option<Option<Sha256>>> {
                 let _guard = FailOnPanic(failed);
-                let mut h = sha2::Sha256::new();
+                let mut h = how.file_sha256.then(sha2::Sha256::new);
                 let mut whole = None;
                 let mut waiting = BTreeMap::new();
                 let mut want = 0;
@@ -290,7 +304,9 @@ fn write_pieces<S: Contents>(
                         Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(None),
                     };
                     while let Some(buf) = waiting.remove(&want) {
-                        h.update(buf.bytes());
+                        if let Some(h) = &mut h {
+                            h.update(buf.bytes());
+                        }
                         if let Err(e) = a.check_whole(&pieces[want], buf.bytes(), &mut whole) {
                             failed.store(true, Ordering::Relaxed);
                             return Err(e);
@@ -299,8 +315,10 @@ fn write_pieces<S: Contents>(
                         want += 1;
                     }
                 }
-                h.update(vec![0u8; trailer as usize]);
-                Ok(Some(Sha256(h.finalize().into())))
+                Ok(Some(h.map(|mut h| {
+                    h.update(vec![0u8; trailer as usize]);
+                    Sha256(h.finalize().into())
+                })))
             })
         };
         // Two writers keep two writes in flight: a direct write waits for
@@ -837,7 +855,7 @@ mod tests {
             stats: &stats,
             progress: &|_| {},
         };
-        let sha = write_pieces(&a, &out, direct, workers)?;
+        let sha = write_pieces(&a, &out, with_sha(direct), workers)?.unwrap_or_default();
         out.sync_data()?;
         out.commit(0o644)?;
         Ok((std::fs::read(&dest).unwrap(), sha))
@@ -864,7 +882,15 @@ mod tests {
             stats: &WriteStats::default(),
             progress: &|_| {},
         };
-        write_pieces(&a, &out, false, workers)
+        Ok(write_pieces(&a, &out, with_sha(false), workers)?.unwrap_or_default())
+    }
+
+    /// Writes with the file's hash, `direct` or not.
+    fn with_sha(direct: bool) -> WriteOptions {
+        WriteOptions {
+            direct,
+            file_sha256: true,
+        }
     }
 
     /// New content: [`hash_new`] takes it from a [`Memory`] source.

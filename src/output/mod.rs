@@ -5,7 +5,7 @@
 //! `pack` and `seal` write the same way: new content is hashed first
 //! ([`hash_new`]), so the manifest is complete before anything is written,
 //! and then the file is written once, in order, and hashed as it goes for
-//! `file_sha256` ([`write_in_order`]; see [`in_order`]). Nothing is read
+//! `file_sha256` when asked ([`write_in_order`]; see [`in_order`]). Nothing is read
 //! back. The end marker is the zeros of the freshly sized file.
 
 use std::ffi::OsString;
@@ -27,7 +27,7 @@ use crate::packet::format::{BLOCK, MANIFEST_NAME};
 use crate::packet::layout::Layout;
 
 pub mod in_order;
-pub use in_order::{Keep, hash_new, write_in_order};
+pub use in_order::{Keep, WriteOptions, hash_new, write_in_order};
 
 /// A packet being written: a temporary file in the destination's directory.
 ///

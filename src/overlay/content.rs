@@ -163,7 +163,7 @@ impl Verifier {
     }
 
     /// Whether the packet was opened as the file `committed`, unmodified
-    /// (see [`crate::output::Committed::is`]), as its stat at open shows.
+    /// (see `crate::output::Committed::is`), as its stat at open shows.
     pub fn opened_as(&self, packet: &Packet, committed: &crate::output::Committed) -> bool {
         packet
             .file()

@@ -5,7 +5,7 @@
 use std::io;
 
 use crate::packet;
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 
 /// An overlay error.
 #[derive(Debug, thiserror::Error)]
@@ -172,7 +172,7 @@ pub enum Error {
         /// Packet path of the entry.
         path: String,
         /// Stable kind (`path_collision`, `invalid_path`, ...).
-        kind: &'static str,
+        kind: ErrorKind,
         /// What is wrong and what to do.
         reason: String,
     },
@@ -202,18 +202,18 @@ impl Error {
     }
 
     /// Stable kind, for errors reported by commands.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Packet(e) => e.kind(),
-            Error::Rebase { .. } => "rebase_failed",
-            Error::UpperRefused { .. } => "upper_refused",
-            Error::UpperMismatch { .. } => "upper_mismatch",
-            Error::Replay { .. } => "upper_damaged",
-            Error::Upper { .. } | Error::PacketIo { .. } | Error::Secret { .. } => "io",
-            Error::Corrupt { .. } => "content_mismatch",
-            Error::PacketChanged { .. } => "packet_changed",
-            Error::Refused { kind, .. } => kind,
-            _ => "filesystem",
+            Error::Rebase { .. } => ErrorKind::RebaseFailed,
+            Error::UpperRefused { .. } => ErrorKind::UpperRefused,
+            Error::UpperMismatch { .. } => ErrorKind::UpperMismatch,
+            Error::Replay { .. } => ErrorKind::UpperDamaged,
+            Error::Upper { .. } | Error::PacketIo { .. } | Error::Secret { .. } => ErrorKind::Io,
+            Error::Corrupt { .. } => ErrorKind::ContentMismatch,
+            Error::PacketChanged { .. } => ErrorKind::PacketChanged,
+            Error::Refused { kind, .. } => *kind,
+            _ => ErrorKind::Filesystem,
         }
     }
 

@@ -90,7 +90,7 @@ impl Secrets {
 pub(super) fn refuse(path: &str, reason: &str) -> Error {
     Error::Refused {
         path: path.into(),
-        kind: "secret_unusable",
+        kind: crate::packet::error::ErrorKind::SecretUnusable,
         reason: reason.into(),
     }
 }

@@ -794,3 +794,7 @@ fn replay(reason: &str) -> Error {
         reason: reason.into(),
     }
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

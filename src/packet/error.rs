@@ -6,6 +6,8 @@
 
 use std::io;
 
+pub use crate::kind::ErrorKind;
+
 /// What the CLI turns into an exit code. Higher layers classify their own
 /// errors into the same classes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -405,42 +407,42 @@ impl Error {
     }
 
     /// The stable machine-readable kind.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Io { .. } => "io",
+            Error::Io { .. } => ErrorKind::Io,
             Error::Store(e) => e.kind(),
-            Error::NotAPacket { .. } => "not_a_packet",
-            Error::ManifestMissing { .. } => "manifest_missing",
-            Error::ManifestSyntax { .. } => "manifest_syntax",
-            Error::ManifestNotCanonical { .. } => "manifest_not_canonical",
-            Error::ManifestUnknownField { .. } => "manifest_unknown_field",
-            Error::ManifestNullField { .. } => "manifest_null_field",
-            Error::ManifestMissingField { .. } => "manifest_missing_field",
-            Error::ManifestBadValue { .. } => "manifest_bad_value",
-            Error::UnsupportedSchema { .. } => "unsupported_schema",
-            Error::InvalidPath { .. } => "invalid_path",
-            Error::NotSorted { .. } => "not_sorted",
-            Error::DuplicatePath { .. } => "duplicate_path",
-            Error::PathCollision { .. } => "path_collision",
-            Error::BadParent { .. } => "bad_parent",
-            Error::InvalidTarget { .. } => "invalid_symlink_target",
-            Error::SymlinkEscapes { .. } => "symlink_escapes",
-            Error::SymlinkBudget { .. } => "symlink_budget",
-            Error::HarnessMismatch { .. } => "harness_mismatch",
-            Error::LimitExceeded { .. } => "limit_exceeded",
-            Error::FormatLimit { .. } => "format_limit",
-            Error::BadChecksum { .. } => "bad_header_checksum",
-            Error::UnsupportedMember { .. } => "unsupported_member_type",
-            Error::MemberMismatch { .. } => "member_mismatch",
-            Error::NonCanonicalHeader { .. } => "non_canonical_header",
-            Error::SizeMismatch { .. } => "size_mismatch",
-            Error::ContentMismatch { .. } => "content_mismatch",
-            Error::BadPadding { .. } => "bad_padding",
-            Error::BadEndMarker { .. } => "bad_end_marker",
-            Error::Truncated { .. } => "truncated",
-            Error::TrailingBytes { .. } => "trailing_bytes",
-            Error::DigestMismatch { .. } => "digest_mismatch",
-            Error::TargetUnusable { .. } => "target_unusable",
+            Error::NotAPacket { .. } => ErrorKind::NotAPacket,
+            Error::ManifestMissing { .. } => ErrorKind::ManifestMissing,
+            Error::ManifestSyntax { .. } => ErrorKind::ManifestSyntax,
+            Error::ManifestNotCanonical { .. } => ErrorKind::ManifestNotCanonical,
+            Error::ManifestUnknownField { .. } => ErrorKind::ManifestUnknownField,
+            Error::ManifestNullField { .. } => ErrorKind::ManifestNullField,
+            Error::ManifestMissingField { .. } => ErrorKind::ManifestMissingField,
+            Error::ManifestBadValue { .. } => ErrorKind::ManifestBadValue,
+            Error::UnsupportedSchema { .. } => ErrorKind::UnsupportedSchema,
+            Error::InvalidPath { .. } => ErrorKind::InvalidPath,
+            Error::NotSorted { .. } => ErrorKind::NotSorted,
+            Error::DuplicatePath { .. } => ErrorKind::DuplicatePath,
+            Error::PathCollision { .. } => ErrorKind::PathCollision,
+            Error::BadParent { .. } => ErrorKind::BadParent,
+            Error::InvalidTarget { .. } => ErrorKind::InvalidSymlinkTarget,
+            Error::SymlinkEscapes { .. } => ErrorKind::SymlinkEscapes,
+            Error::SymlinkBudget { .. } => ErrorKind::SymlinkBudget,
+            Error::HarnessMismatch { .. } => ErrorKind::HarnessMismatch,
+            Error::LimitExceeded { .. } => ErrorKind::LimitExceeded,
+            Error::FormatLimit { .. } => ErrorKind::FormatLimit,
+            Error::BadChecksum { .. } => ErrorKind::BadHeaderChecksum,
+            Error::UnsupportedMember { .. } => ErrorKind::UnsupportedMemberType,
+            Error::MemberMismatch { .. } => ErrorKind::MemberMismatch,
+            Error::NonCanonicalHeader { .. } => ErrorKind::NonCanonicalHeader,
+            Error::SizeMismatch { .. } => ErrorKind::SizeMismatch,
+            Error::ContentMismatch { .. } => ErrorKind::ContentMismatch,
+            Error::BadPadding { .. } => ErrorKind::BadPadding,
+            Error::BadEndMarker { .. } => ErrorKind::BadEndMarker,
+            Error::Truncated { .. } => ErrorKind::Truncated,
+            Error::TrailingBytes { .. } => ErrorKind::TrailingBytes,
+            Error::DigestMismatch { .. } => ErrorKind::DigestMismatch,
+            Error::TargetUnusable { .. } => ErrorKind::TargetUnusable,
         }
     }
 

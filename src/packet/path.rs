@@ -71,14 +71,20 @@ fn last_slash(path: &str) -> Option<usize> {
     path.bytes().rposition(|b| b == b'/')
 }
 
-/// `bytes` shown as text for a message or a result: UTF-8 as it is; else
-/// each byte that is not UTF-8 as `\xHH` and each backslash doubled
+/// `bytes` shown as text for a message or a result: UTF-8 as it is, but
+/// each backslash doubled and each byte that is not UTF-8 as `\xHH`
 /// (`bad\xffname`, which a shell takes back as `$'bad\xffname'`), so
 /// that a user can find the name, where a lossy conversion would show a
-/// U+FFFD that matches nothing on disk.
+/// U+FFFD that matches nothing on disk. Backslashes are doubled in every
+/// name, so that the UTF-8 name `caf\xe9`, typed with a backslash, shows
+/// as `caf\\xe9`, never as the name with the byte 0xe9.
 pub fn shown(bytes: &[u8]) -> String {
     if let Ok(s) = std::str::from_utf8(bytes) {
-        return s.to_owned();
+        return if s.contains('\\') {
+            s.replace('\\', "\\\\")
+        } else {
+            s.to_owned()
+        };
     }
     let mut out = String::with_capacity(bytes.len() + 8);
     for chunk in bytes.utf8_chunks() {
@@ -140,7 +146,8 @@ fn plain_component(c: &[u8]) -> bool {
 /// [`check_path`], in the order its errors are reported.
 fn check_path_slowly(path: &str, limits: &Limits) -> Result<()> {
     let invalid = |reason: String| Error::InvalidPath {
-        path: path.to_owned(),
+        // Its backslashes doubled: the path may well have one.
+        path: shown(path.as_bytes()),
         reason,
     };
     if path.is_empty() {
@@ -220,9 +227,11 @@ mod tests {
         assert_eq!(shown(b"caf\xe9"), "caf\\xe9");
         // A cut sequence, a stray continuation byte, and UTF-8 after them.
         assert_eq!(shown(b"a\xe2\x82/\x80\xc3\xa9"), "a\\xe2\\x82/\\x80\u{e9}");
-        // A backslash is doubled where escapes are used, and only there.
-        assert_eq!(shown(b"a\\x41"), "a\\x41");
+        // A backslash is doubled in every name: a UTF-8 name typed with
+        // `\xe9` in it never shows as the name with the byte.
+        assert_eq!(shown(b"a\\x41"), "a\\\\x41");
         assert_eq!(shown(b"a\\x41\xff"), "a\\\\x41\\xff");
+        assert_ne!(shown(b"caf\\xe9"), shown(b"caf\xe9"));
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::io;
 use std::path::Path;
 
 use crate::packet;
-use crate::packet::error::ErrorClass;
+use crate::packet::error::{ErrorClass, ErrorKind};
 
 /// A pack-side error.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ pub enum Error {
         /// Packet path of the offending entry.
         path: String,
         /// Stable kind, e.g. `non_utf8_name`, `external_symlink`.
-        kind: &'static str,
+        kind: ErrorKind,
         /// What is wrong and what to do.
         reason: String,
     },
@@ -75,7 +75,7 @@ impl Error {
         match e {
             packet::Error::InvalidPath { path, reason } => Error::Refused {
                 path,
-                kind: "invalid_path",
+                kind: crate::packet::error::ErrorKind::InvalidPath,
                 reason: format!("invalid path: {reason}"),
             },
             packet::Error::PathCollision { path, other } => Error::Refused {
@@ -84,11 +84,11 @@ impl Error {
                      (macOS APFS); rename one of them"
                 ),
                 path,
-                kind: "path_collision",
+                kind: crate::packet::error::ErrorKind::PathCollision,
             },
             packet::Error::InvalidTarget { path, reason } => Error::Refused {
                 path,
-                kind: "invalid_symlink_target",
+                kind: crate::packet::error::ErrorKind::InvalidSymlinkTarget,
                 reason,
             },
             other => Error::Packet(other),
@@ -96,13 +96,13 @@ impl Error {
     }
 
     /// Stable machine-readable kind.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::NotADirectory { .. } => "not_a_directory",
-            Error::Refused { kind, .. } => kind,
-            Error::Changed { .. } => "changed_while_packing",
-            Error::Pattern(_) => "bad_pattern",
-            Error::Io { .. } => "io",
+            Error::NotADirectory { .. } => ErrorKind::NotADirectory,
+            Error::Refused { kind, .. } => *kind,
+            Error::Changed { .. } => ErrorKind::ChangedWhilePacking,
+            Error::Pattern(_) => ErrorKind::BadPattern,
+            Error::Io { .. } => ErrorKind::Io,
             Error::Packet(e) => e.kind(),
         }
     }

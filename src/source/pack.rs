@@ -3,15 +3,15 @@
 //! The walk yields every entry with its size and stamp; the manifest is
 //! validated before any file is read. Then two passes, as in the seal:
 //! every file is hashed on all cores, and the packet is written once, in
-//! file order, around the page cache, while a thread hashes it for
-//! `file_sha256` (nothing is read back). The smallest files, up to a
+//! file order, around the page cache (with `--file-sha256`, while a thread
+//! hashes it for `file_sha256`; nothing is read back). The smallest files, up to a
 //! memory budget, are read once: the first pass holds their bytes for the
 //! second. Any other file must be the same in both
 //! passes: the first takes a fingerprint of every file (or of each chunk)
 //! beside its hashes, and the second fingerprints it again as it copies
 //! it and compares (timestamps cannot prove a file unchanged: stores
 //! through a shared mapping move no ctime until writeback); see
-//! [`crate::output::fingerprint`] for why a fingerprint, not a second
+//! `crate::output::fingerprint` for why a fingerprint, not a second
 //! SHA-256. After every read the file must still be the one the walk saw,
 //! with the same size and mtime.
 
@@ -30,7 +30,8 @@ use super::policy::Policy;
 use super::report::ScanReport;
 use super::walk::{FoundFile, FoundKind, Root, ScanOptions, scan};
 use crate::output::{
-    Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
+    Check, ContentReader, Contents, Keep, Output, WriteOptions, WriteStats, hash_new,
+    write_in_order,
 };
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{HarnessKind, Limits, chunk_count};
@@ -63,7 +64,9 @@ pub struct PackOptions {
     /// (`None`: 256 MiB, or a sixteenth of the memory the process may use
     /// where that is less; never more than half of that memory).
     pub hold_memory: Option<u64>,
-    /// Test barrier directory (see [`crate::barrier`]); its point is
+    /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
+    pub file_sha256: bool,
+    /// Test barrier directory (see `crate::barrier`); its point is
     /// `hashed`, between the two passes.
     pub barrier: Option<PathBuf>,
 }
@@ -73,8 +76,9 @@ pub struct PackOptions {
 pub struct PackOutcome {
     /// The packet digest.
     pub digest: Digest,
-    /// SHA-256 of the whole file.
-    pub file_sha256: Sha256,
+    /// SHA-256 of the whole file, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_sha256: Option<Sha256>,
     /// Length of the packet file.
     pub packet_bytes: u64,
     /// Entry counts.
@@ -155,7 +159,7 @@ fn part_root_identities(
     if w == h {
         return Err(Error::Refused {
             path: crate::packet::path::shown_path(harness),
-            kind: "parts_overlap",
+            kind: crate::packet::error::ErrorKind::PartsOverlap,
             reason: "--workspace and --harness name the same directory; the harness part is \
                      the agent's home (such as ~/.codex), give it apart from the workspace"
                 .into(),
@@ -190,7 +194,7 @@ pub fn pack(
     if let Some(reason) = crate::output::refuse_replacing(&opts.output) {
         return Err(Error::Refused {
             path: crate::packet::path::shown_path(&opts.output),
-            kind: "target_unusable",
+            kind: crate::packet::error::ErrorKind::TargetUnusable,
             reason,
         });
     }
@@ -251,7 +255,7 @@ pub fn pack(
 
     // Two passes, like the seal: hash every file on all cores, then write
     // the packet once, in file order, hashing it on the way for
-    // `file_sha256` (see crate::output::in_order); the smallest files are
+    // `file_sha256` if asked (see crate::output::in_order); the smallest files are
     // copied from the bytes the first pass held, every other one
     // fingerprinted again as it is copied and compared with the first pass.
     let stats = WriteStats::default();
@@ -269,7 +273,7 @@ pub fn pack(
     progress(PackProgress::Pass("hashing", manifest.content_bytes()));
     let hashes = hash_new(&manifest, &first, &stats, keep, &bytes)?;
     tracing::debug!(elapsed = ?t.elapsed(), hold_max = ?keep.hold_max, "content hashed");
-    crate::barrier::wait(opts.barrier.as_deref(), "hashed");
+    crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Hashed);
     let mut fingerprints = vec![Vec::new(); manifest.entries.len()];
     let mut held: Vec<Option<Box<[u8]>>> = vec![None; manifest.entries.len()];
     for h in hashes {
@@ -294,7 +298,10 @@ pub fn pack(
     progress(PackProgress::Pass("writing", layout.total_len()));
     let file_sha256 = write_in_order(
         &output,
-        true,
+        WriteOptions {
+            direct: true,
+            file_sha256: opts.file_sha256,
+        },
         &manifest,
         &manifest_bytes,
         &layout,
@@ -317,7 +324,7 @@ pub fn pack(
     tracing::debug!(elapsed = ?t.elapsed(), "written");
     output.commit(opts.mode)?;
     tracing::debug!(elapsed = ?t.elapsed(), "committed");
-    crate::barrier::wait(opts.barrier.as_deref(), "committed");
+    crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
 
     let count =
         |pred: fn(&Entry) -> bool| manifest.entries.iter().filter(|e| pred(e)).count() as u64;

@@ -171,6 +171,9 @@ pub struct Policy {
     harness: Option<HarnessKind>,
     exclude: Patterns,
     keep: Patterns,
+    /// The `--keep` patterns ignoring case, for the default rules that do
+    /// (keys and certificates: `--keep '*.pem'` keeps `CERT.PEM`).
+    keep_any_case: Patterns,
 }
 
 /// User patterns, split by what they match against.
@@ -183,12 +186,12 @@ struct Patterns {
 }
 
 impl Patterns {
-    fn new(patterns: &[String]) -> Result<Patterns, String> {
+    fn new(patterns: &[String], any_case: bool) -> Result<Patterns, String> {
         let mut by_name = GlobSetBuilder::new();
         let mut by_path = GlobSetBuilder::new();
         let (mut name_index, mut path_index) = (Vec::new(), Vec::new());
         for (i, p) in patterns.iter().enumerate() {
-            let (glob, whole_path) = compile(p)?;
+            let (glob, whole_path) = compile(p, any_case)?;
             if whole_path {
                 by_path.add(glob);
                 path_index.push(i);
@@ -228,7 +231,7 @@ impl Patterns {
 /// has a `/` before its end) rather than names. A trailing `/` is dropped,
 /// as gitignore reads it: `secrets/` matches names at any depth, like
 /// `secrets`.
-fn compile(pattern: &str) -> Result<(Glob, bool), String> {
+fn compile(pattern: &str, any_case: bool) -> Result<(Glob, bool), String> {
     let trimmed = pattern.trim_end_matches('/');
     if trimmed.is_empty() {
         return Err(format!(
@@ -280,6 +283,7 @@ fn compile(pattern: &str) -> Result<(Glob, bool), String> {
     let glob = GlobBuilder::new(trimmed)
         .literal_separator(true)
         .backslash_escape(true)
+        .case_insensitive(any_case)
         .build()
         .map_err(|e| format!("bad pattern `{pattern}`: {e}"))?;
     Ok((glob, whole_path))
@@ -327,25 +331,39 @@ impl Policy {
     ) -> Result<Policy, String> {
         Ok(Policy {
             harness,
-            exclude: Patterns::new(exclude)?,
-            keep: Patterns::new(keep)?,
+            exclude: Patterns::new(exclude, false)?,
+            keep: Patterns::new(keep, false)?,
+            keep_any_case: Patterns::new(keep, true)?,
         })
+    }
+
+    /// Whether a `--keep` pattern lifts default rule `rule` for the entry,
+    /// matching as the rule does (in any case where the rule ignores it).
+    fn kept(&self, rule: &DefaultRule, path: &str, name: &str) -> bool {
+        let keep = match rule {
+            DefaultRule::Exclude { any_case: true, .. } => &self.keep_any_case,
+            _ => &self.keep,
+        };
+        keep.find(path, name).is_some()
     }
 
     /// Judges the entry at packet path `path` (file name `name`).
     pub fn judge(&self, part: Part, path: &str, name: &str, is_dir: bool) -> Verdict {
         let default = self.default_rule(part, name, is_dir);
         if let Some(p) = self.exclude.find(path, name) {
-            let credential = default.as_ref().is_some_and(DefaultRule::is_credential)
-                && self.keep.find(path, name).is_none();
+            let credential = default
+                .as_ref()
+                .is_some_and(|rule| rule.is_credential() && !self.kept(rule, path, name));
             return Verdict::Exclude(Reason::Excluded {
                 pattern: p.into(),
                 credential,
             });
         }
         match default {
-            Some(_) if self.keep.find(path, name).is_some() => Verdict::Include,
-            Some(DefaultRule::Exclude(what)) => Verdict::Exclude(Reason::Credential { what }),
+            Some(rule) if self.kept(&rule, path, name) => Verdict::Include,
+            Some(DefaultRule::Exclude { what, .. }) => {
+                Verdict::Exclude(Reason::Credential { what })
+            }
             Some(DefaultRule::Macos(what)) => Verdict::Exclude(Reason::MacosMetadata { what }),
             Some(DefaultRule::Refuse(why)) => Verdict::Refuse(why),
             Some(DefaultRule::MachineState(what)) => {
@@ -356,7 +374,12 @@ impl Policy {
     }
 
     fn default_rule(&self, part: Part, name: &str, is_dir: bool) -> Option<DefaultRule> {
-        let exclude = |what: String| Some(DefaultRule::Exclude(what));
+        let exclude = |what: String| {
+            Some(DefaultRule::Exclude {
+                what,
+                any_case: false,
+            })
+        };
         if let Some(rule) = macos_rule(name, is_dir) {
             return Some(DefaultRule::Macos(rule));
         }
@@ -396,7 +419,10 @@ impl Policy {
                 .iter()
                 .find(|e| e.eq_ignore_ascii_case(ext))
             {
-                return exclude(format!("*.{rule}"));
+                return Some(DefaultRule::Exclude {
+                    what: format!("*.{rule}"),
+                    any_case: true,
+                });
             }
         }
         if name == ".env"
@@ -426,8 +452,9 @@ impl Policy {
 }
 
 enum DefaultRule {
-    /// A credential, left out.
-    Exclude(String),
+    /// A credential, left out as `what`; `any_case` when the rule ignores
+    /// case in names.
+    Exclude { what: String, any_case: bool },
     /// Finder or Spotlight litter: left out.
     Macos(String),
     /// A credential store no rule decides: packing stops.
@@ -439,7 +466,7 @@ enum DefaultRule {
 
 impl DefaultRule {
     fn is_credential(&self) -> bool {
-        matches!(self, DefaultRule::Exclude(_) | DefaultRule::Refuse(_))
+        matches!(self, DefaultRule::Exclude { .. } | DefaultRule::Refuse(_))
     }
 }
 
@@ -771,6 +798,15 @@ mod tests {
         );
         // --keep lifts a default...
         assert_eq!(judge(&p, "workspace/other.pem", false), Verdict::Include);
+        // ...matching as the rule does: in any case for keys and
+        // certificates, whose rule ignores case...
+        assert_eq!(judge(&p, "workspace/CERT.PEM", false), Verdict::Include);
+        // ...and exactly where the rule is exact (`.ENV` is no `.env`).
+        let env = Policy::new(None, &[], &[".ENV".into(), "ID_RSA".into()]).unwrap();
+        assert!(matches!(
+            judge(&env, "workspace/id_rsa", false),
+            Verdict::Exclude(Reason::Credential { .. })
+        ));
         assert_eq!(judge(&p, "workspace/.env", false), Verdict::Include);
         assert!(matches!(
             judge(&p, "workspace/sub/.env", false),

@@ -274,7 +274,7 @@ impl ScanReport {
             Verdict::Refuse(reason) => {
                 return Err(Error::Refused {
                     path: path.to_owned(),
-                    kind: "credential_store",
+                    kind: crate::packet::error::ErrorKind::CredentialStore,
                     reason,
                 });
             }
@@ -312,7 +312,7 @@ impl ScanReport {
         self.resolved_escapes(manifest, reject_external)
             .map_err(|(path, reason)| Error::Refused {
                 path,
-                kind: "external_symlink",
+                kind: crate::packet::error::ErrorKind::ExternalSymlink,
                 reason,
             })
     }

@@ -162,7 +162,7 @@ pub struct ScanOptions<'a> {
     /// Directories to leave out and report because they are the root of
     /// the other part: the `(dev, ino)` of each part's root, and that part.
     pub other_parts: Vec<(sys::FileId, Part)>,
-    /// Test barrier directory (see [`crate::barrier`]): the walk pauses
+    /// Test barrier directory (see `crate::barrier`): the walk pauses
     /// at `walked-roots` once the part roots are read.
     pub barrier: Option<&'a Path>,
 }
@@ -239,7 +239,7 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
             credential_dirs.extend(o.credential_dirs);
         }
         if std::mem::take(&mut roots_read) {
-            crate::barrier::wait(opts.barrier, "walked-roots");
+            crate::barrier::wait(opts.barrier, crate::barrier::Point::WalkedRoots);
         }
     }
     let linked = found
@@ -569,7 +569,7 @@ impl Walker<'_, '_> {
             if matches!(verdict, Verdict::Include) && child.raw.is_some() {
                 return Err(Error::Refused {
                     path: cpath,
-                    kind: "non_utf8_name",
+                    kind: crate::packet::error::ErrorKind::NonUtf8Name,
                     reason: "the name is not UTF-8; rename it, or leave it out with --exclude \
                              (packets hold UTF-8 names so they restore on every platform)"
                         .into(),
@@ -748,7 +748,7 @@ impl Walker<'_, '_> {
         if size > MAX_FILE_SIZE {
             return Err(Error::Refused {
                 path: path.into(),
-                kind: "format_limit",
+                kind: crate::packet::error::ErrorKind::FormatLimit,
                 reason: format!(
                     "file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"
                 ),
@@ -804,7 +804,7 @@ impl Walker<'_, '_> {
                 Err(_) => {
                     return Err(Error::Refused {
                         path: path.into(),
-                        kind: "non_utf8_target",
+                        kind: crate::packet::error::ErrorKind::NonUtf8Target,
                         reason: format!(
                             "symlink target `{shown}` is not UTF-8; packets hold UTF-8 only"
                         ),
@@ -822,7 +822,7 @@ impl Walker<'_, '_> {
             )
             .map_err(|reason| Error::Refused {
                 path: path.into(),
-                kind: "external_symlink",
+                kind: crate::packet::error::ErrorKind::ExternalSymlink,
                 reason,
             })
     }

@@ -88,14 +88,15 @@ pub enum Error {
 
 impl Error {
     /// The stable machine-readable kind.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> crate::kind::ErrorKind {
+        use crate::kind::ErrorKind;
         match self {
-            Error::Config { .. } => "remote_config",
-            Error::NotFound { .. } => "remote_not_found",
-            Error::Denied { .. } => "remote_denied",
-            Error::Changed { .. } => "remote_changed",
-            Error::BadResponse { .. } => "remote_bad_response",
-            Error::Unavailable { .. } => "remote_unavailable",
+            Error::Config { .. } => ErrorKind::RemoteConfig,
+            Error::NotFound { .. } => ErrorKind::RemoteNotFound,
+            Error::Denied { .. } => ErrorKind::RemoteDenied,
+            Error::Changed { .. } => ErrorKind::RemoteChanged,
+            Error::BadResponse { .. } => ErrorKind::RemoteBadResponse,
+            Error::Unavailable { .. } => ErrorKind::RemoteUnavailable,
         }
     }
 

@@ -276,7 +276,11 @@ pub fn fuse_available() -> bool {
     if std::env::var_os("SESSIONFS_REQUIRE_FUSE").is_some() {
         panic!("/dev/fuse is missing but SESSIONFS_REQUIRE_FUSE is set: FUSE tests must run");
     }
-    eprintln!("SKIPPED: /dev/fuse does not exist on this machine, so no FUSE mount can be made");
+    // Named after the test (its thread's name), which may ask more than once.
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    eprintln!(
+        "SKIPPED {test}: /dev/fuse does not exist on this machine, so no FUSE mount can be made"
+    );
     false
 }
 
@@ -335,6 +339,12 @@ impl Mounted {
         run(["umount", self.mnt.to_str().unwrap()]).ok();
     }
 
+    /// Forgets the mount, which something other than `sessionfs umount`
+    /// took away (`fusermount3 -u`, `umount`): dropping it does nothing.
+    pub fn unmounted_elsewhere(mut self) {
+        self.mounted = false;
+    }
+
     /// Unmounts (asserting success) and mounts the workspace part of
     /// `packet` again at the same mountpoint over the same upper
     /// directory: the remount after a rebase, or after a restart.
@@ -372,6 +382,63 @@ impl Drop for Mounted {
             detach(&self.mnt);
         }
     }
+}
+
+/// The overlay a mount of `packet`'s workspace part over upper directory
+/// `upper` (made if absent) serves, in this process and without FUSE: the
+/// seal logic's test bench (the kernel is not needed to change the upper
+/// directory, only to decide what reaches it).
+pub fn overlay_of(packet: &Path, upper: &Path) -> sessionfs::overlay::Overlay {
+    use sessionfs::overlay::{Options, Overlay};
+    let limits = sessionfs::packet::format::Limits::DEFAULT;
+    Overlay::mount(
+        sessionfs::packet::reader::Packet::open(packet, &limits).unwrap(),
+        upper,
+        Options {
+            uid: 0,
+            gid: 0,
+            part: Some(sessionfs::packet::path::Part::Workspace),
+        },
+    )
+    .unwrap()
+}
+
+/// What an in-process seal into `output` is given: the defaults of
+/// `sessionfs seal`, and the test barrier at `barrier`.
+pub fn seal_options(
+    output: std::path::PathBuf,
+    barrier: Option<std::path::PathBuf>,
+) -> sessionfs::overlay::seal::SealOptions {
+    sessionfs::overlay::seal::SealOptions {
+        output,
+        mode: 0o644,
+        zero_mtimes: false,
+        reject_external_symlinks: false,
+        exclude: vec![],
+        keep: vec![],
+        limits: sessionfs::packet::format::Limits::DEFAULT,
+        roots: Default::default(),
+        file_sha256: false,
+        barrier,
+        rebase: false,
+        cancel: None,
+    }
+}
+
+/// Runs an offline seal, `seal --packet packet --upper upper -o out`
+/// (extra args appended).
+pub fn seal_offline(packet: &Path, upper: &Path, out: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "seal".as_ref(),
+        "--packet".as_ref(),
+        packet.as_os_str(),
+        "--upper".as_ref(),
+        upper.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    run(&args)
 }
 
 /// Packs `ws` (extra pack args) into `dir/name.packet` and returns its path.
@@ -412,12 +479,17 @@ pub fn mount_workspace(packet: &Path, tmp: &Path) -> Mounted {
     )
 }
 
+/// A packet of [`sample_tree`] (made at `tmp/ws`) at `tmp/p.packet`.
+pub fn sample_packet(tmp: &Path) -> PathBuf {
+    let ws = tmp.join("ws");
+    sample_tree(&ws);
+    packet_of(&ws, tmp, "p", &[])
+}
+
 /// A packet of [`sample_tree`] in `tmp`, mounted by [`mount_workspace`].
 #[track_caller]
 pub fn sample_mount(tmp: &Path) -> (PathBuf, Mounted) {
-    let ws = tmp.join("ws");
-    sample_tree(&ws);
-    let packet = packet_of(&ws, tmp, "p", &[]);
+    let packet = sample_packet(tmp);
     let m = mount_workspace(&packet, tmp);
     (packet, m)
 }

@@ -31,7 +31,7 @@ impl Overlay {
             });
             stack.push((lower.ino(r), path, part, 0));
         }
-        crate::barrier::wait(opts.barrier.as_deref(), "collecting");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Collecting);
         while let Some((dir, dpath, part, depth)) = stack.pop() {
             let list = st.list(lower, dir)?;
             let kinds: Vec<(Kind, Ino)> = list
@@ -97,7 +97,7 @@ impl Overlay {
                             Err(reason) => {
                                 return Err(Error::Refused {
                                     path,
-                                    kind: "external_symlink",
+                                    kind: crate::packet::error::ErrorKind::ExternalSymlink,
                                     reason,
                                 });
                             }

@@ -67,7 +67,7 @@ fn stamp_of(file: &File, path: &str) -> Result<Stamp> {
 fn changed_while_sealing(path: &str) -> Error {
     Error::Refused {
         path: path.to_string(),
-        kind: "changed_while_sealing",
+        kind: crate::packet::error::ErrorKind::ChangedWhileSealing,
         reason: "its upper data file changed while the seal read it (only the daemon may write the upper directory)".into(),
     }
 }
@@ -223,7 +223,7 @@ impl ContentReader for SealReader<'_> {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
                         Error::Refused {
                             path: path.to_string(),
-                            kind: "changed_while_sealing",
+                            kind: crate::packet::error::ErrorKind::ChangedWhileSealing,
                             reason: "its upper data file is shorter than when the seal began \
                                      (only the daemon may write the upper directory)"
                                 .into(),

@@ -36,7 +36,8 @@ use super::split;
 use super::state::{Lower, Ref};
 use super::{Overlay, Stale};
 use crate::output::{
-    Check, ContentReader, Contents, Keep, Output, WriteStats, hash_new, write_in_order,
+    Check, ContentReader, Contents, Keep, Output, WriteOptions, WriteStats, hash_new,
+    write_in_order,
 };
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
@@ -66,6 +67,8 @@ pub struct SealOptions {
     /// Absolute spellings of each part's root where it is mounted, for
     /// rebasing absolute symlinks into it (empty: none are rebased).
     pub roots: HashMap<Part, Vec<String>>,
+    /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
+    pub file_sha256: bool,
     /// Test hook: pause at named points (see `barrier`).
     pub barrier: Option<PathBuf>,
     /// After sealing, continue on the new packet with an empty upper
@@ -83,7 +86,7 @@ impl SealOptions {
         match &self.cancel {
             Some(c) if c.load(std::sync::atomic::Ordering::Relaxed) => Err(Error::Refused {
                 path: crate::packet::path::shown_path(&self.output),
-                kind: "cancelled",
+                kind: crate::packet::error::ErrorKind::Cancelled,
                 reason: "the seal was given up before it placed the packet (its client went \
                          away): nothing was written and the mount is as it was"
                     .into(),
@@ -151,8 +154,9 @@ pub struct SealOutcome {
     pub digest: Digest,
     /// The digest of the packet the mount served.
     pub parent: Digest,
-    /// SHA-256 of the new packet file.
-    pub file_sha256: Sha256,
+    /// SHA-256 of the new packet file, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_sha256: Option<Sha256>,
     /// Its length.
     pub packet_bytes: u64,
     /// Entries in it.
@@ -160,9 +164,9 @@ pub struct SealOutcome {
     /// Entries added.
     pub added: u64,
     /// Entries modified.
-    pub changed: u64,
-    /// Entries removed.
-    pub removed: u64,
+    pub modified: u64,
+    /// Entries deleted.
+    pub deleted: u64,
     /// Entries renamed.
     pub renamed: u64,
     /// Entries carried over unchanged.
@@ -316,11 +320,11 @@ impl Overlay {
         let policy =
             Policy::new(harness, &opts.exclude, &opts.keep).map_err(|reason| Error::Refused {
                 path: String::new(),
-                kind: "bad_pattern",
+                kind: crate::packet::error::ErrorKind::BadPattern,
                 reason,
             })?;
         let (items, mut report) = self.collect(opts, &policy)?;
-        crate::barrier::wait(opts.barrier.as_deref(), "collected");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Collected);
         phase("collected");
         opts.refuse_if_cancelled()?;
 
@@ -333,7 +337,7 @@ impl Overlay {
         let sources = SealContents::new(opts, self, &lower, &items);
         let stats = WriteStats::default();
         hash_new_content(&mut manifest, &sources, &stats)?;
-        crate::barrier::wait(opts.barrier.as_deref(), "hashed");
+        crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Hashed);
         phase("hashed");
         opts.refuse_if_cancelled()?;
 
@@ -370,8 +374,8 @@ impl Overlay {
             packet_bytes: written.packet_bytes,
             entries: manifest.entries.len() as u64,
             added: count(|c| matches!(c, Change::Added { .. })),
-            changed: count(|c| matches!(c, Change::Modified { .. })),
-            removed: count(|c| matches!(c, Change::Deleted { .. })),
+            modified: count(|c| matches!(c, Change::Modified { .. })),
+            deleted: count(|c| matches!(c, Change::Deleted { .. })),
             renamed: count(|c| matches!(c, Change::Renamed { .. })),
             reused: items
                 .iter()
@@ -405,7 +409,7 @@ fn write_packet(
     let layout = Layout::compute(manifest, manifest_len);
     let output = Output::create(&opts.output)?;
     output.size_for(&layout)?;
-    crate::barrier::wait(opts.barrier.as_deref(), "sized");
+    crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Sized);
     phase("sized");
     // The bits are forgotten before the copy if the parent moved, and
     // the copy fails if it moved during it.
@@ -415,7 +419,10 @@ fn write_packet(
     // than it saved (docs/SEMANTICS.md, "Seal").
     let file_sha256 = write_in_order(
         &output,
-        true,
+        WriteOptions {
+            direct: true,
+            file_sha256: opts.file_sha256,
+        },
         manifest,
         &manifest_bytes,
         &layout,
@@ -434,12 +441,12 @@ fn write_packet(
             lower.verifier.mark_whole(&lower.packet, *idx, epoch);
         }
     }
-    crate::barrier::wait(opts.barrier.as_deref(), "written");
+    crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Written);
     phase("written");
     // The last moment to give up: the packet goes into place next.
     opts.refuse_if_cancelled()?;
     output.sync_data()?;
-    crate::barrier::wait(opts.barrier.as_deref(), "synced");
+    crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Synced);
     phase("synced");
     Ok(Written {
         output,
@@ -466,7 +473,7 @@ fn commit_packet(
     } else {
         output.commit(opts.mode)?
     };
-    crate::barrier::wait(opts.barrier.as_deref(), "committed");
+    crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
     phase("committed");
     Ok(committed)
 }
@@ -475,7 +482,7 @@ fn commit_packet(
 struct Written {
     output: Output,
     digest: Digest,
-    file_sha256: Sha256,
+    file_sha256: Option<Sha256>,
     packet_bytes: u64,
     manifest_len: u64,
 }

@@ -35,7 +35,7 @@ impl Overlay {
         // below as written here, unverified.
         let refuse = |what: &str| Error::Refused {
             path: crate::packet::path::shown_path(output),
-            kind: "packet_changed",
+            kind: crate::packet::error::ErrorKind::PacketChanged,
             reason: format!(
                 "was {what} after this seal wrote it; the mount moves only onto the file \
                  the seal wrote, as it wrote it"
@@ -152,7 +152,7 @@ impl Overlay {
             kept,
         };
         self.upper.append_durable(&rec)?;
-        crate::barrier::wait(bar, "rebase-recorded");
+        crate::barrier::wait(bar, crate::barrier::Point::RebaseRecorded);
         phase("recorded");
         let (old_inos, old_data, kept_data) = {
             let mut st = self.state.write();
@@ -225,7 +225,7 @@ impl Overlay {
         // nodes are out of date either way.
         let compacted = self.upper.compact(&rec, &digest);
         if compacted.is_ok() {
-            crate::barrier::wait(bar, "rebase-compacted");
+            crate::barrier::wait(bar, crate::barrier::Point::RebaseCompacted);
             phase("compacted");
         }
         for id in old_data {
