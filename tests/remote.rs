@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::s3::{self, Fault, Proxy};
-use common::{Run, run, run_env};
+use common::{Run, run, run_env, write};
 
 /// A bucket of its own for each test.
 fn bucket() -> String {
@@ -484,4 +484,54 @@ fn signatures_are_accepted_by_a_strict_server() {
         remote(port, &["digest", loc], &wrong).fails(9, "remote_denied"),
         "SignatureDoesNotMatch",
     );
+}
+
+/// "Remote packets are read by inspect, digest, verify and unpack so
+/// far": a mount, an offline seal or an output at `s3://` is a usage error
+/// that says so, before anything is made (not "no such file" for a path
+/// named `s3:`).
+#[test]
+fn commands_that_take_no_remote_packet_yet_say_so_and_make_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let ws = t.join("ws");
+    write(&ws, "a.txt", b"a\n");
+    let local = t.join("p.packet").display().to_string();
+    let (mnt, upper) = (t.join("mnt"), t.join("upper"));
+    let (m, u) = (mnt.to_str().unwrap(), upper.to_str().unwrap());
+    let w = ws.to_str().unwrap();
+    for args in [
+        vec!["mount", "s3://bucket/p.packet", m, "--upper", u],
+        vec![
+            "seal",
+            "--packet",
+            "s3://bucket/p.packet",
+            "--upper",
+            u,
+            "-o",
+            &local,
+        ],
+        vec![
+            "seal",
+            "--packet",
+            &local,
+            "--upper",
+            u,
+            "-o",
+            "s3://bucket/q.packet",
+        ],
+        vec![
+            "pack",
+            "--workspace",
+            w,
+            "-o",
+            "https://example.invalid/p.packet",
+        ],
+    ] {
+        let r = run(&args);
+        let e = r.fails(2, "usage");
+        says(e, "takes a local packet");
+        assert!(!mnt.exists() && !upper.exists(), "{args:?} made something");
+    }
+    assert!(!Path::new("s3:").exists());
 }

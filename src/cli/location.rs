@@ -21,6 +21,21 @@ pub fn parse(packet: &Path) -> Result<Location, CliError> {
     Location::parse(packet.as_os_str()).map_err(CliError::usage)
 }
 
+/// Refuses a remote location where only a local packet is taken yet
+/// (`what`: "mount", "seal --packet", "pack -o", "seal -o"): a usage
+/// error that says so, before anything is made, rather than "no such
+/// file" for a path named `s3:`.
+pub fn local_only(packet: &Path, what: &str) -> Result<(), CliError> {
+    match parse(packet)? {
+        Location::Local(_) => Ok(()),
+        remote => Err(CliError::usage(format!(
+            "{}: {what} takes a local packet; remote packets are read by inspect, digest, \
+             verify and unpack so far (docs/remote.md says what remains): copy it here first",
+            remote.shown()
+        ))),
+    }
+}
+
 /// The location as results show it.
 pub fn shown(location: &Location) -> String {
     match location {

@@ -265,6 +265,7 @@ fn canonical_prefix(p: &Path) -> Option<PathBuf> {
 
 pub fn run(mut a: Args) -> Result<Output, CliError> {
     let started = std::time::Instant::now();
+    super::location::local_only(&a.packet, "mount")?;
     // A mountpoint named through a symlink is mounted where the link
     // leads, and known by that path (to unmount it, in status and
     // mount.json), as the kernel and the mount table know it.

@@ -111,6 +111,7 @@ struct Result {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
+    super::location::local_only(&a.output, "pack -o")?;
     let kind = a
         .harness_kind
         .map_or(HarnessKind::Generic, HarnessKind::from);

@@ -99,6 +99,10 @@ impl Args {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
+    super::location::local_only(&a.output, "seal -o")?;
+    if let Some(packet) = &a.packet {
+        super::location::local_only(packet, "seal --packet")?;
+    }
     // Bad patterns are usage errors, as for pack, before any daemon is asked.
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
         .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;
