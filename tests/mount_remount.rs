@@ -96,6 +96,37 @@ fn an_upper_directory_a_live_mount_serves_is_refused_at_once_naming_that_mount()
     m.umount();
 }
 
+/// An offline seal right after `fusermount3 -u` waits for the exiting
+/// daemon too (docs/CLI.md, `seal`): it reads the upper directory the
+/// mount left, the moment the mount is gone.
+#[test]
+fn an_offline_seal_right_after_fusermount3_u_waits_for_the_exiting_daemon() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (packet, mut m) = sample_mount(tmp.path());
+    for round in 0..20 {
+        fs_write_in(&m, round);
+        let (mnt, upper) = (m.mnt.clone(), m.upper.clone());
+        succeed(Command::new("fusermount3").arg("-u").arg(&mnt));
+        m.unmounted_elsewhere();
+        let out = tmp.path().join(format!("round-{round}.packet"));
+        let sealed = run([
+            "seal".as_ref(),
+            "--packet".as_ref(),
+            packet.as_os_str(),
+            "--upper".as_ref(),
+            upper.as_os_str(),
+            "-o".as_ref(),
+            out.as_os_str(),
+        ]);
+        sealed.ok();
+        m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
+    }
+    m.umount();
+}
+
 fn umount_is_mounted(p: &std::path::Path) -> bool {
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()

@@ -483,7 +483,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// most [`LOCK_WAIT`]: refuses at once when the holder is a daemon still
 /// serving a mount (named with its pid, from `mount.json`), and after the
 /// wait when the lock is still held.
-fn wait_for_upper(upper: &Path) -> Result<(), CliError> {
+pub(super) fn wait_for_upper(upper: &Path) -> Result<(), CliError> {
     let start = Instant::now();
     let refuse = |message: String, hint: String| {
         CliError::new(
@@ -532,7 +532,7 @@ fn wait_for_upper(upper: &Path) -> Result<(), CliError> {
                     LOCK_WAIT.as_secs()
                 ),
                 "an offline `sessionfs seal` of it, or a mount in another mount namespace, holds \
-                 it: wait for it to end (or end it), then mount again"
+                 it: wait for it to end (or end it), then try again"
                     .to_owned(),
             ));
         }

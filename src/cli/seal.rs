@@ -137,6 +137,9 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 Some(crate::packet::path::shown_path(upper)),
             ));
         }
+        // Right after an unmount, the daemon that served it may still be
+        // letting its lock go: waited for as a mount waits.
+        super::mount::wait_for_upper(upper)?;
         let packet = Packet::open(packet, &limits).map_err(at_packet(packet))?;
         // The journal names inodes relative to the root it was mounted with.
         let part = crate::overlay::recorded_part(upper)?;
