@@ -3,7 +3,8 @@
 # and `cargo clippy -D warnings` of every target of the crate (library,
 # binaries, tests, benches) for x86_64-apple-darwin and aarch64-apple-darwin.
 # Links nothing, so no Mac SDK is needed; fuser's build script only asks
-# pkg-config for macFUSE's "fuse", which scripts/apple/fuse.pc stands in for.
+# pkg-config for macFUSE's "fuse", which scripts/apple/fuse.pc stands in for,
+# and C compiled for the target by build scripts goes to scripts/apple/cc.
 # Fails, saying so, when the targets cannot be installed: never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,12 @@ command -v pkg-config >/dev/null || {
   exit 1
 }
 export PKG_CONFIG_ALLOW_CROSS=1 PKG_CONFIG_PATH="$PWD/scripts/apple"
+# C the build scripts compile for the target (ring, under rustls): a
+# stand-in that writes empty objects, since nothing is linked.
+for t in "${targets[@]}"; do
+  v=${t//-/_}
+  export "CC_$v=$PWD/scripts/apple/cc" "AR_$v=$PWD/scripts/apple/cc"
+done
 # Apart from target/debug, so that host builds are not invalidated.
 export CARGO_TARGET_DIR="${APPLE_TARGET_DIR:-$PWD/target/apple}"
 # clippy denies rustc's warnings too; check without RUSTFLAGS shares the

@@ -190,12 +190,8 @@ pub fn lock_holder(dir: &Path) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(dir).ok()?;
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    holder_in(
-        &locks,
-        nix::sys::stat::major(m.dev()),
-        nix::sys::stat::minor(m.dev()),
-        m.ino(),
-    )
+    let (major, minor) = crate::sys::platform::device_numbers(m.dev());
+    holder_in(&locks, major, minor, m.ino())
 }
 
 /// The pid of the granted `FLOCK` on inode `ino` of device `major:minor`

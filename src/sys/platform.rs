@@ -494,6 +494,24 @@ pub fn mode(bits: u32) -> Mode {
     Mode::from_bits_truncate((bits & 0o7777) as libc::mode_t)
 }
 
+/// The major and minor numbers of device `dev`, as `/proc/locks` and
+/// `/proc/self/mountinfo` spell them (Linux's encoding); macOS packs them
+/// as 8 and 24 bits, and has no such tables.
+#[allow(clippy::unnecessary_cast)] // (`dev_t` is 64 bits on Linux, 32 on macOS)
+pub fn device_numbers(dev: u64) -> (u64, u64) {
+    #[cfg(target_os = "linux")]
+    {
+        (
+            nix::sys::stat::major(dev as libc::dev_t),
+            nix::sys::stat::minor(dev as libc::dev_t),
+        )
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        ((dev >> 24) & 0xff, dev & 0xff_ffff)
+    }
+}
+
 /// The machine's physical memory (Linux: `_SC_PHYS_PAGES`); `u64::MAX`
 /// where it is not asked (macOS would need `sysctl hw.memsize`, which nix
 /// does not wrap): the callers' own caps and limits apply.
