@@ -112,16 +112,7 @@ fn an_offline_seal_right_after_fusermount3_u_waits_for_the_exiting_daemon() {
         succeed(Command::new("fusermount3").arg("-u").arg(&mnt));
         m.unmounted_elsewhere();
         let out = tmp.path().join(format!("round-{round}.packet"));
-        let sealed = run([
-            "seal".as_ref(),
-            "--packet".as_ref(),
-            packet.as_os_str(),
-            "--upper".as_ref(),
-            upper.as_os_str(),
-            "-o".as_ref(),
-            out.as_os_str(),
-        ]);
-        sealed.ok();
+        seal_offline(&packet, &upper, &out, &[]).ok();
         m = Mounted::new(&packet, &mnt, &upper, &["--part", "workspace"]);
     }
     m.umount();
