@@ -498,19 +498,9 @@ fn commands_that_take_no_remote_packet_yet_say_so_and_make_nothing() {
     write(&ws, "a.txt", b"a\n");
     let local = t.join("p.packet").display().to_string();
     let (mnt, upper) = (t.join("mnt"), t.join("upper"));
-    let (m, u) = (mnt.to_str().unwrap(), upper.to_str().unwrap());
+    let u = upper.to_str().unwrap();
     let w = ws.to_str().unwrap();
     for args in [
-        vec!["mount", "s3://bucket/p.packet", m, "--upper", u],
-        vec![
-            "seal",
-            "--packet",
-            "s3://bucket/p.packet",
-            "--upper",
-            u,
-            "-o",
-            &local,
-        ],
         vec![
             "seal",
             "--packet",

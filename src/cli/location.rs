@@ -36,6 +36,17 @@ pub fn local_only(packet: &Path, what: &str) -> Result<(), CliError> {
     }
 }
 
+/// A packet argument as results give it: a local path made absolute (the
+/// result is read where a relative path may not lead), a remote location
+/// as shown.
+pub fn absolute(packet: &Path) -> std::path::PathBuf {
+    match Location::parse(packet.as_os_str()) {
+        Ok(Location::Local(p)) => crate::sys::absolute(&p),
+        Ok(remote) => remote.shown().into(),
+        Err(_) => crate::sys::absolute(packet),
+    }
+}
+
 /// The location as results show it.
 pub fn shown(location: &Location) -> String {
     match location {
@@ -93,6 +104,35 @@ pub fn open_packet(packet: &Path, limits: &Limits) -> Result<(Opened, String), C
         }
     };
     Ok((opened, shown))
+}
+
+/// Opens the packet at `packet` for a mount or an offline seal: a local
+/// file as [`Packet::open`] does, a remote object with its content read
+/// through a spool and the node-wide cache (`remote`); also returns the
+/// location as shown.
+pub fn open_lower(
+    packet: &Path,
+    limits: &Limits,
+    remote: &super::args::RemoteArgs,
+) -> Result<(Packet, String), CliError> {
+    let location = parse(packet)?;
+    let shown = shown(&location);
+    let at = at_shown::<crate::packet::Error>(&shown);
+    let p = match &location {
+        Location::Local(p) => Packet::open(p, limits).map_err(at)?,
+        loc => {
+            let options = remote.spool_options()?;
+            let cache = remote.cache()?;
+            let object: Box<dyn ReadAt> = Box::new(open_object(loc, &shown)?);
+            let t = std::time::Instant::now();
+            let spool_dir = cache.tmp_dir();
+            let p = Packet::remote(object, loc, limits, Some(cache), &spool_dir, options)
+                .map_err(at)?;
+            tracing::debug!(location = %shown, elapsed = ?t.elapsed(), "remote packet opened");
+            p
+        }
+    };
+    Ok((p, shown))
 }
 
 /// Opens a remote object with the settings of the environment.

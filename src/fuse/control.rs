@@ -174,6 +174,9 @@ pub struct Status {
     pub read_inodes: Vec<u64>,
     /// Files shown from the host (`mount --secret`).
     pub secrets: Vec<ShownSecret>,
+    /// For a remote packet: what was fetched, and from where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<Box<crate::store::spool::SpoolReport>>,
 }
 
 /// A file a mount shows from the host (`mount --secret`).
@@ -203,7 +206,7 @@ pub struct ProgressBytes {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Line {
-    Reply(Reply),
+    Reply(Box<Reply>),
     Progress(Progress),
 }
 
@@ -532,7 +535,7 @@ pub fn request_with_progress(
         }
         match serde_json::from_str::<Line>(&line) {
             Ok(Line::Progress(p)) => progress(p.progress.bytes),
-            Ok(Line::Reply(r)) => return Ok(r),
+            Ok(Line::Reply(r)) => return Ok(*r),
             Err(_) => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
