@@ -5,37 +5,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::s3::{self, Fault, Proxy};
+use common::s3::{self, Fault, Proxy, gets, remote, setup};
 use common::{Run, run, run_env, write};
-
-/// A bucket of its own for each test.
-fn bucket() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "t{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    s3::moto().create_bucket(&name);
-    name
-}
-
-/// A temporary directory, the shared moto server, a fresh bucket.
-fn setup() -> (tempfile::TempDir, &'static s3::Moto, String) {
-    (tempfile::tempdir().unwrap(), s3::moto(), bucket())
-}
-
-/// Runs sessionfs against `port` (moto's, or a proxy's), with `extra`
-/// environment.
-fn remote(port: u16, args: &[&str], extra: &[(&str, &str)]) -> Run {
-    let env = s3::env(port);
-    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    all.extend_from_slice(extra);
-    run_env(args, &all)
-}
 
 /// The sample tree, packed.
 fn sample_packet(tmp: &Path) -> PathBuf {
@@ -80,13 +53,6 @@ fn says(e: &serde_json::Value, what: &str) {
     assert!(msg.contains(what), "{what} not in {msg}");
 }
 
-fn gets(proxy: &Proxy) -> usize {
-    proxy
-        .requests()
-        .iter()
-        .filter(|r| r.starts_with("GET "))
-        .count()
-}
 
 /// The result without its `packet` field, which names the location.
 fn without_packet(v: &serde_json::Value) -> serde_json::Value {

@@ -297,6 +297,19 @@ impl Mounted {
     /// Mounts `packet` at `mnt` (created) with upper directory `upper`.
     #[track_caller]
     pub fn new(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str]) -> Mounted {
+        Mounted::with_env(packet, mnt, upper, extra, &[])
+    }
+
+    /// [`Mounted::new`] with `env` added to the environment (the daemon
+    /// inherits it).
+    #[track_caller]
+    pub fn with_env(
+        packet: &Path,
+        mnt: &Path,
+        upper: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Mounted {
         fs::create_dir_all(mnt).unwrap();
         let mut args: Vec<String> = vec![
             "mount".into(),
@@ -306,7 +319,7 @@ impl Mounted {
             upper.display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let r = run(&args);
+        let r = run_env(&args, env);
         let result = r.ok().clone();
         assert_eq!(result["schema"], "sessionfs.mount-result/1");
         Mounted {
