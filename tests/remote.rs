@@ -53,7 +53,6 @@ fn says(e: &serde_json::Value, what: &str) {
     assert!(msg.contains(what), "{what} not in {msg}");
 }
 
-
 /// The result without its `packet` field, which names the location.
 fn without_packet(v: &serde_json::Value) -> serde_json::Value {
     let mut v = v.clone();
@@ -184,11 +183,20 @@ fn hostile_packets_are_refused_remotely_as_locally() {
         let local = tmp.path().join(name);
         std::fs::write(&local, &bytes).unwrap();
         moto.put(&b, name, &bytes);
+        let loc = format!("s3://{b}/{name}");
         for cmd in ["inspect", "digest"] {
             let l = run([cmd, local.to_str().unwrap()]);
-            let r = remote(moto.port, &[cmd, &format!("s3://{b}/{name}")], &[]);
+            let r = remote(moto.port, &[cmd, &loc], &[]);
             refused_alike(&l, &r, &format!("{name} {cmd}"));
         }
+        // A mount refuses it before it makes its upper directory.
+        let (mnt, up) = (tmp.path().join("mnt"), tmp.path().join("up"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let (m, u) = (mnt.to_str().unwrap(), up.to_str().unwrap());
+        let l = run(["mount", local.to_str().unwrap(), m, "--upper", u]);
+        let r = remote(moto.port, &["mount", &loc, m, "--upper", u], &[]);
+        refused_alike(&l, &r, &format!("{name} mount"));
+        assert!(!up.exists(), "{name}: the mount made its upper directory");
     }
 }
 

@@ -499,9 +499,8 @@ impl Spool {
         let key = if chunked { unit.group } else { u32::MAX };
         // Forward: the unit before was read (or, in a chunked file, this
         // is its first chunk).
-        let forward = u == 0
-            || self.is_filled(u - 1)
-            || (chunked && self.units[u - 1].group != unit.group);
+        let forward =
+            u == 0 || self.is_filled(u - 1) || (chunked && self.units[u - 1].group != unit.group);
         let mut streams = self.streams.lock();
         let s = streams.get(&key).copied();
         let mut s = match s {

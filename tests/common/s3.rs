@@ -214,6 +214,11 @@ impl Proxy {
         self.state.lock().unwrap().1.clone()
     }
 
+    /// Drops the faults not yet used.
+    pub fn calm(&self) {
+        self.state.lock().unwrap().0.clear();
+    }
+
     /// Forgets the requests seen so far.
     pub fn clear(&self) {
         self.state.lock().unwrap().1.clear();
