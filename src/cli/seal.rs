@@ -162,7 +162,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         progress: bar.visible(),
         ..req
     });
-    let answer = control::request_with_progress(&mp, &req, None, &mut |bytes| bar.set(bytes));
+    let answer = super::umount::ask(&mp, &req, None, &mut |bytes| bar.set(bytes));
     drop(bar);
     match answer {
         Ok(r @ Reply::Sealed(_)) => Ok(Output::raw(r.into_value())),

@@ -490,15 +490,10 @@ pub fn serve(
     }
 }
 
-/// Sends one request to the daemon of `mountpoint` and returns its reply.
+/// Sends one request to the daemon of `mountpoint` and returns its reply,
+/// handing the byte count of each [`Progress`] line to `progress`.
 /// `timeout` bounds the wait for the answer (a seal of a large tree takes a
 /// while: pass `None` to wait as long as it takes).
-pub fn request(mountpoint: &Path, req: &Request, timeout: Option<Duration>) -> io::Result<Reply> {
-    request_with_progress(mountpoint, req, timeout, &mut |_| {})
-}
-
-/// [`request`], handing the byte count of each [`Progress`] line to
-/// `progress`.
 pub fn request_with_progress(
     mountpoint: &Path,
     req: &Request,
@@ -511,7 +506,30 @@ pub fn request_with_progress(
             format!("{}: no sessionfs mount here: {e}", mountpoint.display()),
         )
     })?;
-    let conn = UnixStream::connect(&path).map_err(|e| {
+    request_at(&path, mountpoint, req, timeout, progress)
+}
+
+/// Where the daemon of a mount at `mountpoint` made by user `uid` has its
+/// control socket, when that user's environment named no
+/// `XDG_RUNTIME_DIR` (see [`runtime_dir`]): what root tries to reach
+/// another user's mount.
+pub fn socket_paths_of(uid: u32, mountpoint: &Path) -> io::Result<Vec<PathBuf>> {
+    let name = format!("{}.sock", key(mountpoint)?);
+    Ok(vec![
+        PathBuf::from(format!("/run/user/{uid}/sessionfs")).join(&name),
+        PathBuf::from(format!("/tmp/sessionfs-{uid}")).join(name),
+    ])
+}
+
+/// [`request_with_progress`] through the socket at `path`.
+pub fn request_at(
+    path: &Path,
+    mountpoint: &Path,
+    req: &Request,
+    timeout: Option<Duration>,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Reply> {
+    let conn = UnixStream::connect(path).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!(
