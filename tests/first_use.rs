@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use sessionfs::overlay::{Caller, ino::ROOT};
+use sessionfs::api::{Caller, ROOT};
 
 const ME: Caller = Caller { uid: 0, gid: 0 };
 
