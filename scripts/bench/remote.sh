@@ -9,14 +9,16 @@ set -euo pipefail
 cd "$root"; d=$dir/remote; mkdir -p "$d" "$mnt/remote"; m=$mnt/remote
 out=$dir/remote.jsonl; rm -f "$out"; export SESSIONFS_MAX_BYTES=64GiB SESSIONFS_MAX_ENTRIES=1000000
 [ -d "$S" ] || "$tool" corpus --kind s --count "$s_files" --out "$S"
-[ -f "$d/S.packet" ] || "$bin" pack --workspace "$S" -o "$d/S.packet" >/dev/null
-# S2: the next turn, 1% of the files changed (one line appended to each).
-if [ ! -f "$d/S2.packet" ]; then
-  rm -rf "$d/S2"; cp -a "$S" "$d/S2"
-  find "$d/S2" -path "$d/S2/.git" -prune -o -type f -print | sort | awk 'NR % 100 == 0' | while read -r f; do echo "// turn 2" >>"$f"; done
-  "$bin" pack --workspace "$d/S2" -o "$d/S2.packet" >/dev/null; rm -rf "$d/S2"
-fi
-content=$(find "$S" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
+# S: turn 1's checkpoint (a git status ran on the mount, so the index
+# holds the mount's stat data); S2: turn 2's, 1% of the files changed.
+turn() { # FROM TO SCRIPT
+  [ -f "$d/$2.packet" ] && return; unmount "$m"; rm -rf "$d/upper"
+  "$bin" mount "$d/$1.packet" "$m" --upper "$d/upper" --part workspace >/dev/null
+  (cd "$m" && eval "$3"); "$bin" seal "$m" -o "$d/$2.packet" >/dev/null; unmount "$m"
+}
+[ -f "$d/S0.packet" ] || "$bin" pack --workspace "$S" -o "$d/S0.packet" >/dev/null
+turn S0 S "git status --short >/dev/null"
+turn S S2 "find . -path ./.git -prune -o -type f -print | sort | awk 'NR % 100 == 0' | while read -r f; do echo '// turn 2' >>\"\$f\"; done"
 first=$(cd "$S" && find . -path ./.git -prune -o -type f -print | sort | head -1)
 pids=()
 trap 'unmount $m; kill "${pids[@]}" 2>/dev/null || true' EXIT
@@ -41,6 +43,7 @@ url=http://127.0.0.1:$shaped
 # Read amplification: grep -r over the whole tree, cold, default block.
 cold; rmount "$url/S.packet" --prefetch none; reset "$shaped"
 t0=$(date +%s.%N); grep -rq zzzz-no-such-word "$m" || true; R --name "grep -r S, shaped" --tool "sessionfs mount (seconds)" --value "$(seconds_since "$t0")"
+content=$(find "$m" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
 R --name "grep -r S, shaped" --tool "bytes fetched / bytes read" --unit x --value "$(echo "scale=4; $(stats "$shaped" bytes) / $content" | bc)"
 # The first git status after resuming.
 cold; rmount "$url/S.packet"; reset "$shaped"; git -C "$m" status --short >/dev/null
@@ -49,7 +52,7 @@ R --name "first git status, shaped" --tool "MiB fetched" --unit MiB --value "$(e
 # The next turn on the same node: S read whole, then S2 with the cache warm.
 cold; rmount "$url/S.packet"; tar -cf /dev/null -C "$m" .; unmount "$m"; rm -rf "$d/upper"
 rmount "$url/S2.packet" --prefetch none; reset "$shaped"; tar -cf /dev/null -C "$m" .
-changed=$(find "$S" -path "$S/.git" -prune -o -type f -print | sort | awk 'NR % 100 == 0' | xargs -d '\n' stat -c %s | awk '{s+=$1+9} END {print s}')
+changed=$(find "$S" -path "$S/.git" -prune -o -type f -print | sort | awk 'NR % 100 == 0' | xargs -d '\n' stat -c %s | awk '{s+=$1+10} END {print s}')
 R --name "next turn, cache warm" --tool "bytes fetched / bytes changed" --unit x --value "$(echo "scale=4; $(stats "$shaped" bytes) / $changed" | bc)"
 # Memory: 64 sequential readers of the 64 largest files, at once, cold.
 cold; rmount "$url/S.packet" --max-memory 64MiB --prefetch none
