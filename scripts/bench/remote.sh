@@ -19,11 +19,14 @@ turn() { # FROM TO SCRIPT
 [ -f "$d/S0.packet" ] || "$bin" pack --workspace "$S" -o "$d/S0.packet" >/dev/null
 turn S0 S "git status --short >/dev/null"
 turn S S2 "find . -path ./.git -prune -o -type f -print | sort | awk 'NR % 100 == 0' | while read -r f; do echo '// turn 2' >>\"\$f\"; done"
-first=$(cd "$S" && find . -path ./.git -prune -o -type f -print | sort | head -1)
+first=$(cd "$S" && find . -path ./.git -prune -o -type f -print | sort | sed -n 1p)
 pids=()
 trap 'unmount $m; kill "${pids[@]}" 2>/dev/null || true' EXIT
-start() { "$tool" serve --root "$d" --latency-ms "$1" --mbit "$2" --port-file "$d/port" & pids+=($!); sleep 0.3; cat "$d/port"; }
-shaped=$(start 10 1000); raw=$(start 0 0)
+start() { # LATENCY_MS MBIT NAME: a server, its port in $d/NAME.port
+  rm -f "$d/$3.port"; "$tool" serve --root "$d" --latency-ms "$1" --mbit "$2" --port-file "$d/$3.port" >/dev/null 2>&1 &
+  pids+=($!); while [ ! -s "$d/$3.port" ]; do sleep 0.05; done
+}
+start 10 1000 shaped; start 0 0 raw; shaped=$(cat "$d/shaped.port") raw=$(cat "$d/raw.port")
 stats() { curl -s "127.0.0.1:$1/__stats" | json_field "$2"; }
 reset() { curl -s -X POST "127.0.0.1:$1/__reset" >/dev/null; }
 cold() { unmount "$m"; rm -rf "$d/upper" "$d/cache" "$d/dl.packet"; drop_caches; }
@@ -46,17 +49,19 @@ t0=$(date +%s.%N); grep -rq zzzz-no-such-word "$m" || true; R --name "grep -r S,
 content=$(find "$m" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
 R --name "grep -r S, shaped" --tool "bytes fetched / bytes read" --unit x --value "$(echo "scale=4; $(stats "$shaped" bytes) / $content" | bc)"
 # The first git status after resuming.
-cold; rmount "$url/S.packet"; reset "$shaped"; git -C "$m" status --short >/dev/null
+cold; rmount "$url/S.packet" --prefetch none; reset "$shaped"; git -C "$m" status --short >/dev/null
 R --name "first git status, shaped" --tool "requests" --unit n --value "$(stats "$shaped" requests)"
 R --name "first git status, shaped" --tool "MiB fetched" --unit MiB --value "$(echo "scale=2; $(stats "$shaped" bytes) / 1048576" | bc)"
 # The next turn on the same node: S read whole, then S2 with the cache warm.
-cold; rmount "$url/S.packet"; tar -cf /dev/null -C "$m" .; unmount "$m"; rm -rf "$d/upper"
-rmount "$url/S2.packet" --prefetch none; reset "$shaped"; tar -cf /dev/null -C "$m" .
+# (tar to a pipe: GNU tar writing to /dev/null reads no file.)
+readall() { tar -cf - -C "$m" . | cat >/dev/null; }
+cold; rmount "$url/S.packet"; readall; unmount "$m"; rm -rf "$d/upper"
+rmount "$url/S2.packet" --prefetch none; reset "$shaped"; readall
 changed=$(find "$S" -path "$S/.git" -prune -o -type f -print | sort | awk 'NR % 100 == 0' | xargs -d '\n' stat -c %s | awk '{s+=$1+10} END {print s}')
 R --name "next turn, cache warm" --tool "bytes fetched / bytes changed" --unit x --value "$(echo "scale=4; $(stats "$shaped" bytes) / $changed" | bc)"
 # Memory: 64 sequential readers of the 64 largest files, at once, cold.
 cold; rmount "$url/S.packet" --max-memory 64MiB --prefetch none
-(cd "$m" && find . -path ./.git -prune -o -type f -printf '%s %p\n' | sort -rn | head -64 | cut -d' ' -f2- | xargs -d '\n' -P 64 -n 1 cat >/dev/null)
+(cd "$m" && find . -path ./.git -prune -o -type f -printf '%s %p\n' | sort -rn | sed -n 1,64p | cut -d' ' -f2- | xargs -d '\n' -P 64 -n 1 cat >/dev/null)
 R --name "64 readers, --max-memory 64MiB" --tool "daemon peak RSS" --unit MiB --value "$(peak_rss_mib "$(json_field pid <"$d/mount.json")")"
 unmount "$m"
 "$tool" report "$out" --baseline "download, then mount"
