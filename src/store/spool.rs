@@ -662,3 +662,171 @@ impl Drop for Release<'_> {
         self.spool.done.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// An object in memory that counts requests and corrupts the next
+    /// `corrupt` responses (STYLE habit 13: a mock and a failing client).
+    struct Mem {
+        bytes: Vec<u8>,
+        requests: Arc<AtomicUsize>,
+        corrupt: Arc<AtomicUsize>,
+    }
+
+    impl ReadAt for Mem {
+        fn len(&self) -> u64 {
+            self.bytes.len() as u64
+        }
+        fn etag(&self) -> Option<&str> {
+            None
+        }
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let at = offset as usize;
+            buf.copy_from_slice(&self.bytes[at..at + buf.len()]);
+            if self
+                .corrupt
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                buf[0] ^= 1;
+            }
+            Ok(())
+        }
+        fn shown(&self) -> &str {
+            "mem://object"
+        }
+    }
+
+    /// 40 small units of 1000 bytes, 512 bytes apart (headers), then one of
+    /// 3 MiB.
+    fn object() -> (Vec<u8>, Vec<Unit>) {
+        let mut bytes = Vec::new();
+        let mut units = Vec::new();
+        for i in 0..41u32 {
+            bytes.extend_from_slice(&[0u8; 512]);
+            let len = if i == 40 { 3 << 20 } else { 1000 };
+            let data: Vec<u8> = (0..len).map(|j| (j as u32 * 7 + i) as u8).collect();
+            units.push(Unit {
+                start: bytes.len() as u64,
+                len: len as u64,
+                hash: sha2::Sha256::digest(&data).into(),
+                group: i,
+            });
+            bytes.extend_from_slice(&data);
+        }
+        (bytes, units)
+    }
+
+    fn spool(
+        cache: Option<Arc<Cache>>,
+        block: u64,
+    ) -> (Arc<Spool>, Vec<u8>, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (bytes, units) = object();
+        let (requests, corrupt) = (Arc::default(), Arc::default());
+        let mem = Mem {
+            bytes: bytes.clone(),
+            requests: Arc::clone(&requests),
+            corrupt: Arc::clone(&corrupt),
+        };
+        let dir = std::env::temp_dir();
+        let options = SpoolOptions {
+            block,
+            max_memory: 1 << 20,
+            prefetch: Prefetch::None,
+        };
+        let location = super::super::Location::Local("mem".into());
+        let s = Spool::new(location, Box::new(mem), units, &dir, cache, options).unwrap();
+        (s, bytes, requests, corrupt)
+    }
+
+    fn spooled(s: &Spool, range: Range<u64>) -> Vec<u8> {
+        let mut buf = vec![0; (range.end - range.start) as usize];
+        s.file().read_exact_at(&mut buf, range.start).unwrap();
+        buf
+    }
+
+    #[test]
+    fn small_units_come_a_block_at_a_time_and_verified() {
+        let (s, bytes, requests, _) = spool(None, 8 * 1512);
+        let u = s.units()[0].clone();
+        s.ensure(u.start..u.start + 10).unwrap();
+        assert_eq!(requests.load(Ordering::Relaxed), 1);
+        // The request brought the units after it, up to the block.
+        assert_eq!(s.filled_units(), 8);
+        let last = s.units()[7].clone();
+        s.ensure(last.start..last.end()).unwrap();
+        assert_eq!(requests.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            spooled(&s, u.start..last.end()),
+            bytes[u.start as usize..last.end() as usize]
+        );
+    }
+
+    #[test]
+    fn a_corrupted_response_is_fetched_once_more_then_refused() {
+        let (s, bytes, requests, corrupt) = spool(None, 4096);
+        let big = s.units()[40].clone();
+        corrupt.store(1, Ordering::Relaxed);
+        s.ensure(big.start..big.start + 1).unwrap();
+        assert_eq!(requests.load(Ordering::Relaxed), 2);
+        assert_eq!(s.stats.refetched.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            spooled(&s, big.start..big.end()),
+            bytes[big.start as usize..big.end() as usize]
+        );
+        // Corrupted every time: refused, and not filled.
+        let small = s.units()[3].clone();
+        corrupt.store(2, Ordering::Relaxed);
+        let e = s.ensure(small.start..small.end()).unwrap_err();
+        assert!(
+            matches!(e, Error::Corrupt { start, .. } if start == small.start),
+            "{e}"
+        );
+        assert!(!s.is_filled(3));
+        // The next read fetches it again.
+        s.ensure(small.start..small.end()).unwrap();
+        assert!(s.is_filled(3));
+    }
+
+    #[test]
+    fn units_in_the_cache_cost_no_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(Cache::open(dir.path(), 1 << 30).unwrap());
+        let (s, _, requests, _) = spool(Some(cache.clone()), 1 << 20);
+        s.ensure(0..s.remote().len()).unwrap();
+        let first = requests.load(Ordering::Relaxed);
+        assert!(first >= 2, "{first}");
+        // Another spool on the same cache (another mount, the next turn).
+        let (t, bytes, requests, _) = spool(Some(cache), 1 << 20);
+        t.ensure(0..t.remote().len()).unwrap();
+        assert_eq!(requests.load(Ordering::Relaxed), 0);
+        assert_eq!(t.stats.fetched_bytes.load(Ordering::Relaxed), 0);
+        for u in t.units() {
+            assert_eq!(
+                spooled(&t, u.start..u.end()),
+                bytes[u.start as usize..u.end() as usize]
+            );
+        }
+    }
+
+    #[test]
+    fn a_fetch_larger_than_the_budget_goes_alone() {
+        let b = Budget {
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+            max: 100,
+        };
+        let big = b.take(1000, true).expect("alone, it goes");
+        assert!(b.take(1, false).is_none(), "no room beside it");
+        drop(big);
+        let a = b.take(60, false).unwrap();
+        assert!(b.take(60, false).is_none());
+        let c = b.take(40, false).unwrap();
+        drop((a, c));
+        assert_eq!(*b.used.lock(), 0);
+    }
+}
