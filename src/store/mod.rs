@@ -14,12 +14,14 @@ pub mod aws;
 pub mod error;
 pub mod remote;
 pub mod sts;
+pub mod upload;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
 pub use error::{Error, Result};
 pub use remote::{Remote, Settings};
+pub use upload::{Completion, CopySource, Upload};
 
 /// Where a packet is: the argument of `inspect`, `digest` and the like.
 #[derive(Clone, Debug, PartialEq, Eq)]
