@@ -36,6 +36,24 @@ pub fn local_only(packet: &Path, what: &str) -> Result<(), CliError> {
     }
 }
 
+/// An output argument (`pack -o`, `seal -o`): a local path, or an
+/// `s3://BUCKET/KEY` to upload to, with the settings of the environment.
+/// An `http(s)://` URL cannot be written to: a usage error.
+pub fn output(arg: &Path, what: &str) -> Result<Option<(Location, Settings)>, CliError> {
+    match parse(arg)? {
+        Location::Local(_) => Ok(None),
+        s3 @ Location::S3 { .. } => {
+            let settings = Settings::from_env().map_err(CliError::usage)?;
+            Ok(Some((s3, settings)))
+        }
+        http @ Location::Http(_) => Err(CliError::usage(format!(
+            "{}: {what} writes a file or an s3://BUCKET/KEY object; an http(s) URL cannot be \
+             written to (docs/remote.md)",
+            http.shown()
+        ))),
+    }
+}
+
 /// The location as results show it.
 pub fn shown(location: &Location) -> String {
     match location {

@@ -422,6 +422,7 @@ pub fn seal_options(
         barrier,
         rebase: false,
         cancel: None,
+        remote: None,
     }
 }
 
