@@ -7,35 +7,20 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::s3::{self, Fault, Proxy};
-use common::{Run, run_env, write};
+use common::{Run, write};
 use serde_json::Value;
 
 const MIB: usize = 1 << 20;
 
 /// A bucket of its own for each test.
 fn bucket() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "w{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    s3::moto().create_bucket(&name);
-    name
+    s3::fresh_bucket("w")
 }
 
-/// Runs sessionfs against `port` (moto's, or a proxy's), with `extra`
-/// environment.
-fn remote(port: u16, args: &[&str], extra: &[(&str, &str)]) -> Run {
-    let env = s3::env(port);
-    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    all.extend_from_slice(extra);
-    run_env(args, &all)
-}
+use s3::run_at as remote;
 
 /// `n` bytes that differ from those of another `seed`.
 fn noise(seed: u64, n: usize) -> Vec<u8> {
@@ -120,11 +105,7 @@ fn pack_to_s3_equals_pack_to_a_file_byte_for_byte() {
         let want = sessionfs::packet::digest::Sha256::of(&local).to_string();
         assert_eq!(r["file_sha256"], want, "{name}");
     }
-    assert!(
-        moto.uploads(&b).is_empty(),
-        "uploads left: {:?}",
-        moto.uploads(&b)
-    );
+    moto.assert_no_uploads(&b);
 }
 
 #[test]
@@ -133,14 +114,19 @@ fn an_existing_object_is_never_replaced_and_the_same_packet_is_success() {
     let (moto, b) = (s3::moto(), bucket());
     let ws = tmp.path().join("ws");
     tree(&ws, 0);
-    let w = ws.to_str().unwrap();
+    let other = tmp.path().join("other");
+    tree(&other, 1);
+    let pack_to = |ws: &Path, key: &str| {
+        let url = format!("s3://{b}/{key}");
+        remote(
+            moto.port,
+            &["pack", "--workspace", ws.to_str().unwrap(), "-o", &url],
+            &[],
+        )
+    };
     // Not a packet there: refused, left as it is.
     moto.put(&b, "notes", b"not a packet");
-    let r = remote(
-        moto.port,
-        &["pack", "--workspace", w, "-o", &format!("s3://{b}/notes")],
-        &[],
-    );
+    let r = pack_to(&ws, "notes");
     let e = r.fails(9, "remote_exists");
     let msg = e["message"].as_str().unwrap();
     assert!(
@@ -149,26 +135,12 @@ fn an_existing_object_is_never_replaced_and_the_same_packet_is_success() {
     );
     assert_eq!(moto.get(&b, "notes").unwrap(), b"not a packet");
     // Another packet there: refused, named by its digest.
-    let other = tmp.path().join("other");
-    tree(&other, 1);
-    let first = remote(
-        moto.port,
-        &[
-            "pack",
-            "--workspace",
-            other.to_str().unwrap(),
-            "-o",
-            &format!("s3://{b}/p"),
-        ],
-        &[],
-    );
-    let other_digest = first.ok()["digest"].as_str().unwrap().to_owned();
+    let other_digest = pack_to(&other, "p").ok()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let before = moto.get(&b, "p").unwrap();
-    let r = remote(
-        moto.port,
-        &["pack", "--workspace", w, "-o", &format!("s3://{b}/p")],
-        &[],
-    );
+    let r = pack_to(&ws, "p");
     let e = r.fails(9, "remote_exists");
     assert!(
         e["message"].as_str().unwrap().contains(&other_digest),
@@ -179,26 +151,12 @@ fn an_existing_object_is_never_replaced_and_the_same_packet_is_success() {
         "the other packet was replaced"
     );
     // The same packet again: success, nothing replaced.
-    let again = remote(
-        moto.port,
-        &[
-            "pack",
-            "--workspace",
-            other.to_str().unwrap(),
-            "-o",
-            &format!("s3://{b}/p"),
-        ],
-        &[],
-    );
+    let again = pack_to(&other, "p");
     let v = again.ok();
     assert_eq!(v["digest"], other_digest.as_str());
     assert_eq!(v["already_there"], true);
     assert!(moto.get(&b, "p").unwrap() == before);
-    assert!(
-        moto.uploads(&b).is_empty(),
-        "uploads left: {:?}",
-        moto.uploads(&b)
-    );
+    moto.assert_no_uploads(&b);
 }
 
 #[test]
@@ -294,11 +252,7 @@ fn an_interrupted_upload_leaves_nothing_at_the_key_and_a_rerun_succeeds() {
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["kind"], "interrupted", "{v}");
     assert!(moto.get(&b, "term").is_none());
-    assert!(
-        moto.uploads(&b).is_empty(),
-        "a SIGTERM left an upload: {:?}",
-        moto.uploads(&b)
-    );
+    moto.assert_no_uploads(&b);
 
     let (code, _) = interrupted_pack(tmp.path(), &b, "kill", Signal::SIGKILL);
     assert_eq!(code, None);
@@ -469,11 +423,7 @@ fn seal_to_s3_equals_the_local_seal_and_copies_unchanged_runs() {
         .ok()
         .clone();
     assert_eq!(v["copied_bytes"], 0, "{v}");
-    assert!(
-        moto.uploads(&s.bucket).is_empty(),
-        "uploads left: {:?}",
-        moto.uploads(&s.bucket)
-    );
+    moto.assert_no_uploads(&s.bucket);
 }
 
 /// A seal whose upload fails aborts it: nothing at the key, no upload
@@ -504,7 +454,7 @@ fn a_failed_seal_upload_is_aborted_and_leaves_nothing_at_the_key() {
             .any(|l| l.starts_with(&format!("DELETE /{}/failed.packet", s.bucket))),
         "{log:#?}"
     );
-    assert!(s3::moto().uploads(&s.bucket).is_empty(), "uploads left");
+    s3::moto().assert_no_uploads(&s.bucket);
 }
 
 /// Where `seal -o s3://` cannot go: `--rebase` onto it, and outputs that

@@ -408,3 +408,35 @@ impl Moto {
             .collect()
     }
 }
+
+/// A bucket of its own on the shared moto server, named after this
+/// process and `prefix`, for one test.
+pub fn fresh_bucket(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "{prefix}{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    moto().create_bucket(&name);
+    name
+}
+
+/// Runs sessionfs against `port` (moto's, or a proxy's), with `extra`
+/// environment.
+pub fn run_at(port: u16, args: &[&str], extra: &[(&str, &str)]) -> super::Run {
+    let env = env(port);
+    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    all.extend_from_slice(extra);
+    super::run_env(args, &all)
+}
+
+impl Moto {
+    /// Asserts that no multipart upload is in progress in `bucket`.
+    #[track_caller]
+    pub fn assert_no_uploads(&self, bucket: &str) {
+        let left = self.uploads(bucket);
+        assert!(left.is_empty(), "uploads left in {bucket}: {left:?}");
+    }
+}
