@@ -563,3 +563,48 @@ fn uploads_are_accepted_by_a_strict_server() {
         std::fs::read(root.join("b/sealed.packet")).unwrap() == std::fs::read(&sealed).unwrap()
     );
 }
+
+/// A mount's seal to `s3://` is made by its daemon, with the AWS
+/// configuration `mount` was started with (the `seal` command's own
+/// environment has none here), and equals the seal to a file; the parent
+/// named in the daemon's environment is copied from.
+#[test]
+fn a_mount_seals_to_s3_with_the_configuration_it_was_started_with() {
+    if !common::fuse_available() {
+        return;
+    }
+    let s = Session::new(4);
+    let moto = s3::moto();
+    let (mnt, upper) = (s.tmp.path().join("mnt"), s.tmp.path().join("upper"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let parent_url = format!("s3://{}/parent.packet", s.bucket);
+    let (p, m, u) = (
+        s.parent.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        upper.to_str().unwrap(),
+    );
+    remote(
+        moto.port,
+        &["mount", p, m, "--upper", u, "--part", "workspace"],
+        &[("SESSIONFS_SEAL_COPY_FROM", &parent_url)],
+    )
+    .ok();
+    let _unmount = common::LazyUnmount(mnt.clone());
+    std::fs::write(mnt.join("small/s03.txt"), b"changed on the mount\n").unwrap();
+    std::fs::write(mnt.join("small/new.txt"), b"new on the mount\n").unwrap();
+    let local = s.tmp.path().join("mounted.packet");
+    common::run(["seal", m, "-o", local.to_str().unwrap()]).ok();
+    let url = format!("s3://{}/mounted.packet", s.bucket);
+    let v = common::run(["seal", m, "-o", &url]).ok().clone();
+    let local = std::fs::read(&local).unwrap();
+    assert!(moto.get(&s.bucket, "mounted.packet").unwrap() == local);
+    assert_eq!(v["output"], url.as_str());
+    let copied = v["copied_bytes"].as_u64().unwrap();
+    assert!(copied >= 5 << 20, "{v}");
+    assert_eq!(
+        v["uploaded_bytes"].as_u64().unwrap() + copied,
+        local.len() as u64
+    );
+    common::run(["umount", m]).ok();
+    moto.assert_no_uploads(&s.bucket);
+}
