@@ -507,15 +507,15 @@ fn outputs_that_cannot_be_written_are_usage_errors() {
 fn uploads_are_accepted_by_a_strict_server() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("s3s");
-    std::fs::create_dir_all(root.join("b")).unwrap();
+    std::fs::create_dir_all(root.join("strict")).unwrap();
     let Some((port, _server)) = s3::s3s_fs(&root) else {
         return;
     };
     let ws = tmp.path().join("ws");
     tree(&ws, 4);
-    let (local, r) = pack_both(tmp.path(), &ws, port, "b", "p.packet", &[]);
+    let (local, r) = pack_both(tmp.path(), &ws, port, "strict", "p.packet", &[]);
     assert_eq!(r["parts"], 1);
-    assert!(std::fs::read(root.join("b/p.packet")).unwrap() == local);
+    assert!(std::fs::read(root.join("strict/p.packet")).unwrap() == local);
     // Again: the key is taken by the same packet.
     let again = remote(
         port,
@@ -524,7 +524,7 @@ fn uploads_are_accepted_by_a_strict_server() {
             "--workspace",
             ws.to_str().unwrap(),
             "-o",
-            "s3://b/p.packet",
+            "s3://strict/p.packet",
         ],
         &[],
     );
@@ -549,18 +549,18 @@ fn uploads_are_accepted_by_a_strict_server() {
         "--upper",
         upper.to_str().unwrap(),
         "-o",
-        "s3://b/sealed.packet",
+        "s3://strict/sealed.packet",
     ];
     let v = remote(
         port,
         &args,
-        &[("SESSIONFS_SEAL_COPY_FROM", "s3://b/p.packet")],
+        &[("SESSIONFS_SEAL_COPY_FROM", "s3://strict/p.packet")],
     )
     .ok()
     .clone();
     assert!(v["copied_bytes"].as_u64().unwrap() > 0, "{v}");
     assert!(
-        std::fs::read(root.join("b/sealed.packet")).unwrap() == std::fs::read(&sealed).unwrap()
+        std::fs::read(root.join("strict/sealed.packet")).unwrap() == std::fs::read(&sealed).unwrap()
     );
 }
 
