@@ -7,7 +7,7 @@
 //! [`arm`] blocks those signals in the calling thread, and so in every
 //! thread it starts from then on, and waits for them in a thread of its
 //! own; call it before any other thread starts. Writers register what to
-//! remove with [`remove_on_interrupt`] for as long as it is half-written,
+//! remove with [`remove_on_interrupt_at`] for as long as it is half-written,
 //! hold [`creating`] while they add to it (so that, once the signal thread
 //! holds the gate, nothing new appears in what it removes), and hold it
 //! across the commit that moves it into place and ends its registration

@@ -2,7 +2,7 @@
 //! `kind`: it lists every kind the code has (`ErrorKind`), and every kind
 //! it lists is one the code has.
 
-use sessionfs::kind::ErrorKind;
+use sessionfs::api::ErrorKind;
 
 /// The kinds docs/CLI.md's exit-code table names (third column, in
 /// backquotes), with the exit code of their row.

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use sessionfs::packet::digest::Sha256;
+use sessionfs::api::Sha256;
 
 fn sha256_of(path: &Path) -> String {
     Sha256::of(&std::fs::read(path).unwrap()).to_string()

@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use sessionfs::overlay::{Caller, ino::ROOT};
+use sessionfs::api::{Caller, ROOT};
 
 const ME: Caller = Caller { uid: 0, gid: 0 };
 
@@ -258,4 +258,84 @@ fn a_dev_fuse_this_user_cannot_open_is_named_with_its_mode_and_owner() {
     // A failed mount leaves behind no upper directory it made, and no log.
     assert!(!upper.exists(), "{e}");
     assert_eq!(runtime_files(&run_dir), Vec::<String>::new());
+}
+
+/// Issue 24, item 11: root can ask another user's mount (`status`, `seal`,
+/// `umount`): its daemon's socket is in the owner's runtime directory,
+/// found from the mount table's `user_id`, and the daemon answers root.
+#[test]
+fn root_reaches_another_users_mount() {
+    if !fuse_available() {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root, to mount as another user and ask as root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    chmod(t, 0o755);
+    let packet = sample_packet(t);
+    chmod(&packet, 0o644);
+    let own = |p: &Path| {
+        fs::create_dir_all(p).unwrap();
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    };
+    let (mnt, state, dev) = (t.join("mnt"), t.join("state"), t.join("dev"));
+    own(&mnt);
+    own(&state);
+    fs::create_dir(&dev).unwrap();
+    // (The daemon, running as its owner, writes the packet.)
+    let sealed = state.join("sealed.packet");
+    // nobody mounts (a /dev/fuse it may open, in a mount namespace of the
+    // test's own; no XDG_RUNTIME_DIR, as for a pod's agent user), writes,
+    // and root asks: status, seal, umount, one JSON line each.
+    let script = format!(
+        "set -e; mount --make-rprivate /; mount -t tmpfs none {dev}; \
+         mknod -m 0666 {dev}/fuse c 10 229; mount --bind {dev}/fuse /dev/fuse; \
+         setpriv --reuid=65534 --regid=65534 --clear-groups env -u XDG_RUNTIME_DIR \
+           {bin} mount {packet} {mnt} --upper {state}/upper --part workspace >/dev/null; \
+         trap 'umount -l {mnt} 2>/dev/null || true' EXIT; \
+         setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'echo new > {mnt}/new.txt'; \
+         {bin} status {mnt}; echo; {bin} seal {mnt} -o {sealed}; echo; {bin} umount {mnt}; echo",
+        dev = dev.display(),
+        bin = bin().display(),
+        packet = packet.display(),
+        mnt = mnt.display(),
+        state = state.display(),
+        sealed = sealed.display(),
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "{lines:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        lines[0]["schema"], "sessionfs.status-result/2",
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[0]["digest"], sample_digest(&packet), "{}", lines[0]);
+    assert_eq!(lines[1]["added"], 1, "{}", lines[1]);
+    assert_eq!(lines[2]["unmounted"], true, "{}", lines[2]);
+    assert!(sealed.is_file());
+}
+
+fn sample_digest(packet: &Path) -> String {
+    let out = std::process::Command::new(bin())
+        .args(["digest", packet.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["digest"].as_str().unwrap().to_owned()
 }

@@ -25,7 +25,7 @@ fn setup() -> (tempfile::TempDir, PathBuf, Vec<u8>) {
 
 fn is_mounted(p: &Path) -> bool {
     nix::sys::statfs::statfs(p)
-        .map(|_| sessionfs::sys::is_fuse_path(p))
+        .map(|_| sessionfs::api::is_fuse_path(p))
         .unwrap_or(true)
 }
 
@@ -145,7 +145,7 @@ fn refused_packets_are_never_mounted() {
     let text = String::from_utf8(bytes[512..512 + size].to_vec())
         .unwrap()
         .replacen("packet/1", "packet/2", 1);
-    let mut v2 = sessionfs::packet::layout::manifest_header(text.len() as u64).to_vec();
+    let mut v2 = sessionfs::api::manifest_header(text.len() as u64).to_vec();
     v2.extend(text.as_bytes());
     v2.resize(v2.len().next_multiple_of(512), 0);
     v2.extend(&bytes[512 + size.next_multiple_of(512)..]);
@@ -971,7 +971,7 @@ fn a_write_past_the_largest_file_a_packet_holds_stops_at_it() {
         &tmp.path().join("upper"),
         &["--part", "workspace"],
     );
-    let max = sessionfs::packet::format::MAX_FILE_SIZE;
+    let max = sessionfs::api::MAX_FILE_SIZE;
     let f = fs::File::create(m.path("huge")).unwrap();
     assert_eq!(f.write_at(&[1u8; 100], max - 10).unwrap(), 10);
     assert_eq!(fs::metadata(m.path("huge")).unwrap().len(), max);

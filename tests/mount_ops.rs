@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use sessionfs::overlay::ino::candidate;
+use sessionfs::api::candidate;
 
 /// A workspace with files, an executable, a big multi-chunk file, a mostly
 /// empty file, nested directories, a symlink; packed; and a temp dir.
@@ -929,7 +929,7 @@ fn absent_names_are_cached_as_absent_until_created_through_the_mount() {
 
 /// Whether `p` is the root of a FUSE mount.
 fn is_fuse(p: &Path) -> bool {
-    sessionfs::sys::is_fuse_path(p)
+    sessionfs::api::is_fuse_path(p)
 }
 
 /// Whether process `pid` runs (and is not a zombie).

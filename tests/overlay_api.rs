@@ -13,11 +13,11 @@ use std::path::Path;
 use common::ops::{FIFO, NAMES, OUTSIDE, Op, apply, op, opened};
 use common::*;
 use proptest::prelude::*;
-use sessionfs::fuse::errno::errno;
-use sessionfs::overlay::{Caller, Error, Kind, Options, Overlay, SetAttr, ino::ROOT};
-use sessionfs::packet::format::Limits;
-use sessionfs::packet::path::Part;
-use sessionfs::packet::reader::Packet;
+use sessionfs::api::Limits;
+use sessionfs::api::Packet;
+use sessionfs::api::Part;
+use sessionfs::api::errno;
+use sessionfs::api::{Caller, Error, Kind, Options, Overlay, ROOT, SetAttr};
 
 const ME: Caller = Caller { uid: 0, gid: 0 };
 
@@ -302,7 +302,7 @@ fn api_tree(o: &Overlay) -> BTreeMap<String, String> {
 }
 
 fn digest(data: &[u8]) -> String {
-    sessionfs::packet::digest::Sha256::of(data).to_hex()
+    sessionfs::api::Sha256::of(data).to_hex()
 }
 
 fn disk_tree(root: &Path) -> BTreeMap<String, String> {

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use proptest::prelude::*;
-use sessionfs::packet::digest::Sha256;
-use sessionfs::packet::format::{HarnessKind, Limits, chunk_count};
-use sessionfs::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
-use sessionfs::packet::reader::Packet;
-use sessionfs::packet::verify::verify;
-use sessionfs::restore::{UnpackOptions, unpack};
-use sessionfs::source::pack::{PackOptions, pack as pack_lib};
+use sessionfs::api::Packet;
+use sessionfs::api::Sha256;
+use sessionfs::api::verify;
+use sessionfs::api::{Entry, EntryKind, FileMeta, Manifest};
+use sessionfs::api::{HarnessKind, Limits, chunk_count};
+use sessionfs::api::{PackOptions, pack as pack_lib};
+use sessionfs::api::{UnpackOptions, unpack};
 
 #[derive(Debug, Clone)]
 enum Node {
@@ -60,7 +60,7 @@ fn build(dir: &Path, children: &BTreeMap<String, Node>) {
     fs::create_dir_all(dir).unwrap();
     let mut seen = std::collections::HashSet::new();
     for (n, child) in children {
-        if !seen.insert(sessionfs::packet::path::collision_key(n).into_owned()) {
+        if !seen.insert(sessionfs::api::collision_key(n).into_owned()) {
             continue;
         }
         let p = dir.join(n);
@@ -152,7 +152,7 @@ proptest! {
                 let packet = Packet::open(&p3, &Limits::DEFAULT).unwrap();
                 let u = UnpackOptions {
                     into: tmp.path().join("strict"),
-                    part: Some(sessionfs::packet::path::Part::Workspace),
+                    part: Some(sessionfs::api::Part::Workspace),
                     strict_symlinks: true,
                     digest: None,
                     owner: None,
@@ -175,7 +175,7 @@ fn manifest_strategy() -> impl Strategy<Value = Manifest> {
             Just(None),
             (
                 0u64..20_000_000,
-                0u64..=sessionfs::packet::format::MAX_MTIME_NS,
+                0u64..=sessionfs::api::MAX_MTIME_NS,
                 any::<bool>(),
                 any::<[u8; 32]>()
             )
@@ -195,7 +195,7 @@ fn manifest_strategy() -> impl Strategy<Value = Manifest> {
             let mut keys = std::collections::HashSet::new();
             for (n, file, link) in raw {
                 let path = format!("workspace/{n}");
-                if !keys.insert(sessionfs::packet::path::collision_key(&path).into_owned()) {
+                if !keys.insert(sessionfs::api::collision_key(&path).into_owned()) {
                     continue;
                 }
                 let kind = match (file, link) {

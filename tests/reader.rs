@@ -9,9 +9,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use common::*;
-use sessionfs::packet::format::Limits;
-use sessionfs::packet::layout::{Layout, manifest_header};
-use sessionfs::packet::manifest::Manifest;
+use sessionfs::api::Limits;
+use sessionfs::api::Manifest;
+use sessionfs::api::{Layout, manifest_header};
 
 /// A valid packet of the sample tree, and its bytes.
 struct Fixture {
@@ -1303,7 +1303,7 @@ fn every_byte_outside_the_manifest_is_checked() {
 fn fuzz_regressions_for_the_manifest_parser() {
     // Inputs cargo-fuzz found: the parser must refuse them or accept only
     // what re-encodes to the same bytes (fuzz/fuzz_targets/manifest.rs).
-    let limits = sessionfs::packet::format::Limits {
+    let limits = sessionfs::api::Limits {
         max_entries: 1000,
         max_bytes: 1 << 30,
         max_path_bytes: 4096,
@@ -1312,7 +1312,7 @@ fn fuzz_regressions_for_the_manifest_parser() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let data = std::fs::read(&path).unwrap();
-        if let Ok(m) = sessionfs::packet::manifest::Manifest::parse(&data, &limits) {
+        if let Ok(m) = sessionfs::api::Manifest::parse(&data, &limits) {
             assert!(
                 m.encode() == data,
                 "{}: accepted a non-canonical manifest",

@@ -5,37 +5,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::s3::{self, Fault, Proxy};
+use common::s3::{self, Fault, Proxy, gets, remote, setup};
 use common::{Run, run, run_env};
-
-/// A bucket of its own for each test.
-fn bucket() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "t{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    s3::moto().create_bucket(&name);
-    name
-}
-
-/// A temporary directory, the shared moto server, a fresh bucket.
-fn setup() -> (tempfile::TempDir, &'static s3::Moto, String) {
-    (tempfile::tempdir().unwrap(), s3::moto(), bucket())
-}
-
-/// Runs sessionfs against `port` (moto's, or a proxy's), with `extra`
-/// environment.
-fn remote(port: u16, args: &[&str], extra: &[(&str, &str)]) -> Run {
-    let env = s3::env(port);
-    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    all.extend_from_slice(extra);
-    run_env(args, &all)
-}
 
 /// The sample tree, packed.
 fn sample_packet(tmp: &Path) -> PathBuf {
@@ -78,14 +51,6 @@ fn refused_alike(local: &Run, remote: &Run, what: &str) {
 fn says(e: &serde_json::Value, what: &str) {
     let msg = e["message"].as_str().unwrap();
     assert!(msg.contains(what), "{what} not in {msg}");
-}
-
-fn gets(proxy: &Proxy) -> usize {
-    proxy
-        .requests()
-        .iter()
-        .filter(|r| r.starts_with("GET "))
-        .count()
 }
 
 /// The result without its `packet` field, which names the location.
@@ -218,11 +183,20 @@ fn hostile_packets_are_refused_remotely_as_locally() {
         let local = tmp.path().join(name);
         std::fs::write(&local, &bytes).unwrap();
         moto.put(&b, name, &bytes);
+        let loc = format!("s3://{b}/{name}");
         for cmd in ["inspect", "digest"] {
             let l = run([cmd, local.to_str().unwrap()]);
-            let r = remote(moto.port, &[cmd, &format!("s3://{b}/{name}")], &[]);
+            let r = remote(moto.port, &[cmd, &loc], &[]);
             refused_alike(&l, &r, &format!("{name} {cmd}"));
         }
+        // A mount refuses it before it makes its upper directory.
+        let (mnt, up) = (tmp.path().join("mnt"), tmp.path().join("up"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let (m, u) = (mnt.to_str().unwrap(), up.to_str().unwrap());
+        let l = run(["mount", local.to_str().unwrap(), m, "--upper", u]);
+        let r = remote(moto.port, &["mount", &loc, m, "--upper", u], &[]);
+        refused_alike(&l, &r, &format!("{name} mount"));
+        assert!(!up.exists(), "{name}: the mount made its upper directory");
     }
 }
 
@@ -484,35 +458,4 @@ fn signatures_are_accepted_by_a_strict_server() {
         remote(port, &["digest", loc], &wrong).fails(9, "remote_denied"),
         "SignatureDoesNotMatch",
     );
-}
-
-/// "Remote packets are read by inspect, digest, verify and unpack so
-/// far": a mount or an offline seal of a remote packet is a usage error
-/// that says so, before anything is made (not "no such file" for a path
-/// named `s3:`).
-#[test]
-fn commands_that_take_no_remote_packet_yet_say_so_and_make_nothing() {
-    let tmp = tempfile::tempdir().unwrap();
-    let t = tmp.path();
-    let local = t.join("p.packet").display().to_string();
-    let (mnt, upper) = (t.join("mnt"), t.join("upper"));
-    let (m, u) = (mnt.to_str().unwrap(), upper.to_str().unwrap());
-    for args in [
-        vec!["mount", "s3://bucket/p.packet", m, "--upper", u],
-        vec![
-            "seal",
-            "--packet",
-            "s3://bucket/p.packet",
-            "--upper",
-            u,
-            "-o",
-            &local,
-        ],
-    ] {
-        let r = run(&args);
-        let e = r.fails(2, "usage");
-        says(e, "takes a local packet");
-        assert!(!mnt.exists() && !upper.exists(), "{args:?} made something");
-    }
-    assert!(!Path::new("s3:").exists());
 }

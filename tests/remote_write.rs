@@ -15,12 +15,7 @@ use serde_json::Value;
 
 const MIB: usize = 1 << 20;
 
-/// A bucket of its own for each test.
-fn bucket() -> String {
-    s3::fresh_bucket("w")
-}
-
-use s3::run_at as remote;
+use s3::{bucket, remote};
 
 /// `n` bytes that differ from those of another `seed`.
 fn noise(seed: u64, n: usize) -> Vec<u8> {
@@ -102,7 +97,7 @@ fn pack_to_s3_equals_pack_to_a_file_byte_for_byte() {
         );
         assert_eq!(r["output"], format!("s3://{b}/{key}"));
         // --file-sha256 hashes the bytes sent.
-        let want = sessionfs::packet::digest::Sha256::of(&local).to_string();
+        let want = sessionfs::api::Sha256::of(&local).to_string();
         assert_eq!(r["file_sha256"], want, "{name}");
     }
     moto.assert_no_uploads(&b);
@@ -299,7 +294,7 @@ impl Session {
     /// An upper directory with changes drawn from `seed`: small files
     /// rewritten, added and removed, and one big file changed in place.
     fn changes(&self, seed: u64, big: usize) -> PathBuf {
-        use sessionfs::overlay::{Caller, ino::ROOT};
+        use sessionfs::api::{Caller, ROOT};
         let me = Caller { uid: 0, gid: 0 };
         let upper = self.tmp.path().join(format!("upper-{seed}"));
         let o = common::overlay_of(&self.parent, &upper);
@@ -534,10 +529,7 @@ fn uploads_are_accepted_by_a_strict_server() {
     std::fs::write(&parent, &local).unwrap();
     let upper = tmp.path().join("upper");
     let o = common::overlay_of(&parent, &upper);
-    let small = o
-        .lookup(sessionfs::overlay::ino::ROOT, b"small")
-        .unwrap()
-        .ino;
+    let small = o.lookup(sessionfs::api::ROOT, b"small").unwrap().ino;
     o.unlink(small, b"s00.txt").unwrap();
     drop(o);
     let sealed = tmp.path().join("sealed.packet");
@@ -560,7 +552,8 @@ fn uploads_are_accepted_by_a_strict_server() {
     .clone();
     assert!(v["copied_bytes"].as_u64().unwrap() > 0, "{v}");
     assert!(
-        std::fs::read(root.join("strict/sealed.packet")).unwrap() == std::fs::read(&sealed).unwrap()
+        std::fs::read(root.join("strict/sealed.packet")).unwrap()
+            == std::fs::read(&sealed).unwrap()
     );
 }
 
@@ -607,4 +600,86 @@ fn a_mount_seals_to_s3_with_the_configuration_it_was_started_with() {
     );
     common::run(["umount", m]).ok();
     moto.assert_no_uploads(&s.bucket);
+}
+
+/// Bytes of `key` the proxy saw asked for by ranged GETs.
+fn fetched(proxy: &Proxy, bucket: &str, key: &str) -> u64 {
+    let prefix = format!("GET /{bucket}/{key} range=bytes=");
+    proxy
+        .requests()
+        .iter()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|r| {
+            let (a, b) = r.split_once('-').unwrap();
+            b.parse::<u64>().unwrap() + 1 - a.parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+/// The seal of a remote parent (`seal --packet s3://…`) to the same
+/// bucket copies the unchanged runs from the object it reads, pinned to
+/// the ETag it opened it with, and never downloads them: the parent's
+/// bytes fetched are the manifest and what the new packet sends.
+#[test]
+fn a_seal_of_a_remote_parent_copies_what_it_does_not_fetch() {
+    let big = 8;
+    let s = Session::new(big);
+    let moto = s3::moto();
+    let upper = s.changes(5, big);
+    let local = s.tmp.path().join("local.packet");
+    common::seal_offline(&s.parent, &upper, &local, &[]).ok();
+    let local = std::fs::read(&local).unwrap();
+    let proxy = Proxy::start(moto.port);
+    let (parent, url) = (
+        format!("s3://{}/parent.packet", s.bucket),
+        format!("s3://{}/from-remote.packet", s.bucket),
+    );
+    let cache = s.tmp.path().join("cache");
+    let args = [
+        "seal",
+        "--packet",
+        &parent,
+        "--upper",
+        upper.to_str().unwrap(),
+        "-o",
+        &url,
+        "--cache",
+        cache.to_str().unwrap(),
+    ];
+    let v = remote(proxy.port, &args, &[]).ok().clone();
+    assert!(moto.get(&s.bucket, "from-remote.packet").unwrap() == local);
+    let copied = v["copied_bytes"].as_u64().unwrap();
+    assert!(copied >= 9 << 20, "{v}");
+    let sent = local.len() as u64 - copied;
+    let got = fetched(&proxy, &s.bucket, "parent.packet");
+    // The manifest's first request, and the pieces (at most 4 MiB) that
+    // straddle a copy's ends, two copies at most.
+    assert!(
+        got <= sent + (256 << 10) + (16 << 20),
+        "{got} bytes of the parent fetched to send {sent} and copy {copied}"
+    );
+    assert!(got < sent + copied, "{got} bytes fetched: the whole parent");
+    // Sealed to a file, the same seal fetches what it reuses.
+    let proxy2 = Proxy::start(moto.port);
+    let file = s.tmp.path().join("from-remote.packet");
+    let cache2 = s.tmp.path().join("cache2");
+    let args = [
+        "seal",
+        "--packet",
+        &parent,
+        "--upper",
+        upper.to_str().unwrap(),
+        "-o",
+        file.to_str().unwrap(),
+        "--cache",
+        cache2.to_str().unwrap(),
+    ];
+    remote(proxy2.port, &args, &[]).ok();
+    assert!(std::fs::read(&file).unwrap() == local);
+    let all = fetched(&proxy2, &s.bucket, "parent.packet");
+    eprintln!("fetched {got} with copies of {copied}, {all} without");
+    assert!(
+        all >= got + copied.saturating_sub(16 << 20),
+        "{all} fetched without copies, {got} with"
+    );
 }

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use common::*;
 use serde_json::{Value, json};
-use sessionfs::overlay::seal::SealOutcome;
-use sessionfs::overlay::{Caller, Error, Overlay, SetAttr, SetTime, ino::ROOT};
+use sessionfs::api::SealOutcome;
+use sessionfs::api::{Caller, Error, Overlay, ROOT, SetAttr, SetTime};
 
 const ME: Caller = Caller { uid: 0, gid: 0 };
 
@@ -159,7 +159,7 @@ fn the_receipt_names_every_change_with_its_hashes() {
 }
 
 fn sha256_hex(b: &[u8]) -> String {
-    sessionfs::packet::digest::Sha256::of(b).to_string()
+    sessionfs::api::Sha256::of(b).to_string()
 }
 
 #[test]
@@ -295,17 +295,13 @@ fn a_rebase_moves_the_overlay_onto_the_new_packet_with_an_empty_journal() {
     let again = overlay_of(&s.path("turn1.packet"), &s.upper);
     assert_eq!(ino(&again, "README.txt"), moved);
     drop(again);
-    let old = sessionfs::overlay::Overlay::mount(
-        sessionfs::packet::reader::Packet::open(
-            &s.packet,
-            &sessionfs::packet::format::Limits::DEFAULT,
-        )
-        .unwrap(),
+    let old = sessionfs::api::Overlay::mount(
+        sessionfs::api::Packet::open(&s.packet, &sessionfs::api::Limits::DEFAULT).unwrap(),
         &s.upper,
-        sessionfs::overlay::Options {
+        sessionfs::api::Options {
             uid: 0,
             gid: 0,
-            part: Some(sessionfs::packet::path::Part::Workspace),
+            part: Some(sessionfs::api::Part::Workspace),
         },
     );
     assert!(matches!(old, Err(Error::UpperMismatch { .. })));

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sessionfs::packet::format::Limits;
-use sessionfs::packet::manifest::Manifest;
+use sessionfs::api::Limits;
+use sessionfs::api::Manifest;
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_entries: 1000, max_bytes: 1 << 30, max_path_bytes: 4096 };

@@ -5,9 +5,9 @@
 use std::io::Write;
 
 use libfuzzer_sys::fuzz_target;
-use sessionfs::packet::format::Limits;
-use sessionfs::packet::reader::Packet;
-use sessionfs::packet::verify::verify;
+use sessionfs::api::Limits;
+use sessionfs::api::Packet;
+use sessionfs::api::verify;
 
 fuzz_target!(|data: &[u8]| {
     let mut f = tempfile::tempfile().expect("temp file");

@@ -41,6 +41,79 @@ impl LimitArgs {
     }
 }
 
+/// How remote packets are fetched and cached (docs/remote.md): taken by
+/// every command that reads a packet; used when the packet is remote.
+#[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Remote packets")]
+pub struct RemoteArgs {
+    /// The node-wide content cache, shared by every mount and command
+    /// [default: $SESSIONFS_CACHE_DIR, else /var/cache/sessionfs as root,
+    /// else $XDG_CACHE_HOME/sessionfs or ~/.cache/sessionfs].
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<std::path::PathBuf>,
+    /// The cache's size bound; least recently used content goes first.
+    #[arg(long, value_name = "SIZE", default_value = "10GiB", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Bytes of fetches in flight at most (read-ahead included).
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
+    pub max_memory: u64,
+    /// Small files are fetched in requests of up to this many bytes.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size)]
+    pub block_size: u64,
+    /// What a mount fetches before it is read: `none` (what is read, and
+    /// read-ahead of sequential readers) or `all` (the whole packet, in the
+    /// background, yielding to reads).
+    #[arg(long, value_enum, default_value = "none")]
+    pub prefetch: PrefetchArg,
+}
+
+/// `--prefetch`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefetchArg {
+    /// Nothing before it is read.
+    None,
+    /// The whole packet, in the background.
+    All,
+}
+
+impl RemoteArgs {
+    /// The cache, opened (made if needed).
+    pub fn cache(&self) -> Result<std::sync::Arc<crate::store::cache::Cache>, CliError> {
+        let dir = self
+            .cache
+            .clone()
+            .unwrap_or_else(crate::store::cache::default_dir);
+        crate::store::cache::Cache::open(&dir, self.cache_size)
+            .map(std::sync::Arc::new)
+            .map_err(|e| {
+                CliError::new(
+                    Some(crate::packet::error::ErrorClass::Refused),
+                    crate::kind::ErrorKind::TargetUnusable,
+                    format!("--cache {}: {e}", dir.display()),
+                    Some(crate::packet::path::shown_path(&dir)),
+                )
+            })
+    }
+
+    /// The spool's options.
+    pub fn spool_options(&self) -> Result<crate::store::spool::SpoolOptions, CliError> {
+        if !(4096..=(64 << 20)).contains(&self.block_size) {
+            return Err(CliError::usage(format!(
+                "--block-size {} is out of range: 4KiB to 64MiB",
+                self.block_size
+            )));
+        }
+        Ok(crate::store::spool::SpoolOptions {
+            block: self.block_size,
+            max_memory: self.max_memory.max(1 << 20),
+            prefetch: match self.prefetch {
+                PrefetchArg::None => crate::store::spool::Prefetch::None,
+                PrefetchArg::All => crate::store::spool::Prefetch::All,
+            },
+        })
+    }
+}
+
 /// Parses a byte count: digits with an optional binary suffix
 /// (K, KiB, M, MiB, G, GiB, T, TiB; all powers of 1024).
 pub fn parse_size(s: &str) -> Result<u64, String> {

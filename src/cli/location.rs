@@ -21,21 +21,6 @@ pub fn parse(packet: &Path) -> Result<Location, CliError> {
     Location::parse(packet.as_os_str()).map_err(CliError::usage)
 }
 
-/// Refuses a remote location where only a local packet is taken yet
-/// (`what`: "mount", "seal --packet", "pack -o", "seal -o"): a usage
-/// error that says so, before anything is made, rather than "no such
-/// file" for a path named `s3:`.
-pub fn local_only(packet: &Path, what: &str) -> Result<(), CliError> {
-    match parse(packet)? {
-        Location::Local(_) => Ok(()),
-        remote => Err(CliError::usage(format!(
-            "{}: {what} takes a local packet; remote packets are read by inspect, digest, \
-             verify and unpack so far (docs/remote.md says what remains): copy it here first",
-            remote.shown()
-        ))),
-    }
-}
-
 /// An output argument (`pack -o`, `seal -o`): a local path, or an
 /// `s3://BUCKET/KEY` to upload to, with the settings of the environment.
 /// An `http(s)://` URL cannot be written to: a usage error.
@@ -51,6 +36,17 @@ pub fn output(arg: &Path, what: &str) -> Result<Option<(Location, Settings)>, Cl
              written to (docs/remote.md)",
             http.shown()
         ))),
+    }
+}
+
+/// A packet argument as results give it: a local path made absolute (the
+/// result is read where a relative path may not lead), a remote location
+/// as shown.
+pub fn absolute(packet: &Path) -> std::path::PathBuf {
+    match Location::parse(packet.as_os_str()) {
+        Ok(Location::Local(p)) => crate::sys::absolute(&p),
+        Ok(remote) => remote.shown().into(),
+        Err(_) => crate::sys::absolute(packet),
     }
 }
 
@@ -111,6 +107,35 @@ pub fn open_packet(packet: &Path, limits: &Limits) -> Result<(Opened, String), C
         }
     };
     Ok((opened, shown))
+}
+
+/// Opens the packet at `packet` for a mount or an offline seal: a local
+/// file as [`Packet::open`] does, a remote object with its content read
+/// through a spool and the node-wide cache (`remote`); also returns the
+/// location as shown.
+pub fn open_lower(
+    packet: &Path,
+    limits: &Limits,
+    remote: &super::args::RemoteArgs,
+) -> Result<(Packet, String), CliError> {
+    let location = parse(packet)?;
+    let shown = shown(&location);
+    let at = at_shown::<crate::packet::Error>(&shown);
+    let p = match &location {
+        Location::Local(p) => Packet::open(p, limits).map_err(at)?,
+        loc => {
+            let options = remote.spool_options()?;
+            let cache = remote.cache()?;
+            let object: Box<dyn ReadAt> = Box::new(open_object(loc, &shown)?);
+            let t = std::time::Instant::now();
+            let spool_dir = cache.tmp_dir();
+            let p = Packet::remote(object, loc, limits, Some(cache), &spool_dir, options)
+                .map_err(at)?;
+            tracing::debug!(location = %shown, elapsed = ?t.elapsed(), "remote packet opened");
+            p
+        }
+    };
+    Ok((p, shown))
 }
 
 /// Opens a remote object with the settings of the environment.

@@ -9,14 +9,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::Output;
-use super::args::{LimitArgs, parse_digest};
-use super::error::{CliError, at_packet};
+use super::args::{LimitArgs, RemoteArgs, parse_digest};
+use super::error::CliError;
 use crate::fuse::{control, daemon};
 use crate::overlay::{Options, Overlay};
 use crate::packet::digest::Digest;
 use crate::packet::error::{ErrorClass, ErrorKind};
 use crate::packet::path::Part;
-use crate::packet::reader::Packet;
 
 /// Mount a packet read-only with a copy-on-write upper directory.
 ///
@@ -39,7 +38,8 @@ use crate::packet::reader::Packet;
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
-    /// The packet file.
+    /// The packet: a file, `s3://BUCKET/KEY`, or an `http(s)://` URL
+    /// (docs/remote.md).
     packet: PathBuf,
     /// An empty directory to mount on.
     mountpoint: PathBuf,
@@ -79,6 +79,8 @@ pub struct Args {
     daemon_child: bool,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 /// `VIEWPATH=HOSTFILE`, split at the first `=`.
@@ -265,7 +267,6 @@ fn canonical_prefix(p: &Path) -> Option<PathBuf> {
 
 pub fn run(mut a: Args) -> Result<Output, CliError> {
     let started = std::time::Instant::now();
-    super::location::local_only(&a.packet, "mount")?;
     // A mountpoint named through a symlink is mounted where the link
     // leads, and known by that path (to unmount it, in status and
     // mount.json), as the kernel and the mount table know it.
@@ -287,9 +288,10 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             &a.mountpoint,
         )
     })?;
-    let at = at_packet(&a.packet);
-    let packet = Packet::open(&a.packet, &limits).map_err(&at)?;
-    packet.check_digest(a.digest.as_ref()).map_err(&at)?;
+    let (packet, shown) = super::location::open_lower(&a.packet, &limits, &a.remote)?;
+    packet
+        .check_digest(a.digest.as_ref())
+        .map_err(super::location::at_shown(&shown))?;
     let digest = packet.digest;
     let entries = packet.manifest.entries.len() as u64;
     let part = a.part.map(|p| match p {
@@ -303,10 +305,9 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             Some(ErrorClass::Refused),
             ErrorKind::PartMissing,
             format!(
-                "{}: the packet has no {p} part to mount; mount without --part, or with the part it has",
-                a.packet.display()
+                "{shown}: the packet has no {p} part to mount; mount without --part, or with the part it has"
             ),
-            Some(crate::packet::path::shown_path(&a.packet)),
+            Some(shown.clone()),
         ));
     }
     wait_for_upper(&a.upper)?;
@@ -377,7 +378,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
                     mountpoint: a.mountpoint.clone(),
                     // Absolute, as `status` gives them: the result is read
                     // where the relative paths may not lead.
-                    packet: crate::sys::absolute(&a.packet),
+                    packet: super::location::absolute(&a.packet),
                     digest,
                     upper: crate::sys::absolute(&a.upper),
                     part,

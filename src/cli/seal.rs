@@ -8,14 +8,13 @@ use serde_json::Value;
 
 use super::Output;
 use super::args::{LimitArgs, file_mode_from_umask};
-use super::error::{CliError, at_packet};
+use super::error::CliError;
 use crate::fuse::control::{self, Reply, Request, SealRequest};
 use crate::overlay::seal::{RemoteSeal, SealOptions, SealOutcome};
 use crate::overlay::{Options, Overlay};
 use crate::packet::error::{ErrorClass, ErrorKind};
 use crate::packet::format::Limits;
 use crate::packet::path::Part;
-use crate::packet::reader::Packet;
 
 /// Seal a mount's merged view (packet + changes) into a new packet.
 ///
@@ -43,8 +42,9 @@ pub struct Args {
     /// The mountpoint of a running mount.
     #[arg(required_unless_present = "packet", conflicts_with = "packet")]
     mountpoint: Option<PathBuf>,
-    /// Offline: the packet the upper directory belongs to.
-    #[arg(long, requires = "upper", value_name = "FILE")]
+    /// Offline: the packet the upper directory belongs to (a file, or a
+    /// remote location: docs/remote.md).
+    #[arg(long, requires = "upper", value_name = "PACKET")]
     packet: Option<PathBuf>,
     /// Offline: the upper directory.
     #[arg(long, requires = "packet", value_name = "DIR")]
@@ -78,6 +78,8 @@ pub struct Args {
     file_sha256: bool,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    remote: super::args::RemoteArgs,
 }
 
 #[derive(Serialize)]
@@ -106,9 +108,6 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
              --rebase (and mount the new packet), or seal to a file with --rebase",
             a.output.display()
         )));
-    }
-    if let Some(packet) = &a.packet {
-        super::location::local_only(packet, "seal --packet")?;
     }
     // Bad patterns are usage errors, as for pack, before any daemon is asked.
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
@@ -151,7 +150,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         // Right after an unmount, the daemon that served it may still be
         // letting its lock go: waited for as a mount waits.
         super::mount::wait_for_upper(upper)?;
-        let packet = Packet::open(packet, &limits).map_err(at_packet(packet))?;
+        let (packet, _) = super::location::open_lower(packet, &limits, &a.remote)?;
         // The journal names inodes relative to the root it was mounted with.
         let part = crate::overlay::recorded_part(upper)?;
         let overlay = Overlay::mount(
@@ -177,7 +176,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         progress: bar.visible(),
         ..req
     });
-    let answer = control::request_with_progress(&mp, &req, None, &mut |bytes| bar.set(bytes));
+    let answer = super::umount::ask(&mp, &req, None, &mut |bytes| bar.set(bytes));
     drop(bar);
     match answer {
         Ok(r @ Reply::Sealed(_)) => Ok(Output::raw(r.into_value())),

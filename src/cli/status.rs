@@ -22,7 +22,13 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<Output, CliError> {
     let req = control::Request::Status;
-    match control::request(&a.mountpoint, &req, Some(Duration::from_secs(10))) {
+    let asked = super::umount::ask(
+        &a.mountpoint,
+        &req,
+        Some(Duration::from_secs(10)),
+        &mut |_| {},
+    );
+    match asked {
         Ok(r @ control::Reply::Status(_)) => Ok(Output::raw(r.into_value())),
         Ok(r) => Err(super::error::unexpected_reply(r)),
         Err(e) => Err(super::umount::unreachable(&a.mountpoint, &e)),

@@ -108,6 +108,35 @@ pub fn unreachable(mp: &Path, error: &std::io::Error) -> CliError {
 
 /// The user a FUSE mount at `real` (a real path) belongs to: its
 /// `user_id=` in `/proc/self/mountinfo` (the topmost mount there).
+/// Sends `req` to the daemon of the mount at `mp`: this user's, or, for
+/// root, another user's (whose socket is in that user's runtime
+/// directory: the daemon answers its owner and root).
+pub fn ask(
+    mp: &Path,
+    req: &control::Request,
+    timeout: Option<Duration>,
+    progress: &mut dyn FnMut(u64),
+) -> std::io::Result<control::Reply> {
+    let mine = control::request_with_progress(mp, req, timeout, progress);
+    let Err(e) = mine else { return mine };
+    if !nix::unistd::geteuid().is_root() {
+        return Err(e);
+    }
+    let Some(owner) = real_path(mp)
+        .and_then(|p| mount_owner(&p))
+        .filter(|&o| o != 0)
+    else {
+        return Err(e);
+    };
+    for path in control::socket_paths_of(owner, mp).unwrap_or_default() {
+        if std::fs::symlink_metadata(&path).is_ok() {
+            tracing::debug!(socket = %path.display(), owner, "asking another user's daemon, as root");
+            return control::request_at(&path, mp, req, timeout, progress);
+        }
+    }
+    Err(e)
+}
+
 fn mount_owner(real: &Path) -> Option<u32> {
     use std::os::unix::ffi::OsStrExt;
     // Mountinfo writes a space, tab, newline and backslash in a path as
@@ -228,7 +257,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         ));
     }
     let request = control::Request::Unmount { lazy: a.lazy };
-    let via = match control::request(mp, &request, Some(Duration::from_secs(60))) {
+    let via = match ask(mp, &request, Some(Duration::from_secs(60)), &mut |_| {}) {
         Ok(control::Reply::Unmounted { pid, upper, .. }) => {
             // The daemon holds the upper directory's lock until it exits:
             // wait for that, so the same upper directory can be mounted

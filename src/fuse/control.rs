@@ -174,6 +174,9 @@ pub struct Status {
     pub read_inodes: Vec<u64>,
     /// Files shown from the host (`mount --secret`).
     pub secrets: Vec<ShownSecret>,
+    /// For a remote packet: what was fetched, and from where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<Box<crate::store::spool::SpoolReport>>,
 }
 
 /// A file a mount shows from the host (`mount --secret`).
@@ -203,7 +206,7 @@ pub struct ProgressBytes {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Line {
-    Reply(Reply),
+    Reply(Box<Reply>),
     Progress(Progress),
 }
 
@@ -487,15 +490,10 @@ pub fn serve(
     }
 }
 
-/// Sends one request to the daemon of `mountpoint` and returns its reply.
+/// Sends one request to the daemon of `mountpoint` and returns its reply,
+/// handing the byte count of each [`Progress`] line to `progress`.
 /// `timeout` bounds the wait for the answer (a seal of a large tree takes a
 /// while: pass `None` to wait as long as it takes).
-pub fn request(mountpoint: &Path, req: &Request, timeout: Option<Duration>) -> io::Result<Reply> {
-    request_with_progress(mountpoint, req, timeout, &mut |_| {})
-}
-
-/// [`request`], handing the byte count of each [`Progress`] line to
-/// `progress`.
 pub fn request_with_progress(
     mountpoint: &Path,
     req: &Request,
@@ -508,7 +506,30 @@ pub fn request_with_progress(
             format!("{}: no sessionfs mount here: {e}", mountpoint.display()),
         )
     })?;
-    let conn = UnixStream::connect(&path).map_err(|e| {
+    request_at(&path, mountpoint, req, timeout, progress)
+}
+
+/// Where the daemon of a mount at `mountpoint` made by user `uid` has its
+/// control socket, when that user's environment named no
+/// `XDG_RUNTIME_DIR` (see [`runtime_dir`]): what root tries to reach
+/// another user's mount.
+pub fn socket_paths_of(uid: u32, mountpoint: &Path) -> io::Result<Vec<PathBuf>> {
+    let name = format!("{}.sock", key(mountpoint)?);
+    Ok(vec![
+        PathBuf::from(format!("/run/user/{uid}/sessionfs")).join(&name),
+        PathBuf::from(format!("/tmp/sessionfs-{uid}")).join(name),
+    ])
+}
+
+/// [`request_with_progress`] through the socket at `path`.
+pub fn request_at(
+    path: &Path,
+    mountpoint: &Path,
+    req: &Request,
+    timeout: Option<Duration>,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Reply> {
+    let conn = UnixStream::connect(path).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!(
@@ -532,7 +553,7 @@ pub fn request_with_progress(
         }
         match serde_json::from_str::<Line>(&line) {
             Ok(Line::Progress(p)) => progress(p.progress.bytes),
-            Ok(Line::Reply(r)) => return Ok(r),
+            Ok(Line::Reply(r)) => return Ok(*r),
             Err(_) => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,

@@ -366,7 +366,12 @@ fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
     let abs = crate::sys::absolute;
     control::Status {
         mountpoint: abs(mountpoint),
-        packet: abs(o.lower().packet.path()),
+        packet: if o.lower().packet.spool().is_some() {
+            // A remote location, as shown.
+            o.lower().packet.path().to_owned()
+        } else {
+            abs(o.lower().packet.path())
+        },
         digest: o.lower().packet.digest.to_string(),
         upper: abs(o.upper_dir()),
         pid: std::process::id(),
@@ -378,6 +383,7 @@ fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
         copy_ups: s.copy_ups.load(Ordering::Relaxed),
         verified_bytes: o.verified_bytes(),
         read_inodes: s.read_inodes.lock().clone(),
+        remote: o.lower().packet.spool().map(|s| Box::new(s.report())),
         secrets: o
             .secrets()
             .iter()

@@ -201,6 +201,15 @@ impl Error {
         }
     }
 
+    /// The store's error inside an I/O error of a remote packet, if that
+    /// is what it is.
+    pub fn remote_cause(&self) -> Option<&crate::store::Error> {
+        match self {
+            Error::PacketIo { source, .. } => store_error(source),
+            _ => None,
+        }
+    }
+
     /// Stable kind, for errors reported by commands.
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -209,6 +218,10 @@ impl Error {
             Error::UpperRefused { .. } => ErrorKind::UpperRefused,
             Error::UpperMismatch { .. } => ErrorKind::UpperMismatch,
             Error::Replay { .. } => ErrorKind::UpperDamaged,
+            // A remote packet's fetch failed: the store's own kind.
+            Error::PacketIo { source, .. } if store_error(source).is_some() => {
+                store_error(source).map_or(ErrorKind::Io, |e| e.kind())
+            }
             Error::Upper { .. } | Error::PacketIo { .. } | Error::Secret { .. } => ErrorKind::Io,
             Error::Corrupt { .. } => ErrorKind::ContentMismatch,
             Error::PacketChanged { .. } => ErrorKind::PacketChanged,
@@ -249,4 +262,9 @@ impl Error {
             _ => ErrorClass::Io,
         }
     }
+}
+
+/// The store's error an I/O error carries (see [`crate::packet::reader::Packet::ensure`]).
+fn store_error(e: &io::Error) -> Option<&crate::store::Error> {
+    e.get_ref()?.downcast_ref::<crate::store::Error>()
 }

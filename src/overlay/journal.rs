@@ -154,19 +154,6 @@ impl Record {
         v.push(b'\n');
         v
     }
-
-    /// The time of the change.
-    pub fn time(&self) -> Nanos {
-        match self {
-            Record::Mknode { t, .. }
-            | Record::Link { t, .. }
-            | Record::Unlink { t, .. }
-            | Record::Rename { t, .. }
-            | Record::Setattr { t, .. }
-            | Record::CopyUp { t, .. }
-            | Record::Rebase { t, .. } => *t,
-        }
-    }
 }
 
 /// How a journal's bytes parse.

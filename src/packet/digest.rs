@@ -180,16 +180,6 @@ impl ContentHasher {
         }
     }
 
-    /// Bytes fed so far.
-    pub fn len(&self) -> u64 {
-        self.total
-    }
-
-    /// Whether nothing was fed.
-    pub fn is_empty(&self) -> bool {
-        self.total == 0
-    }
-
     /// The whole-file hash and the chunk hashes (empty for small files).
     pub fn finish(mut self) -> (Sha256, Vec<Sha256>) {
         if self.chunked && self.chunk_fill > 0 {

@@ -173,6 +173,10 @@ pub struct Packet<B = File> {
     /// ([`NO_PARENT`](super::manifest::NO_PARENT) for a part root), found
     /// while validating; a mount's index takes it (leaving it empty).
     pub parents: Vec<u32>,
+    /// For a remote packet read by a mount ([`Packet::remote`]): the spool
+    /// `file` is, filled on demand. Every read of content goes through
+    /// [`Packet::ensure`] first.
+    spool: Option<std::sync::Arc<crate::store::spool::Spool>>,
 }
 
 /// One piece of what [`Packet::check_batch`] reports to its sink.
@@ -249,8 +253,66 @@ impl Packet {
     /// Reads `buf.len()` bytes of entry `i`'s content at `offset` within the
     /// file, without checking them (callers verify chunks themselves).
     pub fn read_content_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.file
-            .read_exact_at(buf, self.content_offset(i) + offset)
+        let at = self.content_offset(i) + offset;
+        self.ensure(at..at + buf.len() as u64)?;
+        self.file.read_exact_at(buf, at)
+    }
+
+    /// Makes the content bytes in `range` of the file readable from
+    /// [`Packet::file`]: nothing to do for a local packet; for a remote one,
+    /// the units of content the range touches are fetched (or taken from
+    /// the cache) and verified into the spool. A failure is an I/O error
+    /// whose inner error is the store's ([`crate::store::Error`]).
+    pub fn ensure(&self, range: Range<u64>) -> io::Result<()> {
+        match &self.spool {
+            Some(s) if !range.is_empty() => s.ensure(range).map_err(io::Error::other),
+            _ => Ok(()),
+        }
+    }
+
+    /// The spool of a remote packet read by a mount.
+    pub fn spool(&self) -> Option<&std::sync::Arc<crate::store::spool::Spool>> {
+        self.spool.as_ref()
+    }
+
+    /// A remote packet as a mount reads it: its manifest member is read and
+    /// checked from `remote` (at `location`, shown in errors and results), and its
+    /// content is read through a spool in `spool_dir`, filled on demand
+    /// from `cache` and `remote` and verified unit by unit (see
+    /// [`crate::store::spool`]). The spool holds content only: nothing
+    /// reads a mounted packet's headers.
+    pub fn remote(
+        remote: Box<dyn crate::store::ReadAt>,
+        location: &crate::store::Location,
+        limits: &Limits,
+        cache: Option<std::sync::Arc<crate::store::cache::Cache>>,
+        spool_dir: &Path,
+        options: crate::store::spool::SpoolOptions,
+    ) -> Result<Packet> {
+        let p = Packet::from_source(remote, Path::new(&location.shown()), limits)?;
+        let units = p.units();
+        let spool = crate::store::spool::Spool::new(
+            location.clone(),
+            p.file,
+            units,
+            spool_dir,
+            cache,
+            options,
+        )
+        .map_err(|e| Error::io("cannot make the spool of the remote packet", e))?;
+        let file = spool
+            .file()
+            .try_clone()
+            .map_err(|e| Error::io("cannot open the spool of the remote packet", e))?;
+        Ok(Packet {
+            file,
+            path: p.path,
+            manifest: p.manifest,
+            digest: p.digest,
+            layout: p.layout,
+            parents: p.parents,
+            spool: Some(spool),
+        })
     }
 }
 
@@ -290,7 +352,36 @@ impl<B: Source> Packet<B> {
             digest,
             layout,
             parents,
+            spool: None,
         })
+    }
+
+    /// The ranges of content the manifest gives a SHA-256 for, in file
+    /// order: each non-empty small file's content, each chunk of a larger
+    /// one.
+    pub fn units(&self) -> Vec<crate::store::spool::Unit> {
+        let mut out = Vec::new();
+        for (i, e) in self.manifest.entries.iter().enumerate() {
+            let Some(f) = e.file().filter(|f| f.size > 0) else {
+                continue;
+            };
+            let base = self.content_offset(i);
+            let unit = |start: u64, len: u64, hash: &Sha256| crate::store::spool::Unit {
+                start,
+                len,
+                hash: hash.0,
+                group: i as u32,
+            };
+            if f.chunks.is_empty() {
+                out.push(unit(base, f.size, &f.sha256));
+            } else {
+                for (k, h) in f.chunks.iter().enumerate() {
+                    let at = k as u64 * CHUNK_SIZE;
+                    out.push(unit(base + at, CHUNK_SIZE.min(f.size - at), h));
+                }
+            }
+        }
+        out
     }
 
     /// Fails unless the packet's digest is `expected`.

@@ -92,6 +92,19 @@ pub enum Error {
         /// The last failure.
         last: String,
     },
+
+    /// Content fetched for a range the manifest gives a hash for did not
+    /// match it, on the first fetch and again on a second one (a
+    /// truncated or corrupted response is caught and fetched once more).
+    #[error("{location}: bytes {start}..{end} do not match the manifest's hash, fetched twice")]
+    Corrupt {
+        /// The location, as shown.
+        location: String,
+        /// The range.
+        start: u64,
+        /// Its end (exclusive).
+        end: u64,
+    },
 }
 
 impl Error {
@@ -106,6 +119,7 @@ impl Error {
             Error::BadResponse { .. } => ErrorKind::RemoteBadResponse,
             Error::Unavailable { .. } => ErrorKind::RemoteUnavailable,
             Error::Exists { .. } => ErrorKind::RemoteExists,
+            Error::Corrupt { .. } => ErrorKind::ContentMismatch,
         }
     }
 
@@ -118,7 +132,8 @@ impl Error {
             | Error::Changed { location, .. }
             | Error::BadResponse { location, .. }
             | Error::Unavailable { location, .. }
-            | Error::Exists { location, .. } => location,
+            | Error::Exists { location, .. }
+            | Error::Corrupt { location, .. } => location,
         }
     }
 }

@@ -11,8 +11,10 @@
 //! [`Error::Changed`] instead of mixing bytes of two objects.
 
 pub mod aws;
+pub mod cache;
 pub mod error;
 pub mod remote;
+pub mod spool;
 pub mod sts;
 pub mod upload;
 

@@ -113,11 +113,6 @@ impl Upload {
         &self.client.shown
     }
 
-    /// Requests sent so far, attempts included.
-    pub fn requests(&self) -> u64 {
-        self.client.requests()
-    }
-
     /// Sends part `number` (1-based): `UploadPart`. Returns its ETag.
     pub fn part(&self, number: u16, bytes: &[u8]) -> Result<String> {
         let (bucket, key, creds) = s3_target(&self.client)?;

@@ -401,18 +401,13 @@ fn is_zero(b: &[u8]) -> bool {
     b.chunks(256).all(|c| c.iter().fold(0, |a, &x| a | x) == 0)
 }
 
-/// `rename` that fails (EEXIST) rather than replace what is at `to`.
-/// Where the file system cannot rename so (`RENAME_NOREPLACE` is EINVAL
-/// on NFS and some FUSE file systems, `RENAME_EXCL` ENOTSUP on some macOS
-/// volumes), it looks first and renames: something made at `to` in
-/// between is replaced.
-pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    rename_noreplace_at(nix::fcntl::AT_FDCWD, from, nix::fcntl::AT_FDCWD, to)
-}
-
-/// [`rename_noreplace`] of `from` in the directory `from_dir` to `to` in
-/// `to_dir`: the names are found in those directories wherever they have
-/// been moved since they were opened.
+/// `rename` of `from` in the directory `from_dir` to `to` in `to_dir`
+/// that fails (EEXIST) rather than replace what is at `to`; the names are
+/// found in those directories wherever they have been moved since they
+/// were opened. Where the file system cannot rename so
+/// (`RENAME_NOREPLACE` is EINVAL on NFS and some FUSE file systems,
+/// `RENAME_EXCL` ENOTSUP on some macOS volumes), it looks first and
+/// renames: something made at `to` in between is replaced.
 pub fn rename_noreplace_at(
     from_dir: BorrowedFd<'_>,
     from: &Path,

@@ -297,6 +297,19 @@ impl Mounted {
     /// Mounts `packet` at `mnt` (created) with upper directory `upper`.
     #[track_caller]
     pub fn new(packet: &Path, mnt: &Path, upper: &Path, extra: &[&str]) -> Mounted {
+        Mounted::with_env(packet, mnt, upper, extra, &[])
+    }
+
+    /// [`Mounted::new`] with `env` added to the environment (the daemon
+    /// inherits it).
+    #[track_caller]
+    pub fn with_env(
+        packet: &Path,
+        mnt: &Path,
+        upper: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Mounted {
         fs::create_dir_all(mnt).unwrap();
         let mut args: Vec<String> = vec![
             "mount".into(),
@@ -306,7 +319,7 @@ impl Mounted {
             upper.display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let r = run(&args);
+        let r = run_env(&args, env);
         let result = r.ok().clone();
         assert_eq!(result["schema"], "sessionfs.mount-result/1");
         Mounted {
@@ -388,16 +401,16 @@ impl Drop for Mounted {
 /// `upper` (made if absent) serves, in this process and without FUSE: the
 /// seal logic's test bench (the kernel is not needed to change the upper
 /// directory, only to decide what reaches it).
-pub fn overlay_of(packet: &Path, upper: &Path) -> sessionfs::overlay::Overlay {
-    use sessionfs::overlay::{Options, Overlay};
-    let limits = sessionfs::packet::format::Limits::DEFAULT;
+pub fn overlay_of(packet: &Path, upper: &Path) -> sessionfs::api::Overlay {
+    use sessionfs::api::{Options, Overlay};
+    let limits = sessionfs::api::Limits::DEFAULT;
     Overlay::mount(
-        sessionfs::packet::reader::Packet::open(packet, &limits).unwrap(),
+        sessionfs::api::Packet::open(packet, &limits).unwrap(),
         upper,
         Options {
             uid: 0,
             gid: 0,
-            part: Some(sessionfs::packet::path::Part::Workspace),
+            part: Some(sessionfs::api::Part::Workspace),
         },
     )
     .unwrap()
@@ -408,15 +421,15 @@ pub fn overlay_of(packet: &Path, upper: &Path) -> sessionfs::overlay::Overlay {
 pub fn seal_options(
     output: std::path::PathBuf,
     barrier: Option<std::path::PathBuf>,
-) -> sessionfs::overlay::seal::SealOptions {
-    sessionfs::overlay::seal::SealOptions {
+) -> sessionfs::api::SealOptions {
+    sessionfs::api::SealOptions {
         output,
         mode: 0o644,
         zero_mtimes: false,
         reject_external_symlinks: false,
         exclude: vec![],
         keep: vec![],
-        limits: sessionfs::packet::format::Limits::DEFAULT,
+        limits: sessionfs::api::Limits::DEFAULT,
         roots: Default::default(),
         file_sha256: false,
         barrier,
@@ -748,7 +761,7 @@ pub fn python(script: &str, args: &[&std::ffi::OsStr]) -> String {
 /// read by the debug builds the tests run): a test of what only a Linux
 /// fast path can tell checks it only when they are not.
 pub fn fallbacks_forced() -> bool {
-    sessionfs::sys::fallbacks_forced()
+    sessionfs::api::fallbacks_forced()
 }
 
 /// Drops the kernel's cached pages of the open file `f` (a file on a

@@ -173,6 +173,9 @@ pub enum Fault {
     Delay(Duration),
     /// Run this first, then forward it.
     Before(Box<dyn FnOnce() + Send>),
+    /// Forward it, and flip the bits of the answer's body byte at this
+    /// index (a corrupted response).
+    Corrupt(usize),
 }
 
 /// A proxy on 127.0.0.1 in front of `upstream`: one request per
@@ -209,6 +212,11 @@ impl Proxy {
     /// The requests seen so far.
     pub fn requests(&self) -> Vec<String> {
         self.state.lock().unwrap().1.clone()
+    }
+
+    /// Drops the faults not yet used.
+    pub fn calm(&self) {
+        self.state.lock().unwrap().0.clear();
     }
 
     /// Forgets the requests seen so far.
@@ -291,6 +299,7 @@ fn serve(
     };
     let mut drop_headers: &[&str] = &[];
     let mut truncate = None;
+    let mut corrupt = None;
     match fault {
         Fault::Pass => {}
         Fault::Status(status, code) => {
@@ -315,6 +324,7 @@ fn serve(
         Fault::IgnoreRange => drop_headers = &["range"],
         Fault::Delay(d) => std::thread::sleep(d),
         Fault::Before(f) => f(),
+        Fault::Corrupt(i) => corrupt = Some(i),
     }
     let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
     up.write_all(rewrite(&head, drop_headers).as_bytes())?;
@@ -328,7 +338,11 @@ fn serve(
     let (rhead, rbody) = resp.split_at(split);
     client.write_all(rewrite(&String::from_utf8_lossy(rhead), &[]).as_bytes())?;
     let keep = truncate.unwrap_or(rbody.len()).min(rbody.len());
-    client.write_all(&rbody[..keep])?;
+    let mut rbody = rbody[..keep].to_vec();
+    if let Some(b) = corrupt.and_then(|i| rbody.get_mut(i)) {
+        *b ^= 0xff;
+    }
+    client.write_all(&rbody)?;
     Ok(())
 }
 
@@ -363,6 +377,41 @@ pub fn s3s_fs(root: &std::path::Path) -> Option<(u16, super::KillOnDrop)> {
     let guard = super::KillOnDrop(child);
     wait_listening(port, "s3s-fs");
     Some((port, guard))
+}
+
+/// A bucket of its own for each test.
+pub fn bucket() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "t{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    moto().create_bucket(&name);
+    name
+}
+
+/// A temporary directory, the shared moto server, a fresh bucket.
+pub fn setup() -> (tempfile::TempDir, &'static Moto, String) {
+    (tempfile::tempdir().unwrap(), moto(), bucket())
+}
+
+/// Runs sessionfs against `port` (moto's, or a proxy's), with `extra`
+/// environment.
+pub fn remote(port: u16, args: &[&str], extra: &[(&str, &str)]) -> super::Run {
+    let env = env(port);
+    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    all.extend_from_slice(extra);
+    super::run_env(args, &all)
+}
+
+/// GET requests the proxy saw.
+pub fn gets(proxy: &Proxy) -> usize {
+    proxy
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("GET "))
+        .count()
 }
 
 impl Moto {
@@ -407,32 +456,7 @@ impl Moto {
             .filter_map(|u| Some(u.split_once("<Key>")?.1.split_once("</Key>")?.0.to_owned()))
             .collect()
     }
-}
 
-/// A bucket of its own on the shared moto server, named after this
-/// process and `prefix`, for one test.
-pub fn fresh_bucket(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!(
-        "{prefix}{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    moto().create_bucket(&name);
-    name
-}
-
-/// Runs sessionfs against `port` (moto's, or a proxy's), with `extra`
-/// environment.
-pub fn run_at(port: u16, args: &[&str], extra: &[(&str, &str)]) -> super::Run {
-    let env = env(port);
-    let mut all: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    all.extend_from_slice(extra);
-    super::run_env(args, &all)
-}
-
-impl Moto {
     /// Asserts that no multipart upload is in progress in `bucket`.
     #[track_caller]
     pub fn assert_no_uploads(&self, bucket: &str) {

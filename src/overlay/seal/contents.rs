@@ -200,6 +200,11 @@ impl ContentReader for SealReader<'_> {
                 pos,
             } => {
                 let file = packet.file();
+                // A remote packet's content is fetched into its spool first
+                // (nothing for a local one).
+                packet
+                    .ensure(*pos..*pos + buf.len() as u64)
+                    .map_err(|e| Error::packet_io(packet, e))?;
                 match direct {
                     Some(d) => d.read_exact_at(file, buf, *pos),
                     None => file.read_exact_at(buf, *pos),

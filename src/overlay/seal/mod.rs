@@ -546,12 +546,16 @@ fn commit_packet(
 }
 
 /// The parent packet's object to copy unchanged runs from, if the seal
-/// may: one is named, in the bucket the seal uploads to, no
-/// `--file-sha256` is asked, and the object is the parent (its manifest's
-/// digest and its length, read now; its ETag then pins every copy).
-/// Otherwise the seal sends every byte, and says why in the log.
+/// may: the object a remote mount reads (pinned to the ETag it was opened
+/// with), else the one `remote.parent` names once it is checked to be the
+/// parent (its manifest's digest and its length, read now; its ETag then
+/// pins every copy); in the bucket the seal uploads to, and with no
+/// `--file-sha256` asked. Otherwise the seal sends every byte, and the
+/// log says why.
 fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option<CopySource> {
-    let Location::S3 { bucket, key } = remote.parent.as_ref()? else {
+    use crate::store::ReadAt;
+    let mounted = lower.remote().map(|spool| spool.location());
+    let Some(Location::S3 { bucket, key }) = mounted.or(remote.parent.as_ref()) else {
         return None;
     };
     let skip = |why: &str| {
@@ -564,28 +568,34 @@ fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option
     if opts.file_sha256 {
         return skip("--file-sha256 needs every byte here");
     }
-    let parent = remote.parent.as_ref()?;
-    let object = match crate::store::open_remote(parent, &remote.settings, 256 * 1024) {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the parent's object");
-            return None;
+    let etag = match lower.remote() {
+        Some(spool) => spool.remote().etag().map(str::to_owned),
+        None => {
+            let parent = remote.parent.as_ref()?;
+            let object = match crate::store::open_remote(parent, &remote.settings, 256 * 1024) {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the parent's object");
+                    return None;
+                }
+            };
+            let raw =
+                crate::packet::reader::read_raw_manifest(&object as &dyn ReadAt, &opts.limits).ok();
+            if raw.map(|r| r.digest) != Some(lower.packet.digest)
+                || object.len() != lower.packet.layout.total_len()
+            {
+                return skip("the object named as the parent is not the parent packet");
+            }
+            object.etag().map(str::to_owned)
         }
     };
-    use crate::store::ReadAt;
-    let raw = crate::packet::reader::read_raw_manifest(&object as &dyn ReadAt, &opts.limits).ok();
-    if raw.map(|r| r.digest) != Some(lower.packet.digest)
-        || object.len() != lower.packet.layout.total_len()
-    {
-        return skip("the object named as the parent is not the parent packet");
-    }
-    let Some(etag) = object.etag() else {
+    let Some(etag) = etag else {
         return skip("the parent's object has no strong ETag to pin copies to");
     };
     Some(CopySource {
         bucket: bucket.clone(),
         key: key.clone(),
-        etag: etag.to_owned(),
+        etag,
     })
 }
 

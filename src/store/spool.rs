@@ -1,0 +1,648 @@
+//! A remote packet as a mount reads it: a sparse local file of the
+//! object's length (the spool), filled on demand by ranged GETs and from
+//! the node-wide [`Cache`], one verified unit at a time.
+//!
+//! The layer above gives the units: the byte ranges of the object the
+//! manifest names a SHA-256 for (a small file's content, a chunk of a
+//! larger one). A range is asked for with [`Spool::ensure`]; every unit it
+//! touches is filled before it returns:
+//!
+//! 1. from the cache, when it holds an entry of that hash (checked);
+//! 2. else by one ranged GET that also takes the units after it that are
+//!    not filled yet, while they lie close together and the request stays
+//!    within the block size (small files are fetched a block at a time,
+//!    not one request each);
+//! 3. each unit fetched is hashed: one that matches is written to the
+//!    spool and added to the cache; one that does not is fetched once more
+//!    on its own, then refused ([`Error::Corrupt`]).
+//!
+//! So no byte reaches the spool without matching the manifest, and the
+//! layer above reads the spool as it reads a local packet (and verifies
+//! again, as it does there). The spool is an unlinked file in the cache's
+//! directory: a killed daemon leaves nothing of it.
+//!
+//! A reader moving forward gets read-ahead: the units after it are fetched
+//! on background threads, in a window that doubles (from one block up to
+//! [`MAX_WINDOW`]) while the reader keeps going. Fetched bytes are held in
+//! memory only between the response and the spool, and all fetches
+//! together hold at most the memory budget: a read waits for room,
+//! read-ahead that finds none is skipped.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak, mpsc};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use sha2::Digest as _;
+
+use super::ReadAt;
+use super::cache::Cache;
+use super::error::{Error, Result};
+
+/// The default block size: a fetch of small files covers up to this much
+/// of the object. 1 MiB: a little over what one round trip carries at no
+/// extra latency in region (mountpoint-s3's first request is about the
+/// same), and few enough bytes that reading one small file costs little
+/// more than the file.
+pub const DEFAULT_BLOCK: u64 = 1 << 20;
+
+/// The default memory budget of all fetches in flight.
+pub const DEFAULT_MAX_MEMORY: u64 = 256 << 20;
+
+/// Read-ahead grows to at most this many bytes ahead of a reader.
+pub const MAX_WINDOW: u64 = 32 << 20;
+
+/// Threads fetching ahead of readers and for `--prefetch all`.
+const BACKGROUND_THREADS: usize = 4;
+
+/// Units closer than this are fetched in one request (the bytes between
+/// are member headers and padding: a few hundred bytes, more for long
+/// names).
+const MAX_GAP: u64 = 64 << 10;
+
+/// A range of the object with the SHA-256 the manifest gives for it.
+#[derive(Clone, Debug)]
+pub struct Unit {
+    /// Its first byte in the object.
+    pub start: u64,
+    /// Its length (not 0).
+    pub len: u64,
+    /// The SHA-256 of its bytes.
+    pub hash: [u8; 32],
+    /// The file it belongs to (units of one file are consecutive):
+    /// read-ahead follows a reader within a file.
+    pub group: u32,
+}
+
+impl Unit {
+    fn end(&self) -> u64 {
+        self.start + self.len
+    }
+}
+
+/// What to fetch before it is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Prefetch {
+    /// Only what is read, and read-ahead of sequential readers.
+    #[default]
+    None,
+    /// Everything, in object order, in the background, yielding to reads.
+    All,
+}
+
+/// How a spool fetches.
+#[derive(Clone, Copy, Debug)]
+pub struct SpoolOptions {
+    /// See [`DEFAULT_BLOCK`].
+    pub block: u64,
+    /// See [`DEFAULT_MAX_MEMORY`].
+    pub max_memory: u64,
+    /// What to fetch in the background.
+    pub prefetch: Prefetch,
+}
+
+impl Default for SpoolOptions {
+    fn default() -> SpoolOptions {
+        SpoolOptions {
+            block: DEFAULT_BLOCK,
+            max_memory: DEFAULT_MAX_MEMORY,
+            prefetch: Prefetch::None,
+        }
+    }
+}
+
+/// What a spool has done, for `status` and tests.
+#[derive(Debug, Default)]
+pub struct SpoolStats {
+    /// Bytes fetched from the store (what the responses carried).
+    pub fetched_bytes: AtomicU64,
+    /// Fetches (one ranged GET each, retries aside).
+    pub fetches: AtomicU64,
+    /// Bytes filled from the cache.
+    pub cache_bytes: AtomicU64,
+    /// Units that did not match their hash when fetched (and were fetched
+    /// again).
+    pub refetched: AtomicU64,
+    /// Bytes fetched ahead of readers or by `--prefetch all`.
+    pub background_bytes: AtomicU64,
+}
+
+/// What [`Spool::report`] gives (`status`'s `remote`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct SpoolReport {
+    /// The location.
+    pub location: String,
+    /// Bytes fetched from the store.
+    pub fetched_bytes: u64,
+    /// Ranged GETs that brought them (retries not counted).
+    pub fetches: u64,
+    /// Bytes taken from the node-wide cache instead.
+    pub cache_bytes: u64,
+    /// Bytes fetched ahead of readers or by `--prefetch all`.
+    pub background_bytes: u64,
+    /// Units fetched again because their bytes did not match.
+    pub refetched: u64,
+    /// Units of content filled so far.
+    pub filled_units: u64,
+    /// Units of content in the packet.
+    pub units: u64,
+}
+
+/// A memory budget: bytes of fetches in flight.
+struct Budget {
+    used: Mutex<u64>,
+    freed: Condvar,
+    max: u64,
+}
+
+impl Budget {
+    /// Takes `n` bytes, waiting for room if `wait` (a fetch larger than
+    /// the whole budget gets it when nothing else is in flight), else
+    /// only if there is room now.
+    fn take(&self, n: u64, wait: bool) -> Option<Taken<'_>> {
+        let mut used = self.used.lock();
+        loop {
+            if *used == 0 || *used + n <= self.max {
+                *used += n;
+                return Some(Taken(self, n));
+            }
+            if !wait {
+                return None;
+            }
+            self.freed.wait(&mut used);
+        }
+    }
+}
+
+struct Taken<'a>(&'a Budget, u64);
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        *self.0.used.lock() -= self.1;
+        self.0.freed.notify_all();
+    }
+}
+
+/// The spool of one remote object (see the module's text).
+pub struct Spool {
+    location: super::Location,
+    remote: Box<dyn ReadAt>,
+    file: File,
+    units: Vec<Unit>,
+    filled: Vec<AtomicU64>,
+    /// Units being filled: others wanting them wait on `done`.
+    claims: Mutex<HashSet<usize>>,
+    done: Condvar,
+    cache: Option<Arc<Cache>>,
+    options: SpoolOptions,
+    budget: Budget,
+    /// Read-ahead state per stream: the file of the last unit a reader
+    /// filled (or `u32::MAX` for runs of small files), and the window.
+    streams: Mutex<lru::LruCache<u32, Stream>>,
+    /// Reads waiting on a fetch: background work yields while any do.
+    waiting: AtomicUsize,
+    background: Mutex<Option<mpsc::Sender<usize>>>,
+    stopped: AtomicBool,
+    /// What it has done.
+    pub stats: SpoolStats,
+}
+
+#[derive(Clone, Copy)]
+struct Stream {
+    /// The window, in bytes.
+    window: u64,
+    /// Units before this one have been handed out to read-ahead.
+    ahead_to: usize,
+}
+
+/// Streams whose read-ahead state is kept (a reader per file; 64 readers
+/// at once keep theirs).
+const STREAMS: usize = 128;
+
+impl Spool {
+    /// A spool for `remote` with `units` (sorted by start, not
+    /// overlapping, inside the object), its file made in `dir` (the
+    /// cache's directory, so cached content is copied locally) and
+    /// removed from it at once.
+    pub fn new(
+        location: super::Location,
+        remote: Box<dyn ReadAt>,
+        units: Vec<Unit>,
+        dir: &std::path::Path,
+        cache: Option<Arc<Cache>>,
+        options: SpoolOptions,
+    ) -> std::io::Result<Arc<Spool>> {
+        debug_assert!(units.windows(2).all(|w| w[0].end() <= w[1].start));
+        let file = tempfile::tempfile_in(dir).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot make the spool file in {}: {e}", dir.display()),
+            )
+        })?;
+        file.set_len(remote.len())?;
+        let words = units.len().div_ceil(64);
+        let spool = Arc::new(Spool {
+            location,
+            remote,
+            file,
+            filled: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            units,
+            claims: Mutex::new(HashSet::new()),
+            done: Condvar::new(),
+            cache,
+            budget: Budget {
+                used: Mutex::new(0),
+                freed: Condvar::new(),
+                max: options.max_memory.max(1),
+            },
+            options,
+            streams: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(STREAMS).unwrap_or(std::num::NonZeroUsize::MIN),
+            )),
+            waiting: AtomicUsize::new(0),
+            background: Mutex::new(None),
+            stopped: AtomicBool::new(false),
+            stats: SpoolStats::default(),
+        });
+        spool.start_background()?;
+        Ok(spool)
+    }
+
+    /// The spool file: the object's bytes where filled, zeros elsewhere.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Where the object is (for a seal's server-side copies: its bucket
+    /// and key).
+    pub fn location(&self) -> &super::Location {
+        &self.location
+    }
+
+    /// The remote object, pinned to its length and ETag
+    /// ([`ReadAt::etag`]).
+    pub fn remote(&self) -> &dyn ReadAt {
+        &*self.remote
+    }
+
+    /// The units.
+    pub fn units(&self) -> &[Unit] {
+        &self.units
+    }
+
+    /// Whether unit `u` is filled.
+    pub fn is_filled(&self, u: usize) -> bool {
+        self.filled[u / 64].load(Ordering::Acquire) & (1 << (u % 64)) != 0
+    }
+
+    fn set_filled(&self, u: usize) {
+        self.filled[u / 64].fetch_or(1 << (u % 64), Ordering::AcqRel);
+    }
+
+    /// Writes bytes that are not part of any unit (the manifest member,
+    /// fetched when the packet was opened) into the spool.
+    pub fn put_raw(&self, bytes: &[u8], at: u64) -> std::io::Result<()> {
+        self.file.write_all_at(bytes, at)
+    }
+
+    /// What it has done so far.
+    pub fn report(&self) -> SpoolReport {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SpoolReport {
+            location: self.remote.shown().into(),
+            fetched_bytes: n(&self.stats.fetched_bytes),
+            fetches: n(&self.stats.fetches),
+            cache_bytes: n(&self.stats.cache_bytes),
+            background_bytes: n(&self.stats.background_bytes),
+            refetched: n(&self.stats.refetched),
+            filled_units: self.filled_units() as u64,
+            units: self.units.len() as u64,
+        }
+    }
+
+    /// Units wholly filled, as a count.
+    pub fn filled_units(&self) -> usize {
+        self.filled
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
+            .sum()
+    }
+
+    /// Makes every unit that `range` (of the object) touches filled and
+    /// verified, fetching what is missing; bytes outside units (headers)
+    /// are not fetched.
+    pub fn ensure(&self, range: Range<u64>) -> Result<()> {
+        let first = self.units.partition_point(|u| u.end() <= range.start);
+        let mut u = first;
+        while u < self.units.len() && self.units[u].start < range.end {
+            if !self.is_filled(u) {
+                self.waiting.fetch_add(1, Ordering::AcqRel);
+                let r = self.fill(u, true);
+                self.waiting.fetch_sub(1, Ordering::AcqRel);
+                r?;
+            }
+            u += 1;
+        }
+        if u > first {
+            self.read_ahead(u - 1);
+        }
+        Ok(())
+    }
+
+    /// Fills unit `u` (and, in the same request, units after it; see the
+    /// module's text). A read (`foreground`) waits for a fetch of `u`
+    /// already in flight and for memory; background work skips instead.
+    fn fill(&self, u: usize, foreground: bool) -> Result<()> {
+        {
+            let mut claims = self.claims.lock();
+            loop {
+                if self.is_filled(u) {
+                    return Ok(());
+                }
+                if !claims.contains(&u) {
+                    claims.insert(u);
+                    break;
+                }
+                if !foreground {
+                    return Ok(());
+                }
+                self.done.wait(&mut claims);
+            }
+        }
+        let mut plan = vec![u];
+        let release = Release {
+            spool: self,
+            units: &mut plan,
+        };
+        let unit = &self.units[u];
+        if let Some(cache) = &self.cache {
+            let mut buf = vec![0u8; unit.len as usize];
+            if cache.get(&unit.hash, &mut buf) {
+                self.put(u, &buf)?;
+                self.stats
+                    .cache_bytes
+                    .fetch_add(unit.len, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        self.extend(&mut *release.units);
+        let plan = &release.units[..];
+        let (start, end) = (
+            self.units[plan[0]].start,
+            self.units[plan[plan.len() - 1]].end(),
+        );
+        let Some(_room) = self.budget.take(end - start, foreground) else {
+            return Ok(());
+        };
+        let mut buf = vec![0u8; (end - start) as usize];
+        self.fetch(&mut buf, start, foreground)?;
+        let mut result = Ok(());
+        for &v in plan {
+            let w = &self.units[v];
+            let at = (w.start - start) as usize;
+            let bytes = &mut buf[at..at + w.len as usize];
+            if sha2::Sha256::digest(&*bytes).as_slice() != w.hash {
+                self.stats.refetched.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    location = self.remote.shown(),
+                    start = w.start,
+                    end = w.end(),
+                    "fetched content does not match the manifest; fetching it again"
+                );
+                self.fetch(bytes, w.start, foreground)?;
+                if sha2::Sha256::digest(&*bytes).as_slice() != w.hash {
+                    tracing::error!(
+                        location = self.remote.shown(),
+                        start = w.start,
+                        end = w.end(),
+                        "fetched content does not match the manifest, twice"
+                    );
+                    if v == u {
+                        result = Err(Error::Corrupt {
+                            location: self.remote.shown().into(),
+                            start: w.start,
+                            end: w.end(),
+                        });
+                    }
+                    continue;
+                }
+            }
+            self.put(v, bytes)?;
+            if let Some(cache) = &self.cache {
+                cache.put(&w.hash, bytes);
+            }
+        }
+        result
+    }
+
+    /// One ranged GET into `buf`, counted.
+    fn fetch(&self, buf: &mut [u8], at: u64, foreground: bool) -> Result<()> {
+        self.remote.read_exact_at(buf, at)?;
+        let n = buf.len() as u64;
+        self.stats.fetched_bytes.fetch_add(n, Ordering::Relaxed);
+        self.stats.fetches.fetch_add(1, Ordering::Relaxed);
+        if !foreground {
+            self.stats.background_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Writes the verified bytes of unit `u` to the spool and marks it.
+    fn put(&self, u: usize, bytes: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(bytes, self.units[u].start)
+            .map_err(|e| Error::Config {
+                location: self.remote.shown().into(),
+                reason: format!("cannot write the mount's spool file: {e}"),
+            })?;
+        self.set_filled(u);
+        Ok(())
+    }
+
+    /// Adds to `plan` (which holds one claimed unit) the units after it
+    /// that one request should bring too: not filled, not claimed, not in
+    /// the cache, close to the one before, and the request within a block.
+    fn extend(&self, plan: &mut Vec<usize>) {
+        let first = &self.units[plan[0]];
+        if first.len >= self.options.block {
+            return;
+        }
+        let mut claims = self.claims.lock();
+        let mut v = plan[0] + 1;
+        while let Some(w) = self.units.get(v) {
+            let prev = &self.units[v - 1];
+            if w.start - prev.end() > MAX_GAP
+                || w.end() - first.start > self.options.block
+                || self.is_filled(v)
+                || claims.contains(&v)
+                || self.cache.as_ref().is_some_and(|c| c.has(&w.hash))
+            {
+                break;
+            }
+            claims.insert(v);
+            plan.push(v);
+            v += 1;
+        }
+    }
+
+    /// After a read that ended in unit `u`: if the reader is moving
+    /// forward, hands the units ahead of it (within its window, which
+    /// doubles while it keeps going) to the background threads.
+    fn read_ahead(&self, u: usize) {
+        let unit = &self.units[u];
+        let chunked = self.units.get(u + 1).is_some_and(|n| n.group == unit.group)
+            || (u > 0 && self.units[u - 1].group == unit.group);
+        let key = if chunked { unit.group } else { u32::MAX };
+        // Forward: the unit before was read (or, in a chunked file, this
+        // is its first chunk).
+        let forward =
+            u == 0 || self.is_filled(u - 1) || (chunked && self.units[u - 1].group != unit.group);
+        let mut streams = self.streams.lock();
+        let s = streams.get(&key).copied();
+        let mut s = match s {
+            Some(s) if forward && s.ahead_to > u => Stream {
+                window: (s.window * 2).min(MAX_WINDOW),
+                ahead_to: s.ahead_to,
+            },
+            _ if forward => Stream {
+                window: self.options.block.max(unit.len),
+                ahead_to: u + 1,
+            },
+            _ => {
+                streams.pop(&key);
+                return;
+            }
+        };
+        // Hand out units up to `window` bytes past the end of `u`, a
+        // request's worth at a time.
+        let limit = unit.end() + s.window;
+        let tx = self.background.lock().clone();
+        let mut v = s.ahead_to.max(u + 1);
+        let mut request_start = None;
+        while let Some(w) = self.units.get(v) {
+            if w.start >= limit || (chunked && w.group != unit.group) {
+                break;
+            }
+            if !self.is_filled(v) {
+                let new_request = request_start.is_none_or(|rs| w.end() - rs > self.options.block);
+                if new_request {
+                    request_start = Some(w.start);
+                    if let Some(tx) = &tx {
+                        let _ = tx.send(v);
+                    }
+                }
+            }
+            v += 1;
+        }
+        s.ahead_to = v;
+        streams.put(key, s);
+    }
+
+    /// Starts the background threads: read-ahead, and `--prefetch all`.
+    fn start_background(self: &Arc<Spool>) -> std::io::Result<()> {
+        let (tx, rx) = mpsc::channel::<usize>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..BACKGROUND_THREADS {
+            let (weak, rx) = (Arc::downgrade(self), rx.clone());
+            std::thread::Builder::new()
+                .name(format!("fetch-ahead-{i}"))
+                .spawn(move || {
+                    loop {
+                        let next = rx.lock().recv_timeout(Duration::from_millis(200));
+                        let Some(spool) = weak.upgrade() else { return };
+                        if spool.stopped.load(Ordering::Acquire) {
+                            return;
+                        }
+                        match next {
+                            Ok(u) => {
+                                if let Err(e) = spool.fill(u, false) {
+                                    tracing::debug!(unit = u, error = %e, "fetching ahead failed; left to the reader");
+                                }
+                            }
+                            Err(mpsc::RecvTimeoutError::Timeout) => {}
+                            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
+                    }
+                })?;
+        }
+        *self.background.lock() = Some(tx);
+        if self.options.prefetch == Prefetch::All {
+            let weak = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name("prefetch-all".into())
+                .spawn(move || prefetch_all(weak))?;
+        }
+        Ok(())
+    }
+
+    /// Stops the background threads (they end within a fraction of a
+    /// second; a fetch in flight completes first).
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.background.lock().take();
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `--prefetch all`: fills every unit in object order, a request at a time,
+/// while no read waits on a fetch.
+fn prefetch_all(weak: Weak<Spool>) {
+    let mut u = 0;
+    loop {
+        let Some(spool) = weak.upgrade() else { return };
+        if spool.stopped.load(Ordering::Acquire) || u >= spool.units.len() {
+            if u >= spool.units.len() {
+                tracing::debug!("prefetch of the whole packet done");
+            }
+            return;
+        }
+        if spool.waiting.load(Ordering::Acquire) > 0 {
+            drop(spool);
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        if spool.is_filled(u) {
+            u += 1;
+            continue;
+        }
+        match spool.fill(u, false) {
+            Ok(()) if spool.is_filled(u) || spool.claims.lock().contains(&u) => u += 1,
+            // No memory to spare now, or failed: again a little later.
+            Ok(()) => {
+                drop(spool);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => {
+                tracing::debug!(unit = u, error = %e, "prefetch failed; left to the readers");
+                u += 1;
+            }
+        }
+    }
+}
+
+/// Releases the claims of a fill, however it ends, and wakes the readers
+/// waiting for them.
+struct Release<'a> {
+    spool: &'a Spool,
+    units: &'a mut Vec<usize>,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let mut claims = self.spool.claims.lock();
+        for u in self.units.iter() {
+            claims.remove(u);
+        }
+        drop(claims);
+        self.spool.done.notify_all();
+    }
+}

@@ -1,0 +1,443 @@
+//! Mounting remote packets (`mount s3://…`, `seal --packet s3://…`)
+//! against moto's server on 127.0.0.1, through the counting,
+//! fault-injecting proxy; and the node-wide content cache. See
+//! docs/remote.md ("Mounting") and docs/SEMANTICS.md ("Remote packets").
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::s3::{self, Fault, Proxy, gets, setup};
+use common::{Mounted, fuse_available, snapshot, write};
+use sha2::Digest as _;
+
+/// A workspace of many small files (a few directories' worth, as a source
+/// tree) and two larger ones (chunked), packed.
+fn tree_packet(tmp: &Path) -> (PathBuf, PathBuf) {
+    let ws = tmp.join("ws");
+    let mut x = 0x9e3779b97f4a7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..400 {
+        let len = (next() % 12_000) as usize;
+        let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        write(&ws, &format!("src/m{:02}/f{i:03}.rs", i % 17), &data);
+    }
+    for (name, len) in [("data/big.bin", 9 << 20), ("data/mid.bin", (4 << 20) + 3)] {
+        let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        write(&ws, name, &data);
+    }
+    let p = tmp.join("t.packet");
+    common::pack(&ws, &p, &[]);
+    (ws, p)
+}
+
+/// The S3 environment pointing at `port`, plus `extra`.
+fn env_of(port: u16, extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, String)> {
+    let mut env = s3::env(port);
+    env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+    env
+}
+
+/// Mounts `loc` (the workspace part) at `tmp/name` with upper
+/// `tmp/name.upper`, cache `cache`, through `port`.
+fn mount_remote(
+    loc: &str,
+    tmp: &Path,
+    name: &str,
+    cache: &Path,
+    port: u16,
+    extra_env: &[(&'static str, &'static str)],
+) -> Mounted {
+    let env = env_of(port, extra_env);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Mounted::with_env(
+        Path::new(loc),
+        &tmp.join(name),
+        &tmp.join(format!("{name}.upper")),
+        &["--part", "workspace", "--cache", cache.to_str().unwrap()],
+        &env,
+    )
+}
+
+fn remote_stats(m: &Mounted) -> serde_json::Value {
+    m.status()["remote"].clone()
+}
+
+fn n(v: &serde_json::Value, field: &str) -> u64 {
+    v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} in {v}"))
+}
+
+/// Bytes of file content under `root`.
+fn content_bytes(root: &Path) -> u64 {
+    walkdir(root)
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+/// Every regular file under `root`, sorted.
+fn walkdir(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_owned()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                dirs.push(e.path());
+            } else if t.is_file() {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every entry of the cache is named by the SHA-256 of its bytes.
+#[track_caller]
+fn cache_is_sound(cache: &Path) -> usize {
+    let entries = walkdir(&cache.join("v1/objects"));
+    for e in &entries {
+        let bytes = std::fs::read(e).unwrap();
+        let hex: String = sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            e.file_name().unwrap().to_str().unwrap(),
+            hex,
+            "{} holds other bytes than its name says",
+            e.display()
+        );
+    }
+    entries.len()
+}
+
+macro_rules! need_fuse {
+    () => {
+        if !fuse_available() {
+            return;
+        }
+    };
+}
+
+/// "`mount` returns as soon as the manifest is fetched and checked, and
+/// then serves reads by ranged GETs, every byte verified"; small files
+/// are fetched a block at a time; a seal of the remote mount equals the
+/// seal of the same changes over the local packet.
+#[test]
+fn a_remote_mount_serves_the_packet_fetching_only_what_is_read() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (ws, packet) = tree_packet(t);
+    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
+    let proxy = Proxy::start(moto.port);
+    let loc = format!("s3://{b}/t.packet");
+    let cache = t.join("cache");
+    let m = mount_remote(&loc, t, "mnt", &cache, proxy.port, &[]);
+    assert_eq!(m.result["packet"], loc.as_str());
+    assert!(
+        gets(&proxy) <= 2,
+        "the mount fetched more than the manifest: {:?}",
+        proxy.requests()
+    );
+    // Nothing read yet: nothing fetched.
+    let r = remote_stats(&m);
+    assert_eq!(
+        (n(&r, "fetched_bytes"), n(&r, "filled_units")),
+        (0, 0),
+        "{r}"
+    );
+
+    // One small file costs one request, which brings its neighbours too.
+    proxy.clear();
+    let one = std::fs::read(m.path("src/m00/f000.rs")).unwrap();
+    assert_eq!(one, std::fs::read(ws.join("src/m00/f000.rs")).unwrap());
+    assert_eq!(gets(&proxy), 1, "{:?}", proxy.requests());
+
+    // Reading everything fetches about what is read, in few requests.
+    assert_eq!(snapshot(&m.mnt), snapshot(&ws));
+    let r = remote_stats(&m);
+    let content = content_bytes(&ws);
+    let fetched = n(&r, "fetched_bytes");
+    assert!(
+        fetched <= content + content / 10,
+        "fetched {fetched} for {content} bytes read: {r}"
+    );
+    assert!(
+        n(&r, "fetches") < 60,
+        "{} requests for 402 files: {r}",
+        n(&r, "fetches")
+    );
+    assert_eq!(n(&r, "filled_units"), n(&r, "units"));
+
+    // Changes, sealed here, equal the offline seal of the same upper
+    // directory over the local packet.
+    write(&m.mnt, "src/new.rs", b"fn new() {}\n");
+    std::fs::write(m.path("data/big.bin"), b"shrunk").unwrap();
+    std::fs::remove_file(m.path("src/m01/f001.rs")).unwrap();
+    let sealed = t.join("s1.packet");
+    let res = m.seal(&sealed, &[]);
+    m.umount();
+    let again = t.join("s1-local.packet");
+    common::seal_offline(&packet, &t.join("mnt.upper"), &again, &[]).ok();
+    assert_eq!(
+        std::fs::read(&sealed).unwrap(),
+        std::fs::read(&again).unwrap()
+    );
+    // And offline against the remote packet, with no cache at all.
+    let offline = t.join("s1-offline.packet");
+    let env = env_of(proxy.port, &[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = common::run_env(
+        [
+            "seal",
+            "--packet",
+            &loc,
+            "--upper",
+            t.join("mnt.upper").to_str().unwrap(),
+            "-o",
+            offline.to_str().unwrap(),
+            "--cache",
+            t.join("empty-cache").to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert_eq!(r.ok()["digest"], res["digest"]);
+    assert_eq!(
+        std::fs::read(&offline).unwrap(),
+        std::fs::read(&sealed).unwrap()
+    );
+    assert!(cache_is_sound(&cache) > 400);
+}
+
+/// "keyed by the hashes the manifest gives … shared by every mount and
+/// command on the node and across packets: turn N+1's packet finds turn
+/// N's content already there."
+#[test]
+fn the_next_turn_on_the_node_fetches_only_what_changed() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (ws, packet) = tree_packet(t);
+    moto.put(&b, "t1.packet", &std::fs::read(&packet).unwrap());
+    let cache = t.join("cache");
+    let loc1 = format!("s3://{b}/t1.packet");
+    let m = mount_remote(&loc1, t, "turn1", &cache, moto.port, &[]);
+    assert_eq!(snapshot(&m.mnt), snapshot(&ws));
+    // The turn changes 64 KiB in the large file and one small file.
+    let changed: Vec<u8> = (0..65536u32).map(|i| (i * 7) as u8).collect();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("data/big.bin"))
+            .unwrap();
+        f.write_all_at(&changed, 5 << 20).unwrap();
+    }
+    write(&m.mnt, "src/m02/f002.rs", b"changed\n");
+    let t2 = t.join("t2.packet");
+    m.seal(&t2, &[]);
+    let expect = snapshot(&m.mnt);
+    m.umount();
+    moto.put(&b, "t2.packet", &std::fs::read(&t2).unwrap());
+
+    // Turn 2 on the same node: everything read, little fetched.
+    let loc2 = format!("s3://{b}/t2.packet");
+    let m2 = mount_remote(&loc2, t, "turn2", &cache, moto.port, &[]);
+    assert_eq!(snapshot(&m2.mnt), expect);
+    let r = remote_stats(&m2);
+    // The chunk the change fell in (4 MiB) and the small file: what
+    // changed between the packets, in the units the manifest hashes.
+    let changed_units = (4u64 << 20) + 8;
+    assert!(
+        n(&r, "fetched_bytes") <= changed_units + changed_units / 10,
+        "turn 2 fetched {} bytes: {r}",
+        n(&r, "fetched_bytes")
+    );
+    assert!(
+        n(&r, "cache_bytes") >= content_bytes(&ws) - (5 << 20),
+        "{r}"
+    );
+    // A second mount of the same packet fetches nothing at all.
+    let m3 = mount_remote(&loc2, t, "turn2b", &cache, moto.port, &[]);
+    assert_eq!(snapshot(&m3.mnt), expect);
+    assert_eq!(n(&remote_stats(&m3), "fetched_bytes"), 0);
+}
+
+/// "a damaged entry is refetched, never served"; "a truncated or
+/// corrupted response is caught by the hashes, fetched again once, then
+/// EIO".
+#[test]
+fn damaged_cache_entries_and_corrupted_responses_are_never_served() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (ws, packet) = tree_packet(t);
+    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
+    let loc = format!("s3://{b}/t.packet");
+    let cache = t.join("cache");
+    // Fill the cache, then damage every entry (same length, other bytes).
+    {
+        let m = mount_remote(&loc, t, "fill", &cache, moto.port, &[]);
+        assert_eq!(snapshot(&m.mnt), snapshot(&ws));
+    }
+    let entries = walkdir(&cache.join("v1/objects"));
+    assert!(entries.len() > 400);
+    for e in &entries {
+        let mut bytes = std::fs::read(e).unwrap();
+        bytes[0] ^= 1;
+        std::fs::write(e, bytes).unwrap();
+    }
+    let proxy = Proxy::start(moto.port);
+    let m = mount_remote(&loc, t, "mnt", &cache, proxy.port, &[]);
+    assert_eq!(snapshot(&m.mnt), snapshot(&ws));
+    assert_eq!(cache_is_sound(&cache), entries.len(), "repaired");
+    drop(m);
+
+    // A corrupted response is fetched again; the reader sees good bytes.
+    let fresh = t.join("fresh-cache");
+    let m = mount_remote(&loc, t, "mnt2", &fresh, proxy.port, &[]);
+    proxy.inject([Fault::Corrupt(100)]);
+    assert_eq!(
+        std::fs::read(m.path("data/mid.bin")).unwrap(),
+        std::fs::read(ws.join("data/mid.bin")).unwrap()
+    );
+    assert!(n(&remote_stats(&m), "refetched") >= 1);
+    // Corrupted every time: EIO, and the mount goes on serving.
+    // (The kernel reads again after a failed readahead: more than the
+    // fetch and the one fetch again of one read.)
+    proxy.inject((0..8).map(|_| Fault::Corrupt(7)));
+    proxy.clear();
+    let e = match std::fs::read(m.path("data/big.bin")) {
+        Ok(_) => panic!("served despite corruption: {:?}", proxy.requests()),
+        Err(e) => e,
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    proxy.calm();
+    assert_eq!(
+        std::fs::read(m.path("data/big.bin")).unwrap(),
+        std::fs::read(ws.join("data/big.bin")).unwrap()
+    );
+    cache_is_sound(&fresh);
+}
+
+/// "a read that still cannot be served fails with EIO within a bounded
+/// time (documented, configurable) and never hangs the agent".
+#[test]
+fn a_store_that_goes_down_fails_reads_with_eio_in_time() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (_ws, packet) = tree_packet(t);
+    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
+    let proxy = Proxy::start(moto.port);
+    let loc = format!("s3://{b}/t.packet");
+    let m = mount_remote(
+        &loc,
+        t,
+        "mnt",
+        &t.join("cache"),
+        proxy.port,
+        &[("SESSIONFS_REMOTE_TIMEOUT", "2")],
+    );
+    proxy.inject((0..1000).map(|_| Fault::Status(503, "SlowDown")));
+    let t0 = Instant::now();
+    let e = std::fs::read(m.path("data/big.bin")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // The mount is still there, and its log names the failure.
+    assert!(m.path("src").is_dir());
+}
+
+/// "Several daemons use it at once": two mounts of one packet on one
+/// cache, read at once by several readers each, serve the same bytes and
+/// leave only sound entries.
+#[test]
+fn two_daemons_share_one_cache_under_load() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (ws, packet) = tree_packet(t);
+    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
+    let loc = format!("s3://{b}/t.packet");
+    let cache = t.join("cache");
+    let m1 = mount_remote(&loc, t, "a", &cache, moto.port, &[]);
+    let m2 = mount_remote(&loc, t, "b", &cache, moto.port, &[]);
+    let files: Vec<PathBuf> = walkdir(&ws)
+        .into_iter()
+        .map(|p| p.strip_prefix(&ws).unwrap().to_owned())
+        .collect();
+    std::thread::scope(|s| {
+        for (k, mnt) in [&m1.mnt, &m2.mnt, &m1.mnt, &m2.mnt].into_iter().enumerate() {
+            let (files, ws) = (&files, &ws);
+            s.spawn(move || {
+                // Each reader its own order.
+                let mut order: Vec<&PathBuf> = files.iter().collect();
+                if k % 2 == 1 {
+                    order.reverse();
+                }
+                for f in order {
+                    assert_eq!(
+                        std::fs::read(mnt.join(f)).unwrap(),
+                        std::fs::read(ws.join(f)).unwrap(),
+                        "{}",
+                        f.display()
+                    );
+                }
+            });
+        }
+    });
+    let fetched = n(&remote_stats(&m1), "fetched_bytes") + n(&remote_stats(&m2), "fetched_bytes");
+    let content = content_bytes(&ws);
+    assert!(
+        fetched < content * 2,
+        "the two daemons fetched {fetched} bytes for {content}: no sharing"
+    );
+    assert!(cache_is_sound(&cache) > 400);
+}
+
+/// "a SIGKILL at any moment leaves no entry that could be served wrong":
+/// a daemon killed while it fetches leaves sound entries, and the next
+/// mount on the cache serves the packet.
+#[test]
+fn a_daemon_killed_mid_fetch_leaves_the_cache_sound() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (ws, packet) = tree_packet(t);
+    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
+    let proxy = Proxy::start(moto.port);
+    let loc = format!("s3://{b}/t.packet");
+    let cache = t.join("cache");
+    let m = mount_remote(&loc, t, "mnt", &cache, proxy.port, &[]);
+    proxy.inject((0..6).map(|_| Fault::Delay(Duration::from_millis(300))));
+    let mnt = m.mnt.clone();
+    let reader = std::thread::spawn(move || {
+        let _ = std::fs::read(mnt.join("data/big.bin"));
+        let _ = snapshot(&mnt);
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(m.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = reader.join();
+    common::detach(&m.mnt);
+    m.unmounted_elsewhere();
+    cache_is_sound(&cache);
+    let m = mount_remote(&loc, t, "again", &cache, moto.port, &[]);
+    assert_eq!(snapshot(&m.mnt), snapshot(&ws));
+    cache_is_sound(&cache);
+}
