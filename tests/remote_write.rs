@@ -559,8 +559,8 @@ fn uploads_are_accepted_by_a_strict_server() {
 
 /// A mount's seal to `s3://` is made by its daemon, with the AWS
 /// configuration `mount` was started with (the `seal` command's own
-/// environment has none here), and equals the seal to a file; the parent
-/// named in the daemon's environment is copied from.
+/// environment has none here), and equals the seal to a file; the mount
+/// of a remote packet copies the unchanged runs from the object it reads.
 #[test]
 fn a_mount_seals_to_s3_with_the_configuration_it_was_started_with() {
     if !common::fuse_available() {
@@ -570,18 +570,25 @@ fn a_mount_seals_to_s3_with_the_configuration_it_was_started_with() {
     let moto = s3::moto();
     let (mnt, upper) = (s.tmp.path().join("mnt"), s.tmp.path().join("upper"));
     std::fs::create_dir_all(&mnt).unwrap();
-    let parent_url = format!("s3://{}/parent.packet", s.bucket);
-    let (p, m, u) = (
-        s.parent.to_str().unwrap(),
+    let p = format!("s3://{}/parent.packet", s.bucket);
+    let cache = s.tmp.path().join("cache");
+    let (c, m, u) = (
+        cache.to_str().unwrap(),
         mnt.to_str().unwrap(),
         upper.to_str().unwrap(),
     );
-    remote(
-        moto.port,
-        &["mount", p, m, "--upper", u, "--part", "workspace"],
-        &[("SESSIONFS_SEAL_COPY_FROM", &parent_url)],
-    )
-    .ok();
+    let args = [
+        "mount",
+        &p,
+        m,
+        "--upper",
+        u,
+        "--part",
+        "workspace",
+        "--cache",
+        c,
+    ];
+    remote(moto.port, &args, &[]).ok();
     let _unmount = common::LazyUnmount(mnt.clone());
     std::fs::write(mnt.join("small/s03.txt"), b"changed on the mount\n").unwrap();
     std::fs::write(mnt.join("small/new.txt"), b"new on the mount\n").unwrap();
