@@ -263,17 +263,19 @@ fn write_pieces<S: Contents>(
     // Members some of whose pieces are copied, not made: not hashed whole.
     let mut partial = std::collections::HashSet::new();
     if let Dest::Remote(r) = out {
+        let all = pieces.len();
         pieces.retain(|p| {
-            let copied = r.is_copied(&range(p, manifest, layout));
-            if copied && let Piece::Chunk { member, .. } = p {
+            let bytes = range(p, manifest, layout);
+            if !r.is_copied(&bytes) {
+                return true;
+            }
+            if let Piece::Chunk { member, .. } = p {
                 partial.insert(*member);
             }
-            if copied {
-                (a.progress)(range(p, manifest, layout).end - range(p, manifest, layout).start);
-            }
-            !copied
+            (a.progress)(bytes.end - bytes.start);
+            false
         });
-        if how.file_sha256 && pieces.len() < self::pieces(manifest, layout).len() {
+        if how.file_sha256 && pieces.len() < all {
             return Err(S::Error::from(Error::io(
                 "the file's SHA-256 needs every byte, and some are copied by the store",
                 std::io::Error::other("internal error"),
