@@ -195,33 +195,41 @@ fn interrupted_pack(
     key: &str,
     signal: nix::sys::signal::Signal,
 ) -> (Option<i32>, String) {
-    let moto = s3::moto();
-    let proxy = Proxy::start(moto.port);
     let ws = tmp.join(format!("ws-{key}"));
     tree(&ws, 6);
-    proxy.inject([
-        Fault::Pass,
-        Fault::Delay(Duration::from_secs(3)),
-        Fault::Delay(Duration::from_secs(3)),
-    ]);
-    let mut cmd = Command::new(common::bin());
-    cmd.args([
-        "pack",
-        "--workspace",
-        ws.to_str().unwrap(),
-        "-o",
-        &format!("s3://{b}/{key}"),
-    ])
-    .envs(s3::env(proxy.port))
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null());
-    let child = cmd.spawn().unwrap();
+    let url = format!("s3://{b}/{key}");
+    interrupted(
+        &["pack", "--workspace", ws.to_str().unwrap(), "-o", &url],
+        b,
+        key,
+        signal,
+    )
+}
+
+/// Runs sessionfs with `args`, which upload to `s3://b/key` and send no
+/// other request, through a proxy that holds the first two parts for a
+/// while, and sends `signal` once the first part is on its way; the exit
+/// code and stdout.
+fn interrupted(
+    args: &[&str],
+    b: &str,
+    key: &str,
+    signal: nix::sys::signal::Signal,
+) -> (Option<i32>, String) {
+    let proxy = Proxy::start(s3::moto().port);
+    let hold = Duration::from_secs(3);
+    // The start, then the parts.
+    proxy.inject([Fault::Pass, Fault::Delay(hold), Fault::Delay(hold)]);
+    let child = Command::new(common::bin())
+        .args(args)
+        .envs(s3::env(proxy.port))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let part = format!("PUT /{b}/{key} ");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !proxy
-        .requests()
-        .iter()
-        .any(|l| l.starts_with(&format!("PUT /{b}/{key} ")))
-    {
+    while !proxy.requests().iter().any(|l| l.starts_with(&part)) {
         assert!(Instant::now() < deadline, "no part was sent");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -264,6 +272,33 @@ fn an_interrupted_upload_leaves_nothing_at_the_key_and_a_rerun_succeeds() {
         assert_eq!(r["uploaded_bytes"], local.len());
         assert!(moto.get(&b, key).unwrap() == local, "{key}");
     }
+}
+
+/// An offline seal to `s3://` stopped by SIGTERM mid-upload aborts its
+/// upload: nothing at the key, no upload left.
+#[test]
+fn an_interrupted_seal_aborts_its_upload() {
+    let s = Session::new(6);
+    let upper = s.changes(3, 6);
+    let url = format!("s3://{}/sealed.packet", s.bucket);
+    let args = [
+        "seal",
+        "--packet",
+        s.parent.to_str().unwrap(),
+        "--upper",
+        upper.to_str().unwrap(),
+        "-o",
+        &url,
+    ];
+    let (code, stdout) = interrupted(
+        &args,
+        &s.bucket,
+        "sealed.packet",
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    assert_eq!(code, Some(128 + 15), "{stdout}");
+    assert!(s3::moto().get(&s.bucket, "sealed.packet").is_none());
+    s3::moto().assert_no_uploads(&s.bucket);
 }
 
 /// A session: a parent packet (also uploaded), an upper directory
