@@ -281,15 +281,7 @@ fn an_interrupted_seal_aborts_its_upload() {
     let s = Session::new(6);
     let upper = s.changes(3, 6);
     let url = format!("s3://{}/sealed.packet", s.bucket);
-    let args = [
-        "seal",
-        "--packet",
-        s.parent.to_str().unwrap(),
-        "--upper",
-        upper.to_str().unwrap(),
-        "-o",
-        &url,
-    ];
+    let args = seal_args(s.parent.to_str().unwrap(), &upper, &url, &[]);
     let (code, stdout) = interrupted(
         &args,
         &s.bucket,
@@ -299,6 +291,38 @@ fn an_interrupted_seal_aborts_its_upload() {
     assert_eq!(code, Some(128 + 15), "{stdout}");
     assert!(s3::moto().get(&s.bucket, "sealed.packet").is_none());
     s3::moto().assert_no_uploads(&s.bucket);
+}
+
+/// `seal --packet PACKET --upper UPPER -o OUT`, then `extra`.
+fn seal_args<'a>(
+    packet: &'a str,
+    upper: &'a Path,
+    out: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "seal",
+        "--packet",
+        packet,
+        "--upper",
+        upper.to_str().unwrap(),
+        "-o",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// [`seal_args`] run against `port` with `env`.
+fn seal_at(
+    port: u16,
+    packet: &str,
+    upper: &Path,
+    out: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Run {
+    remote(port, &seal_args(packet, upper, out, extra), env)
 }
 
 /// A session: a parent packet (also uploaded), an upper directory
@@ -362,20 +386,12 @@ impl Session {
     /// from `copy_from` when given.
     fn seal_up(&self, upper: &Path, key: &str, copy_from: Option<&str>) -> Run {
         let url = format!("s3://{}/{key}", self.bucket);
-        let args = [
-            "seal",
-            "--packet",
-            self.parent.to_str().unwrap(),
-            "--upper",
-            upper.to_str().unwrap(),
-            "-o",
-            &url,
-        ];
-        let extra: Vec<(&str, &str)> = copy_from
+        let env: Vec<(&str, &str)> = copy_from
             .map(|c| ("SESSIONFS_SEAL_COPY_FROM", c))
             .into_iter()
             .collect();
-        remote(s3::moto().port, &args, &extra)
+        let parent = self.parent.to_str().unwrap();
+        seal_at(s3::moto().port, parent, upper, &url, &[], &env)
     }
 }
 
@@ -466,16 +482,14 @@ fn a_failed_seal_upload_is_aborted_and_leaves_nothing_at_the_key() {
     // The start, then its one part refused (not retried).
     proxy.inject([Fault::Pass, Fault::Status(403, "AccessDenied")]);
     let url = format!("s3://{}/failed.packet", s.bucket);
-    let args = [
-        "seal",
-        "--packet",
+    let r = seal_at(
+        proxy.port,
         s.parent.to_str().unwrap(),
-        "--upper",
-        upper.to_str().unwrap(),
-        "-o",
+        &upper,
         &url,
-    ];
-    let r = remote(proxy.port, &args, &[]);
+        &[],
+        &[],
+    );
     r.fails(9, "remote_denied");
     assert!(s3::moto().get(&s.bucket, "failed.packet").is_none());
     let log = proxy.requests();
@@ -569,18 +583,12 @@ fn uploads_are_accepted_by_a_strict_server() {
     drop(o);
     let sealed = tmp.path().join("sealed.packet");
     common::seal_offline(&parent, &upper, &sealed, &[]).ok();
-    let args = [
-        "seal",
-        "--packet",
-        parent.to_str().unwrap(),
-        "--upper",
-        upper.to_str().unwrap(),
-        "-o",
-        "s3://strict/sealed.packet",
-    ];
-    let v = remote(
+    let v = seal_at(
         port,
-        &args,
+        parent.to_str().unwrap(),
+        &upper,
+        "s3://strict/sealed.packet",
+        &[],
         &[("SESSIONFS_SEAL_COPY_FROM", "s3://strict/p.packet")],
     )
     .ok()
@@ -677,18 +685,16 @@ fn a_seal_of_a_remote_parent_copies_what_it_does_not_fetch() {
         format!("s3://{}/from-remote.packet", s.bucket),
     );
     let cache = s.tmp.path().join("cache");
-    let args = [
-        "seal",
-        "--packet",
+    let v = seal_at(
+        proxy.port,
         &parent,
-        "--upper",
-        upper.to_str().unwrap(),
-        "-o",
+        &upper,
         &url,
-        "--cache",
-        cache.to_str().unwrap(),
-    ];
-    let v = remote(proxy.port, &args, &[]).ok().clone();
+        &["--cache", cache.to_str().unwrap()],
+        &[],
+    )
+    .ok()
+    .clone();
     assert!(moto.get(&s.bucket, "from-remote.packet").unwrap() == local);
     let copied = v["copied_bytes"].as_u64().unwrap();
     assert!(copied >= 9 << 20, "{v}");
@@ -705,18 +711,15 @@ fn a_seal_of_a_remote_parent_copies_what_it_does_not_fetch() {
     let proxy2 = Proxy::start(moto.port);
     let file = s.tmp.path().join("from-remote.packet");
     let cache2 = s.tmp.path().join("cache2");
-    let args = [
-        "seal",
-        "--packet",
+    seal_at(
+        proxy2.port,
         &parent,
-        "--upper",
-        upper.to_str().unwrap(),
-        "-o",
+        &upper,
         file.to_str().unwrap(),
-        "--cache",
-        cache2.to_str().unwrap(),
-    ];
-    remote(proxy2.port, &args, &[]).ok();
+        &["--cache", cache2.to_str().unwrap()],
+        &[],
+    )
+    .ok();
     assert!(std::fs::read(&file).unwrap() == local);
     let all = fetched(&proxy2, &s.bucket, "parent.packet");
     eprintln!("fetched {got} with copies of {copied}, {all} without");
