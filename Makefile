@@ -4,7 +4,7 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
-.PHONY: suites build release deps harness-deps test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-quick fuzz schema-check no-test-hooks clean
+.PHONY: suites build release deps harness-deps test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-remote bench-quick fuzz schema-check no-test-hooks clean
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -80,6 +80,11 @@ bench-quick: release
 
 bench-pack: release
 	scripts/bench/pack.sh
+
+# Remote packets on corpus S behind a shaped stand-in object store, against
+# download-then-mount (about 10 minutes); part of make bench.
+bench-remote: release
+	scripts/bench/remote.sh
 
 clean:
 	$(CARGO) clean

@@ -441,3 +441,106 @@ fn a_daemon_killed_mid_fetch_leaves_the_cache_sound() {
     assert_eq!(snapshot(&m.mnt), snapshot(&ws));
     cache_is_sound(&cache);
 }
+
+/// "`trace`: each seal records the turn's first-touch order (paths and
+/// chunks) in a small sidecar next to the packet … and the next mount
+/// fetches in that order first."
+#[test]
+fn the_next_mount_prefetches_what_the_last_turn_read() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (ws, packet) = tree_packet(t);
+    moto.put(&b, "t1.packet", &std::fs::read(&packet).unwrap());
+    let loc1 = format!("s3://{b}/t1.packet");
+    let m = mount_remote(&loc1, t, "turn1", &t.join("cache1"), moto.port, &[]);
+    // The turn reads three files (one of them from its second chunk on)
+    // and changes one.
+    let read = ["src/m03/f003.rs", "src/m05/f005.rs"];
+    for f in read {
+        std::fs::read(m.path(f)).unwrap();
+    }
+    {
+        use std::io::{Read, Seek};
+        let mut f = std::fs::File::open(m.path("data/big.bin")).unwrap();
+        f.seek(std::io::SeekFrom::Start(5 << 20)).unwrap();
+        f.read_exact(&mut [0u8; 100]).unwrap();
+    }
+    write(&m.mnt, "src/new.rs", b"new\n");
+    let t2 = t.join("t2.packet");
+    let res = m.seal(&t2, &[]);
+    m.umount();
+    let trace_path = t.join("t2.packet.trace");
+    assert_eq!(res["trace"], trace_path.to_str().unwrap(), "{res}");
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&trace_path).unwrap()).unwrap();
+    assert_eq!(trace["schema"], "sessionfs.trace/1");
+    let listed: Vec<(String, u64)> = trace["read"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i[0].as_str().unwrap().to_owned(), i[1].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            ("workspace/src/m03/f003.rs".to_owned(), 0),
+            ("workspace/src/m05/f005.rs".to_owned(), 0),
+            ("workspace/data/big.bin".to_owned(), 1),
+        ]
+    );
+    moto.put(&b, "t2.packet", &std::fs::read(&t2).unwrap());
+    moto.put(&b, "t2.packet.trace", &std::fs::read(&trace_path).unwrap());
+
+    // Turn 2, elsewhere (an empty cache): those three are fetched before
+    // anything reads them (with the small files' neighbours in their
+    // block, as a read would), and nothing else is.
+    let loc2 = format!("s3://{b}/t2.packet");
+    let m2 = mount_remote(&loc2, t, "turn2", &t.join("cache2"), moto.port, &[]);
+    common::wait_for("the trace's units", || {
+        n(&remote_stats(&m2), "background_bytes") >= 4 << 20
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let r = remote_stats(&m2);
+    assert!(n(&r, "fetches") <= 3, "{r}");
+    assert!(n(&r, "filled_units") < n(&r, "units") / 2, "{r}");
+    let fetches = || n(&remote_stats(&m2), "fetches");
+    let before = fetches();
+    // Read now, they cost no request...
+    for f in read {
+        assert_eq!(
+            std::fs::read(m2.path(f)).unwrap(),
+            std::fs::read(ws.join(f)).unwrap()
+        );
+    }
+    {
+        use std::io::{Read, Seek};
+        let mut f = std::fs::File::open(m2.path("data/big.bin")).unwrap();
+        f.seek(std::io::SeekFrom::Start(5 << 20)).unwrap();
+        f.read_exact(&mut [0u8; 100]).unwrap();
+        assert_eq!(fetches(), before);
+        // ...and what the last turn did not read, a fetch (and read-ahead).
+        f.seek(std::io::SeekFrom::Start(0)).unwrap();
+        f.read_exact(&mut [0u8; 100]).unwrap();
+        assert!(fetches() > before);
+    }
+    // With --prefetch none, nothing is fetched before it is read.
+    let env = env_of(moto.port, &[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let m3 = Mounted::with_env(
+        Path::new(&loc2),
+        &t.join("turn2b"),
+        &t.join("turn2b.upper"),
+        &[
+            "--part",
+            "workspace",
+            "--cache",
+            t.join("cache3").to_str().unwrap(),
+            "--prefetch",
+            "none",
+        ],
+        &env,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(n(&remote_stats(&m3), "fetches"), 0);
+}

@@ -642,6 +642,9 @@ fn a_mount_seals_to_s3_with_the_configuration_it_was_started_with() {
     let local = std::fs::read(&local).unwrap();
     assert!(moto.get(&s.bucket, "mounted.packet").unwrap() == local);
     assert_eq!(v["output"], url.as_str());
+    // The trace sidecar goes beside it, as KEY.trace.
+    assert_eq!(v["trace"], format!("{url}.trace"), "{v}");
+    assert!(moto.get(&s.bucket, "mounted.packet.trace").is_some());
     let copied = v["copied_bytes"].as_u64().unwrap();
     assert!(copied >= 5 << 20, "{v}");
     assert_eq!(

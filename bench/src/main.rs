@@ -2,6 +2,7 @@
 //! The scripts under `scripts/bench/` drive it; see docs/benchmarks.md.
 
 mod corpus;
+mod serve;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -46,7 +47,7 @@ enum Cmd {
         /// Tool name, e.g. `sessionfs`, `tar | sha256sum`.
         #[arg(long)]
         tool: String,
-        /// The command (run with `sh -c`).
+        /// The command (run with `bash -c`).
         #[arg(long)]
         cmd: String,
         /// Run before each timed run, untimed (e.g. drop caches).
@@ -84,6 +85,33 @@ enum Cmd {
         cmd: String,
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Serve a directory over HTTP with range requests, shaped like an
+    /// object store in region (see serve.rs); runs until killed.
+    Serve {
+        /// The directory whose files are served.
+        #[arg(long)]
+        root: PathBuf,
+        /// Milliseconds before each response's first byte.
+        #[arg(long, default_value_t = 0)]
+        latency_ms: u64,
+        /// Megabits per second for all connections together (0: no cap).
+        #[arg(long, default_value_t = 0)]
+        mbit: u64,
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Where to write the port it listens on.
+        #[arg(long)]
+        port_file: PathBuf,
+    },
+    /// Download an object with parallel ranged GETs (the download peer).
+    Download {
+        url: String,
+        out: PathBuf,
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
+        #[arg(long, default_value_t = 8 << 20)]
+        part: u64,
     },
     /// Render JSON-lines results as markdown tables, one per workload, with
     /// ratios against the tool named by `--baseline` (when the workload has
@@ -160,7 +188,8 @@ impl Measurement {
 }
 
 fn sh(cmd: &str) -> std::io::Result<()> {
-    let st = Command::new("sh")
+    // bash, not sh: scripts export functions for the commands to call.
+    let st = Command::new("bash")
         .arg("-c")
         .arg(cmd)
         .stdout(std::process::Stdio::null())
@@ -268,6 +297,27 @@ fn run(cli: Cli) -> std::io::Result<()> {
             }
             std::fs::rename(&tmp, &out)
         }
+        Cmd::Serve {
+            root,
+            latency_ms,
+            mbit,
+            port,
+            port_file,
+        } => serve::serve(
+            &root,
+            serve::Shape {
+                latency: std::time::Duration::from_millis(latency_ms),
+                rate: mbit * 1_000_000 / 8,
+            },
+            port,
+            &port_file,
+        ),
+        Cmd::Download {
+            url,
+            out,
+            threads,
+            part,
+        } => serve::download(&url, &out, threads.max(1), part.max(1)).map(|_| ()),
         Cmd::Measure {
             name,
             tool,

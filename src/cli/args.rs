@@ -60,10 +60,12 @@ pub struct RemoteArgs {
     /// Small files are fetched in requests of up to this many bytes.
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size)]
     pub block_size: u64,
-    /// What a mount fetches before it is read: `none` (what is read, and
-    /// read-ahead of sequential readers) or `all` (the whole packet, in the
-    /// background, yielding to reads).
-    #[arg(long, value_enum, default_value = "none")]
+    /// What a mount fetches before it is read, in the background, yielding
+    /// to reads: `trace` (what the turn that sealed the packet read, in
+    /// that order, from the `.trace` sidecar beside it, when there is one),
+    /// `all` (the whole packet) or `none` (only what is read, and
+    /// read-ahead of sequential readers).
+    #[arg(long, value_enum, default_value = "trace")]
     pub prefetch: PrefetchArg,
 }
 
@@ -72,6 +74,8 @@ pub struct RemoteArgs {
 pub enum PrefetchArg {
     /// Nothing before it is read.
     None,
+    /// What the trace sidecar names.
+    Trace,
     /// The whole packet, in the background.
     All,
 }
@@ -108,6 +112,7 @@ impl RemoteArgs {
             max_memory: self.max_memory.max(1 << 20),
             prefetch: match self.prefetch {
                 PrefetchArg::None => crate::store::spool::Prefetch::None,
+                PrefetchArg::Trace => crate::store::spool::Prefetch::Trace,
                 PrefetchArg::All => crate::store::spool::Prefetch::All,
             },
         })

@@ -35,6 +35,10 @@ use crate::packet::path::Part;
 ///   sessionfs mount big.packet ./mnt --upper ./upper --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs mount deep.packet ./mnt --upper ./upper --max-path-bytes 8192
 ///   sessionfs mount s.packet /session --upper ./up --secret harness/auth.json=./auth.json
+///   sessionfs mount s3://sessions/ab12.packet /workspace --upper ./up --part workspace
+///   sessionfs mount s3://b/k.packet ./mnt --upper ./up --cache /var/cache/s --cache-size 20GiB
+///   sessionfs mount https://h/k.packet ./mnt --upper ./up --max-memory 64MiB --block-size 4MiB
+///   sessionfs mount s3://b/k.packet ./mnt --upper ./up --prefetch all
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {

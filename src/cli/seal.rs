@@ -32,6 +32,11 @@ use crate::packet::path::Part;
 ///   sessionfs seal /workspace -o turn-2.packet --receipt turn-2.receipt.json
 ///   sessionfs seal /workspace --output turn-3.packet --rebase
 ///   sessionfs seal --packet turn-1.packet --upper /var/lib/s/upper -o turn-2.packet
+///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --cache /var/cache/s
+///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --cache-size 20GiB
+///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --max-memory 64MiB
+///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --block-size 4MiB
+///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --prefetch none
 ///   sessionfs seal /workspace -o turn-2.packet --file-sha256
 ///   sessionfs seal /workspace -o t.packet --exclude 'target' --keep '.env.test' --zero-mtimes
 ///   sessionfs seal /workspace -o t.packet --reject-external-symlinks
@@ -88,6 +93,10 @@ struct Result<'a> {
     outcome: &'a SealOutcome,
     #[serde(skip_serializing_if = "Option::is_none")]
     receipt: Option<&'a Path>,
+    /// The trace sidecar written beside the packet (absent if it could not
+    /// be written: the log says why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace: Option<PathBuf>,
     seconds: f64,
 }
 
@@ -205,6 +214,9 @@ pub fn handle(
             parent: parent_object(),
         });
     check_destinations(overlay, req, remote.is_some())?;
+    // What the turn read, before a rebase moves the view onto the new
+    // packet (and starts the next turn's trace).
+    let trace = overlay.trace();
     let opts = SealOptions {
         output: req.output.clone(),
         mode: req.mode,
@@ -312,15 +324,66 @@ pub fn handle(
             e
         })?;
     }
+    let trace = write_trace(&outcome.output, &trace, req.mode);
     let out = Output::new(
         "sessionfs.seal-result/2",
         Result {
             outcome: &outcome,
             receipt: req.receipt.as_deref(),
+            trace,
             seconds: started.elapsed().as_secs_f64(),
         },
     );
     Ok(out.into_value())
+}
+
+/// Writes `trace` beside the packet at `output` (`OUTPUT.trace`, see
+/// `crate::packet::trace`), atomically; returns its path. A trace is a
+/// hint for the next mount: one that cannot be written is logged, and the
+/// seal (its packet placed) succeeds.
+fn write_trace(output: &Path, trace: &crate::packet::trace::Trace, mode: u32) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut name = output.as_os_str().to_owned();
+    name.push(".trace");
+    let path = PathBuf::from(name);
+    if let Ok(Some((location, settings))) = super::location::output(&path, "seal -o") {
+        return upload_trace(&location, &settings, trace).then_some(path);
+    }
+    let written = crate::sys::write_atomic(&path, &trace.encode()).and_then(|()| {
+        // The packet's own mode (from the umask), not the temporary file's.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & 0o666))
+    });
+    match written {
+        Ok(()) => Some(path),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the trace beside the packet");
+            None
+        }
+    }
+}
+
+/// Uploads `trace` to `location` (`KEY.trace` beside a packet uploaded to
+/// `KEY`) where nothing is yet: a trace already there (of the same packet,
+/// uploaded before) is kept. Whether the trace is there now.
+fn upload_trace(
+    location: &crate::store::Location,
+    settings: &crate::store::Settings,
+    trace: &crate::packet::trace::Trace,
+) -> bool {
+    match crate::store::upload::put_new(location, settings, &trace.encode()) {
+        Ok(crate::store::Completion::Created) => true,
+        Ok(crate::store::Completion::Exists) => {
+            tracing::info!(
+                trace = location.shown(),
+                "a trace is already there; it is kept"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(trace = location.shown(), error = %e, "cannot upload the trace beside the packet");
+            false
+        }
+    }
 }
 
 /// Name of the file in the upper directory that records where the parts

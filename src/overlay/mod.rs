@@ -402,6 +402,22 @@ impl Overlay {
         self.lower().verifier.hashed.load(Ordering::Relaxed)
     }
 
+    /// The lower content read so far through this view of the packet (since
+    /// the mount, or since its last rebase), in the order first read: the
+    /// trace a seal leaves beside its packet (`crate::packet::trace`).
+    pub fn trace(&self) -> crate::packet::trace::Trace {
+        let lower = self.lower();
+        let entries = &lower.packet.manifest.entries;
+        crate::packet::trace::Trace::new(
+            lower
+                .verifier
+                .touched()
+                .into_iter()
+                .filter_map(|(i, k)| Some((entries.get(i as usize)?.path.to_string(), k)))
+                .collect(),
+        )
+    }
+
     /// Records applied (replayed and new).
     pub fn records(&self) -> u64 {
         self.state.read_recursive().applied

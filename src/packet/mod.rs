@@ -9,6 +9,7 @@ pub mod manifest;
 pub mod path;
 pub mod reader;
 pub mod resolve;
+pub mod trace;
 pub mod verify;
 
 pub use error::{Error, Result};

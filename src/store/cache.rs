@@ -340,10 +340,13 @@ mod tests {
     #[test]
     fn eviction_removes_the_least_recently_used_first() {
         let dir = tempfile::tempdir().unwrap();
+        // Filled through a handle with room (no eviction in the background
+        // meanwhile), then bounded to 10,000 bytes: 12,000 are there.
+        let big = Cache::open(dir.path(), 1 << 30).unwrap();
         let c = Cache::open(dir.path(), 10_000).unwrap();
         let blobs: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i; 1000]).collect();
         for (i, b) in blobs.iter().enumerate() {
-            c.put(&hash(b), b);
+            big.put(&hash(b), b);
             let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + i as u64);
             File::open(c.entry_path(&hash(b)))
                 .unwrap()
@@ -352,9 +355,6 @@ mod tests {
         }
         // The oldest, used again, is the newest now.
         assert!(c.get(&hash(&blobs[0]), &mut vec![0; 1000]));
-        while c.evicting.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
         c.evict_now().unwrap();
         let left: Vec<bool> = blobs
             .iter()

@@ -90,6 +90,9 @@ pub enum Prefetch {
     /// Only what is read, and read-ahead of sequential readers.
     #[default]
     None,
+    /// The units a trace names, in its order, in the background, yielding
+    /// to reads (the caller hands them over: [`Spool::prefetch`]).
+    Trace,
     /// Everything, in object order, in the background, yielding to reads.
     All,
 }
@@ -571,11 +574,21 @@ impl Spool {
         }
         *self.background.lock() = Some(tx);
         if self.options.prefetch == Prefetch::All {
-            let weak = Arc::downgrade(self);
-            std::thread::Builder::new()
-                .name("prefetch-all".into())
-                .spawn(move || prefetch_all(weak))?;
+            self.prefetch(0..self.units.len())?;
         }
+        Ok(())
+    }
+
+    /// Fills `units`, in their order, on a thread of its own at low
+    /// priority: one request at a time, while no read waits on a fetch.
+    pub fn prefetch(
+        self: &Arc<Spool>,
+        units: impl IntoIterator<Item = usize, IntoIter: Send + 'static>,
+    ) -> std::io::Result<()> {
+        let (weak, units) = (Arc::downgrade(self), units.into_iter());
+        std::thread::Builder::new()
+            .name("prefetch".into())
+            .spawn(move || prefetch_in_order(weak, units))?;
         Ok(())
     }
 
@@ -593,16 +606,17 @@ impl Drop for Spool {
     }
 }
 
-/// `--prefetch all`: fills every unit in object order, a request at a time,
-/// while no read waits on a fetch.
-fn prefetch_all(weak: Weak<Spool>) {
-    let mut u = 0;
+/// [`Spool::prefetch`]: fills `units` in order, a request at a time, while
+/// no read waits on a fetch.
+fn prefetch_in_order(weak: Weak<Spool>, mut units: impl Iterator<Item = usize>) {
+    let mut next = units.next();
     loop {
+        let Some(u) = next else {
+            tracing::debug!("prefetch done");
+            return;
+        };
         let Some(spool) = weak.upgrade() else { return };
         if spool.stopped.load(Ordering::Acquire) || u >= spool.units.len() {
-            if u >= spool.units.len() {
-                tracing::debug!("prefetch of the whole packet done");
-            }
             return;
         }
         if spool.waiting.load(Ordering::Acquire) > 0 {
@@ -611,19 +625,21 @@ fn prefetch_all(weak: Weak<Spool>) {
             continue;
         }
         if spool.is_filled(u) {
-            u += 1;
+            next = units.next();
             continue;
         }
         match spool.fill(u, false) {
-            Ok(()) if spool.is_filled(u) || spool.claims.lock().contains(&u) => u += 1,
-            // No memory to spare now, or failed: again a little later.
+            Ok(()) if spool.is_filled(u) || spool.claims.lock().contains(&u) => {
+                next = units.next();
+            }
+            // No memory to spare now: again a little later.
             Ok(()) => {
                 drop(spool);
                 std::thread::sleep(Duration::from_millis(10));
             }
             Err(e) => {
                 tracing::debug!(unit = u, error = %e, "prefetch failed; left to the readers");
-                u += 1;
+                next = units.next();
             }
         }
     }

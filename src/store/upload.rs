@@ -277,6 +277,19 @@ impl Upload {
     }
 }
 
+/// Writes `bytes` (a small object: a trace sidecar) to `location` where
+/// nothing is yet, as an upload of one part; aborted unless it completes.
+pub fn put_new(location: &Location, settings: &Settings, bytes: &[u8]) -> Result<Completion> {
+    let upload = Upload::create(location, settings)?;
+    let done = upload
+        .part(1, bytes)
+        .and_then(|etag| upload.complete(&[etag]));
+    if !matches!(done, Ok(Completion::Created)) {
+        let _ = upload.abort();
+    }
+    done
+}
+
 /// A final bad-response failure.
 fn bad(client: &Client, what: String) -> Failure {
     Failure::Fatal(Error::BadResponse {
