@@ -34,14 +34,24 @@ enum Target {
     /// wherever the directory has been moved; and its path when
     /// registered, for messages.
     At(OwnedFd, OsString, PathBuf),
+    /// Something undone by running a function (a multipart upload
+    /// aborted), named for messages.
+    Undo(String, Undo),
 }
+
+/// What undoes a [`Target::Undo`].
+pub type Undo = Box<dyn Fn() -> std::io::Result<()> + Send>;
 
 impl Target {
     /// Removes it; what it is, for a message.
     fn remove(&self) -> (String, std::io::Result<()>) {
-        let Target::At(dir, name, shown) = self;
-        let gone = crate::sys::remove_tree_at(dir.as_fd(), name);
-        (crate::packet::path::shown_path(shown), gone)
+        match self {
+            Target::At(dir, name, shown) => {
+                let gone = crate::sys::remove_tree_at(dir.as_fd(), name);
+                (crate::packet::path::shown_path(shown), gone)
+            }
+            Target::Undo(what, undo) => (what.clone(), undo()),
+        }
     }
 }
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -75,6 +85,14 @@ impl Drop for Pending {
 /// a lock and does nothing else.
 pub fn remove_on_interrupt_at(dir: OwnedFd, name: &OsStr, shown: &Path) -> Pending {
     register(Target::At(dir, name.to_owned(), shown.to_owned()))
+}
+
+/// Runs `undo` (which must end within seconds: it delays the exit) if
+/// the process is interrupted while the returned registration lives;
+/// `what` names it in messages. For work that is not a file: a multipart
+/// upload, aborted.
+pub fn undo_on_interrupt(what: String, undo: Undo) -> Pending {
+    register(Target::Undo(what, undo))
 }
 
 fn register(target: Target) -> Pending {

@@ -143,6 +143,8 @@ kinds! {
     RemoteBadResponse = "remote_bad_response",
     /// The store did not answer within the retries and the time bound.
     RemoteUnavailable = "remote_unavailable",
+    /// Another object is at the key a packet was to be written to.
+    RemoteExists = "remote_exists",
     /// A mount that could not be made.
     MountFailed = "mount_failed",
     /// A mountpoint that cannot be used.

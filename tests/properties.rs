@@ -91,6 +91,7 @@ fn opts_holding(ws: &Path, out: &Path, hold_memory: u64) -> PackOptions {
         workspace: ws.to_owned(),
         harness: None,
         output: out.to_owned(),
+        remote: None,
         zero_mtimes: false,
         reject_external_symlinks: false,
         exclude: vec![],

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::s3::{self, Fault, Proxy, gets, remote, setup};
-use common::{Run, run, run_env, write};
+use common::{Run, run, run_env};
 
 /// The sample tree, packed.
 fn sample_packet(tmp: &Path) -> PathBuf {
@@ -458,44 +458,4 @@ fn signatures_are_accepted_by_a_strict_server() {
         remote(port, &["digest", loc], &wrong).fails(9, "remote_denied"),
         "SignatureDoesNotMatch",
     );
-}
-
-/// "Remote packets are read by inspect, digest, verify and unpack so
-/// far": a mount, an offline seal or an output at `s3://` is a usage error
-/// that says so, before anything is made (not "no such file" for a path
-/// named `s3:`).
-#[test]
-fn commands_that_take_no_remote_packet_yet_say_so_and_make_nothing() {
-    let tmp = tempfile::tempdir().unwrap();
-    let t = tmp.path();
-    let ws = t.join("ws");
-    write(&ws, "a.txt", b"a\n");
-    let local = t.join("p.packet").display().to_string();
-    let (mnt, upper) = (t.join("mnt"), t.join("upper"));
-    let u = upper.to_str().unwrap();
-    let w = ws.to_str().unwrap();
-    for args in [
-        vec![
-            "seal",
-            "--packet",
-            &local,
-            "--upper",
-            u,
-            "-o",
-            "s3://bucket/q.packet",
-        ],
-        vec![
-            "pack",
-            "--workspace",
-            w,
-            "-o",
-            "https://example.invalid/p.packet",
-        ],
-    ] {
-        let r = run(&args);
-        let e = r.fails(2, "usage");
-        says(e, "takes a local packet");
-        assert!(!mnt.exists() && !upper.exists(), "{args:?} made something");
-    }
-    assert!(!Path::new("s3:").exists());
 }

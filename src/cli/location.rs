@@ -21,17 +21,20 @@ pub fn parse(packet: &Path) -> Result<Location, CliError> {
     Location::parse(packet.as_os_str()).map_err(CliError::usage)
 }
 
-/// Refuses a remote location where only a local packet is taken yet
-/// (`what`: "mount", "seal --packet", "pack -o", "seal -o"): a usage
-/// error that says so, before anything is made, rather than "no such
-/// file" for a path named `s3:`.
-pub fn local_only(packet: &Path, what: &str) -> Result<(), CliError> {
-    match parse(packet)? {
-        Location::Local(_) => Ok(()),
-        remote => Err(CliError::usage(format!(
-            "{}: {what} takes a local packet; remote packets are read by inspect, digest, \
-             verify and unpack so far (docs/remote.md says what remains): copy it here first",
-            remote.shown()
+/// An output argument (`pack -o`, `seal -o`): a local path, or an
+/// `s3://BUCKET/KEY` to upload to, with the settings of the environment.
+/// An `http(s)://` URL cannot be written to: a usage error.
+pub fn output(arg: &Path, what: &str) -> Result<Option<(Location, Settings)>, CliError> {
+    match parse(arg)? {
+        Location::Local(_) => Ok(None),
+        s3 @ Location::S3 { .. } => {
+            let settings = Settings::from_env().map_err(CliError::usage)?;
+            Ok(Some((s3, settings)))
+        }
+        http @ Location::Http(_) => Err(CliError::usage(format!(
+            "{}: {what} writes a file or an s3://BUCKET/KEY object; an http(s) URL cannot be \
+             written to (docs/remote.md)",
+            http.shown()
         ))),
     }
 }

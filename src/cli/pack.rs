@@ -28,6 +28,7 @@ use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
 ///   sessionfs pack --workspace ./repo --reject-external-symlinks -o s.packet
 ///   sessionfs pack --workspace ./repo --hold-memory 64MiB -o s.packet   # a tight pod
 ///   sessionfs pack --workspace ./repo --file-sha256 -o s.packet   # for a whole-file checksum
+///   sessionfs pack --workspace ./repo -o s3://bucket/sessions/s.packet   # upload as it writes
 ///   sessionfs pack --workspace ./big -o s.packet --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs pack --workspace ./deep -o s.packet --max-path-bytes 8192
 #[derive(clap::Args, Debug)]
@@ -45,7 +46,9 @@ pub struct Args {
     /// exclusions (`generic`: the workspace's rules only).
     #[arg(long, value_name = "KIND", requires = "harness", value_enum)]
     harness_kind: Option<KindArg>,
-    /// Where to write the packet.
+    /// Where to write the packet: a file, or `s3://BUCKET/KEY` to upload
+    /// it as it is written (multipart; nothing is replaced there: see
+    /// docs/remote.md).
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
     /// Record every mtime as 0 (content-only addressing: the digest then
@@ -111,7 +114,7 @@ struct Result {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
-    super::location::local_only(&a.output, "pack -o")?;
+    let remote = super::location::output(&a.output, "pack -o")?;
     let kind = a
         .harness_kind
         .map_or(HarnessKind::Generic, HarnessKind::from);
@@ -119,6 +122,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         workspace: a.workspace,
         harness: a.harness.map(|h| (h, kind)),
         output: a.output.clone(),
+        remote,
         zero_mtimes: a.zero_mtimes,
         reject_external_symlinks: a.reject_external_symlinks,
         exclude: a.exclude,
@@ -139,7 +143,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     Ok(Output::new(
         "sessionfs.pack-result/2",
         Result {
-            output: crate::packet::path::shown_path(&a.output),
+            output: super::location::shown(&super::location::parse(&a.output)?),
             outcome,
             seconds: started.elapsed().as_secs_f64(),
         },

@@ -10,7 +10,7 @@ use super::Output;
 use super::args::{LimitArgs, file_mode_from_umask};
 use super::error::CliError;
 use crate::fuse::control::{self, Reply, Request, SealRequest};
-use crate::overlay::seal::{SealOptions, SealOutcome};
+use crate::overlay::seal::{RemoteSeal, SealOptions, SealOutcome};
 use crate::overlay::{Options, Overlay};
 use crate::packet::error::{ErrorClass, ErrorKind};
 use crate::packet::format::Limits;
@@ -110,12 +110,23 @@ impl Args {
 
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
-    super::location::local_only(&a.output, "seal -o")?;
+    let remote = super::location::output(&a.output, "seal -o")?.is_some();
+    if remote && a.rebase {
+        return Err(CliError::usage(format!(
+            "{}: --rebase onto an uploaded packet is not supported yet: seal to s3:// without \
+             --rebase (and mount the new packet), or seal to a file with --rebase",
+            a.output.display()
+        )));
+    }
     // Bad patterns are usage errors, as for pack, before any daemon is asked.
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
         .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;
     let req = SealRequest {
-        output: crate::sys::absolute(&a.output),
+        output: if remote {
+            a.output.clone()
+        } else {
+            crate::sys::absolute(&a.output)
+        },
         receipt: a.receipt.as_deref().map(crate::sys::absolute),
         rebase: a.rebase,
         zero_mtimes: a.zero_mtimes,
@@ -163,7 +174,10 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         return handle(&overlay, &req, &load_roots(upper), None).map(Output::raw);
     }
     let mp = a.mountpoint.unwrap_or_default();
-    for path in std::iter::once(&req.output).chain(&req.receipt) {
+    for path in std::iter::once(&req.output)
+        .filter(|_| !remote)
+        .chain(&req.receipt)
+    {
         refuse_on_mount(path, &mp)?;
     }
     let bar = super::progress::Progress::bytes("sealing", 0);
@@ -191,7 +205,15 @@ pub fn handle(
 ) -> std::result::Result<Value, CliError> {
     let started = std::time::Instant::now();
     tracing::info!(output = %req.output.display(), rebase = req.rebase, "seal requested");
-    check_destinations(overlay, req)?;
+    // A mount's daemon uploads with the AWS configuration it was started
+    // with.
+    let remote =
+        super::location::output(&req.output, "seal -o")?.map(|(location, settings)| RemoteSeal {
+            location,
+            settings,
+            parent: parent_object(),
+        });
+    check_destinations(overlay, req, remote.is_some())?;
     // What the turn read, before a rebase moves the view onto the new
     // packet (and starts the next turn's trace).
     let trace = overlay.trace();
@@ -212,6 +234,7 @@ pub fn handle(
         barrier: crate::barrier::from_env(),
         rebase: req.rebase,
         cancel: notify.map(|_| Default::default()),
+        remote,
     };
     let progress = super::progress::Progress::bytes("sealing", 0);
     // A client that asked for progress gets the count at once, then at most
@@ -323,6 +346,9 @@ fn write_trace(output: &Path, trace: &crate::packet::trace::Trace, mode: u32) ->
     let mut name = output.as_os_str().to_owned();
     name.push(".trace");
     let path = PathBuf::from(name);
+    if let Ok(Some((location, settings))) = super::location::output(&path, "seal -o") {
+        return upload_trace(&location, &settings, trace).then_some(path);
+    }
     let written = crate::sys::write_atomic(&path, &trace.encode()).and_then(|()| {
         // The packet's own mode (from the umask), not the temporary file's.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & 0o666))
@@ -332,6 +358,30 @@ fn write_trace(output: &Path, trace: &crate::packet::trace::Trace, mode: u32) ->
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the trace beside the packet");
             None
+        }
+    }
+}
+
+/// Uploads `trace` to `location` (`KEY.trace` beside a packet uploaded to
+/// `KEY`) where nothing is yet: a trace already there (of the same packet,
+/// uploaded before) is kept. Whether the trace is there now.
+fn upload_trace(
+    location: &crate::store::Location,
+    settings: &crate::store::Settings,
+    trace: &crate::packet::trace::Trace,
+) -> bool {
+    match crate::store::upload::put_new(location, settings, &trace.encode()) {
+        Ok(crate::store::Completion::Created) => true,
+        Ok(crate::store::Completion::Exists) => {
+            tracing::info!(
+                trace = location.shown(),
+                "a trace is already there; it is kept"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(trace = location.shown(), error = %e, "cannot upload the trace beside the packet");
+            false
         }
     }
 }
@@ -420,7 +470,11 @@ fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), Cl
 /// output is not the packet being served unless the seal rebases onto it
 /// (overwriting it would pull the packet from under the mount, and leave
 /// the upper directory tied to a packet that no longer exists).
-fn check_destinations(overlay: &Overlay, req: &SealRequest) -> std::result::Result<(), CliError> {
+fn check_destinations(
+    overlay: &Overlay,
+    req: &SealRequest,
+    remote: bool,
+) -> std::result::Result<(), CliError> {
     let refuse = |path: &Path, why: String| {
         CliError::new(
             Some(ErrorClass::Refused),
@@ -429,7 +483,8 @@ fn check_destinations(overlay: &Overlay, req: &SealRequest) -> std::result::Resu
             Some(crate::packet::path::shown_path(path)),
         )
     };
-    for path in std::iter::once(&req.output).chain(&req.receipt) {
+    let local_output = std::iter::once(&req.output).filter(|_| !remote);
+    for path in local_output.clone().chain(&req.receipt) {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
@@ -458,7 +513,10 @@ fn check_destinations(overlay: &Overlay, req: &SealRequest) -> std::result::Resu
             ));
         }
     }
-    if let Some(why) = crate::output::refuse_replacing(&req.output) {
+    if let Some(why) = local_output
+        .clone()
+        .find_map(|o| crate::output::refuse_replacing(o))
+    {
         return Err(refuse(&req.output, why));
     }
     if let Some(receipt) = &req.receipt
@@ -467,6 +525,7 @@ fn check_destinations(overlay: &Overlay, req: &SealRequest) -> std::result::Resu
         return Err(refuse(receipt, why));
     }
     if let Some(receipt) = &req.receipt
+        && !remote
         && (receipt == &req.output || same_file(receipt, &req.output))
     {
         return Err(refuse(
@@ -476,7 +535,7 @@ fn check_destinations(overlay: &Overlay, req: &SealRequest) -> std::result::Resu
     }
     let lower = overlay.lower();
     let is_served = |p: &Path| lower.serves(p);
-    if is_served(&req.output) && !req.rebase {
+    if !remote && is_served(&req.output) && !req.rebase {
         return Err(refuse(
             &req.output,
             "is the packet this mount serves: overwriting it would take it from under the \
@@ -491,6 +550,22 @@ fn check_destinations(overlay: &Overlay, req: &SealRequest) -> std::result::Resu
         ));
     }
     Ok(())
+}
+
+/// The parent packet's object in the store, for a seal to copy unchanged
+/// runs from: `SESSIONFS_SEAL_COPY_FROM` (`s3://BUCKET/KEY`), a hook for
+/// tests and for an offline seal of a downloaded copy of that object. The
+/// seal checks that it is the parent before it copies anything. (A mount
+/// of a remote packet will give its own.)
+fn parent_object() -> Option<crate::store::Location> {
+    let v = std::env::var_os("SESSIONFS_SEAL_COPY_FROM")?;
+    match crate::store::Location::parse(&v) {
+        Ok(l @ crate::store::Location::S3 { .. }) => Some(l),
+        _ => {
+            tracing::warn!(value = ?v, "SESSIONFS_SEAL_COPY_FROM is not an s3:// location; ignored");
+            None
+        }
+    }
 }
 
 /// Whether `a` and `b` both exist and are the same file.

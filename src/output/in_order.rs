@@ -35,8 +35,10 @@ use std::sync::{Arc, Mutex, mpsc};
 
 use sha2::Digest as _;
 
+use super::remote::{Job, UPLOADERS};
 use super::{
-    AlignedBuf, Check, Computed, ContentReader, Contents, Hashed, Output, WriteStats, fingerprint,
+    AlignedBuf, Check, Computed, ContentReader, Contents, Dest, Hashed, Output, WriteStats,
+    fingerprint,
 };
 use crate::packet::digest::{ContentHasher, Sha256};
 use crate::packet::error::{Error, Result};
@@ -217,10 +219,12 @@ pub struct WriteOptions {
 /// Writes the whole packet for a complete `manifest` (whose encoding is
 /// `manifest_bytes`) into `out`, as the module describes, and returns the
 /// SHA-256 of the file when `how` asks for it. The caller syncs and
-/// commits.
+/// commits. Into an upload, the pieces wholly inside the parts it copies
+/// are not made at all (their content is not read), and the others go to
+/// it in file order; the file's SHA-256 then needs every piece made.
 #[allow(clippy::too_many_arguments)]
 pub fn write_in_order<S: Contents>(
-    out: &Output,
+    out: Dest<'_>,
     how: WriteOptions,
     manifest: &Manifest,
     manifest_bytes: &[u8],
@@ -249,27 +253,66 @@ pub fn write_in_order<S: Contents>(
 /// most [`IN_FLIGHT`]: more would only wait for buffers).
 fn write_pieces<S: Contents>(
     a: &Assembler<'_, S>,
-    out: &Output,
+    out: Dest<'_>,
     how: WriteOptions,
     workers: usize,
 ) -> std::result::Result<Option<Sha256>, S::Error> {
     let workers = workers.clamp(1, IN_FLIGHT);
     let (manifest, layout) = (a.manifest, a.layout);
-    let pieces = pieces(manifest, layout);
+    let mut pieces = pieces(manifest, layout);
+    // Members some of whose pieces are copied, not made: not hashed whole.
+    let mut partial = std::collections::HashSet::new();
+    if let Dest::Remote(r) = out {
+        let all = pieces.len();
+        pieces.retain(|p| {
+            let bytes = range(p, manifest, layout);
+            if !r.is_copied(&bytes) {
+                return true;
+            }
+            if let Piece::Chunk { member, .. } = p {
+                partial.insert(*member);
+            }
+            (a.progress)(bytes.end - bytes.start);
+            false
+        });
+        if how.file_sha256 && pieces.len() < all {
+            return Err(S::Error::from(Error::io(
+                "the file's SHA-256 needs every byte, and some are copied by the store",
+                std::io::Error::other("internal error"),
+            )));
+        }
+    }
     let count = pieces.len();
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let sink = Sink {
-        out,
-        direct: if how.direct { out.open_direct() } else { None },
-        direct_refused: AtomicBool::new(false),
+    let sink = match out {
+        Dest::File(out) => Some(Sink {
+            out,
+            direct: if how.direct { out.open_direct() } else { None },
+            direct_refused: AtomicBool::new(false),
+        }),
+        Dest::Remote(_) => None,
     };
     tracing::debug!(
-        direct = sink.direct.is_some(),
+        direct = sink.as_ref().is_some_and(|s| s.direct.is_some()),
+        remote = sink.is_none(),
         workers,
         pieces = count,
         "writing the packet in file order"
     );
+    // Into an upload: parts queued in order by the hasher, sent by the
+    // uploaders; one queued at most, so memory stays a few parts.
+    let (job_tx, job_rx) = mpsc::sync_channel::<Job>(1);
+    let job_rx = Mutex::new(job_rx);
+    let to_file = sink.is_some();
+    let sink_ref = &sink;
+    let mut feeder = match out {
+        Dest::Remote(r) => Some(r.feeder(job_tx)),
+        Dest::File(_) => {
+            drop(job_tx);
+            None
+        }
+    };
     let (pool_tx, pool_rx) = mpsc::channel::<AlignedBuf>();
     for _ in 0..IN_FLIGHT {
         let _ = pool_tx.send(AlignedBuf::default());
@@ -307,7 +350,16 @@ fn write_pieces<S: Contents>(
                         if let Some(h) = &mut h {
                             h.update(buf.bytes());
                         }
-                        if let Err(e) = a.check_whole(&pieces[want], buf.bytes(), &mut whole) {
+                        let piece = &pieces[want];
+                        let whole_ok = match piece {
+                            Piece::Chunk { member, .. } if partial.contains(member) => Ok(()),
+                            _ => a.check_whole(piece, buf.bytes(), &mut whole),
+                        };
+                        let fed = whole_ok.and_then(|()| match &mut feeder {
+                            Some(f) => f.push(range(piece, manifest, layout).start, buf.bytes()),
+                            None => Ok(()),
+                        });
+                        if let Err(e) = fed {
                             failed.store(true, Ordering::Relaxed);
                             return Err(e);
                         }
@@ -315,8 +367,18 @@ fn write_pieces<S: Contents>(
                         want += 1;
                     }
                 }
+                let zeros = vec![0u8; trailer as usize];
+                if let Some(mut f) = feeder.take() {
+                    let fed = f
+                        .push(layout.end_offset(), &zeros)
+                        .and_then(|()| f.finish());
+                    if let Err(e) = fed {
+                        failed.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
                 Ok(Some(h.map(|mut h| {
-                    h.update(vec![0u8; trailer as usize]);
+                    h.update(&zeros);
                     Sha256(h.finalize().into())
                 })))
             })
@@ -324,8 +386,9 @@ fn write_pieces<S: Contents>(
         // Two writers keep two writes in flight: a direct write waits for
         // the device, and one at a time left it idle between requests.
         let writers: Vec<_> = (0..WRITERS)
-            .map(|_| {
-                let (pool_tx, sink, write_rx) = (pool_tx.clone(), &sink, &write_rx);
+            .filter_map(|_| sink_ref.as_ref())
+            .map(|sink| {
+                let (pool_tx, write_rx) = (pool_tx.clone(), &write_rx);
                 start(s, failed, move || -> Result<()> {
                     let _guard = FailOnPanic(failed);
                     // Ends when every worker is done (their senders dropped).
@@ -346,6 +409,16 @@ fn write_pieces<S: Contents>(
                     }
                 })
             })
+            .chain((0..UPLOADERS).filter(|_| !to_file).map(|_| {
+                let (job_rx, remote) = (&job_rx, out);
+                start(s, failed, move || -> Result<()> {
+                    let _guard = FailOnPanic(failed);
+                    match remote {
+                        Dest::Remote(r) => r.run_jobs(job_rx, failed),
+                        Dest::File(_) => Ok(()),
+                    }
+                })
+            }))
             .collect();
         let handles: Vec<_> = (0..workers)
             .map(|_| {
@@ -377,7 +450,7 @@ fn write_pieces<S: Contents>(
                             return Err(e);
                         }
                         let buf = Arc::new(buf);
-                        if write_tx.send((r.start, buf.clone())).is_err()
+                        if (to_file && write_tx.send((r.start, buf.clone())).is_err())
                             || hash_tx.send((idx, buf)).is_err()
                         {
                             // The writer or the hasher stopped: it reports why.
@@ -855,7 +928,8 @@ mod tests {
             stats: &stats,
             progress: &|_| {},
         };
-        let sha = write_pieces(&a, &out, with_sha(direct), workers)?.unwrap_or_default();
+        let sha =
+            write_pieces(&a, Dest::File(&out), with_sha(direct), workers)?.unwrap_or_default();
         out.sync_data()?;
         out.commit(0o644)?;
         Ok((std::fs::read(&dest).unwrap(), sha))
@@ -882,7 +956,7 @@ mod tests {
             stats: &WriteStats::default(),
             progress: &|_| {},
         };
-        Ok(write_pieces(&a, &out, with_sha(false), workers)?.unwrap_or_default())
+        Ok(write_pieces(&a, Dest::File(&out), with_sha(false), workers)?.unwrap_or_default())
     }
 
     /// Writes with the file's hash, `direct` or not.

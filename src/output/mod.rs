@@ -27,7 +27,38 @@ use crate::packet::format::{BLOCK, MANIFEST_NAME};
 use crate::packet::layout::Layout;
 
 pub mod in_order;
+pub mod parts;
+pub mod remote;
 pub use in_order::{Keep, WriteOptions, hash_new, write_in_order};
+pub use remote::{RemoteOutput, Uploaded};
+
+/// Where a packet is written: a file (through a temporary file beside
+/// it), or an object of an S3-compatible store (a multipart upload).
+#[derive(Clone, Copy)]
+pub enum Dest<'a> {
+    /// A file.
+    File(&'a Output),
+    /// An object.
+    Remote(&'a RemoteOutput),
+}
+
+/// A packet being written: [`Dest`], owned.
+pub enum Writing {
+    /// To a file.
+    File(Output),
+    /// To an object.
+    Remote(Box<RemoteOutput>),
+}
+
+impl Writing {
+    /// Where the bytes go.
+    pub fn dest(&self) -> Dest<'_> {
+        match self {
+            Writing::File(o) => Dest::File(o),
+            Writing::Remote(r) => Dest::Remote(r),
+        }
+    }
+}
 
 /// A packet being written: a temporary file in the destination's directory.
 ///

@@ -33,11 +33,13 @@ use crate::output::{
     Check, ContentReader, Contents, Keep, Output, WriteOptions, WriteStats, hash_new,
     write_in_order,
 };
+use crate::output::{RemoteOutput, Uploaded, Writing};
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{HarnessKind, Limits, chunk_count};
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::Part;
+use crate::store::{Location, Settings};
 use crate::sys;
 
 /// What to pack.
@@ -46,8 +48,11 @@ pub struct PackOptions {
     pub workspace: PathBuf,
     /// The harness directory and its kind.
     pub harness: Option<(PathBuf, HarnessKind)>,
-    /// Where the packet goes.
+    /// Where the packet goes (with `remote`, only its name in messages).
     pub output: PathBuf,
+    /// Upload the packet to this location (`s3://BUCKET/KEY`) as it is
+    /// written, instead of writing a file.
+    pub remote: Option<(Location, Settings)>,
     /// Record every mtime as 0.
     pub zero_mtimes: bool,
     /// Refuse symlinks leaving their part.
@@ -94,6 +99,9 @@ pub struct PackOutcome {
     /// What was left out or rewritten.
     #[serde(flatten)]
     pub report: ScanReport,
+    /// For an upload: bytes sent and copied, parts.
+    #[serde(flatten)]
+    pub upload: Option<Uploaded>,
 }
 
 /// What [`pack`] tells its progress display: it works in two passes over
@@ -191,18 +199,31 @@ pub fn pack(
     }
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
     let other_parts = part_root_identities(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
-    if let Some(reason) = crate::output::refuse_replacing(&opts.output) {
-        return Err(Error::Refused {
-            path: crate::packet::path::shown_path(&opts.output),
-            kind: crate::packet::error::ErrorKind::TargetUnusable,
-            reason,
-        });
-    }
-    let output = Output::create(&opts.output)?;
-    let mut skip = stale_temporaries(&opts.output);
-    if let Ok(m) = std::fs::symlink_metadata(&opts.output) {
-        skip.push((m.dev(), m.ino()));
-    }
+    let mut output = match &opts.remote {
+        Some((location, settings)) => {
+            Writing::Remote(Box::new(RemoteOutput::create(location, settings)?))
+        }
+        None => {
+            if let Some(reason) = crate::output::refuse_replacing(&opts.output) {
+                return Err(Error::Refused {
+                    path: crate::packet::path::shown_path(&opts.output),
+                    kind: crate::packet::error::ErrorKind::TargetUnusable,
+                    reason,
+                });
+            }
+            Writing::File(Output::create(&opts.output)?)
+        }
+    };
+    let (skip, own) = match &output {
+        Writing::File(o) => {
+            let mut skip = stale_temporaries(&opts.output);
+            if let Ok(m) = std::fs::symlink_metadata(&opts.output) {
+                skip.push((m.dev(), m.ino()));
+            }
+            (skip, Some(o.identity()?))
+        }
+        Writing::Remote(_) => (Vec::new(), None),
+    };
     let mut parts = vec![(Part::Workspace, opts.workspace.clone())];
     if let Some((dir, _)) = &opts.harness {
         parts.insert(0, (Part::Harness, dir.clone()));
@@ -213,7 +234,7 @@ pub fn pack(
         reject_external_symlinks: opts.reject_external_symlinks,
         limits: opts.limits,
         skip,
-        own: Some(output.identity()?),
+        own,
         other_parts,
         barrier: opts.barrier.as_deref(),
     };
@@ -286,7 +307,10 @@ pub fn pack(
     }
     let manifest_bytes = manifest.encode();
     let layout = Layout::compute(&manifest, manifest_bytes.len() as u64);
-    output.size_for(&layout)?;
+    match &mut output {
+        Writing::File(o) => o.size_for(&layout)?,
+        Writing::Remote(r) => r.plan(&layout, None)?,
+    }
     let second = PackContents {
         roots: &scan.roots,
         manifest: &manifest,
@@ -297,7 +321,7 @@ pub fn pack(
     // Around the page cache, as the seal does: the packet is shipped.
     progress(PackProgress::Pass("writing", layout.total_len()));
     let file_sha256 = write_in_order(
-        &output,
+        output.dest(),
         WriteOptions {
             direct: true,
             file_sha256: opts.file_sha256,
@@ -322,7 +346,13 @@ pub fn pack(
     })?;
     let digest = Digest::of_manifest(&manifest_bytes);
     tracing::debug!(elapsed = ?t.elapsed(), "written");
-    output.commit(opts.mode)?;
+    let upload = match output {
+        Writing::File(o) => {
+            o.commit(opts.mode)?;
+            None
+        }
+        Writing::Remote(r) => Some(r.commit(&digest)?),
+    };
     tracing::debug!(elapsed = ?t.elapsed(), "committed");
     crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
 
@@ -338,6 +368,7 @@ pub fn pack(
         symlinks: count(|e| matches!(e.kind, EntryKind::Symlink(_))),
         content_bytes: manifest.content_bytes(),
         report: scan.report,
+        upload,
     })
 }
 

@@ -64,19 +64,27 @@ pub enum Error {
         what: String,
     },
 
+    /// Something else is already at the key a packet was to be written
+    /// to (a conditional write refused it); it is left as it is.
+    #[error("{location}: {what}")]
+    Exists {
+        /// The location, as shown.
+        location: String,
+        /// What is there, and what to do.
+        what: String,
+    },
+
     /// Every attempt failed with a transient error (5xx, throttling,
     /// timeout, reset connection, a body cut short) until the attempts or
     /// the time per read ran out.
     #[error(
-        "{location}: cannot read bytes {start}..{end}: gave up after {attempts} attempts in {elapsed:.1?} (last: {last})"
+        "{location}: cannot {what}: gave up after {attempts} attempts in {elapsed:.1?} (last: {last})"
     )]
     Unavailable {
         /// The location, as shown.
         location: String,
-        /// The byte range asked for.
-        start: u64,
-        /// Its end (exclusive).
-        end: u64,
+        /// What was asked: `read bytes START..END`, `upload part N`, …
+        what: String,
         /// How many requests were made.
         attempts: u32,
         /// How long they took together.
@@ -110,6 +118,7 @@ impl Error {
             Error::Changed { .. } => ErrorKind::RemoteChanged,
             Error::BadResponse { .. } => ErrorKind::RemoteBadResponse,
             Error::Unavailable { .. } => ErrorKind::RemoteUnavailable,
+            Error::Exists { .. } => ErrorKind::RemoteExists,
             Error::Corrupt { .. } => ErrorKind::ContentMismatch,
         }
     }
@@ -123,6 +132,7 @@ impl Error {
             | Error::Changed { location, .. }
             | Error::BadResponse { location, .. }
             | Error::Unavailable { location, .. }
+            | Error::Exists { location, .. }
             | Error::Corrupt { location, .. } => location,
         }
     }

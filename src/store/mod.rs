@@ -16,12 +16,14 @@ pub mod error;
 pub mod remote;
 pub mod spool;
 pub mod sts;
+pub mod upload;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
 pub use error::{Error, Result};
 pub use remote::{Remote, Settings};
+pub use upload::{Completion, CopySource, Upload};
 
 /// Where a packet is: the argument of `inspect`, `digest` and the like.
 #[derive(Clone, Debug, PartialEq, Eq)]

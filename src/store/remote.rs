@@ -8,6 +8,7 @@
 //! anything else fails at once with an error naming the location.
 
 use std::io::Read;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -74,14 +75,15 @@ impl Settings {
 
 /// How long a presigned request stays valid: it is signed just before it
 /// is sent, so this only has to outlast one request.
-const PRESIGN_FOR: Duration = Duration::from_secs(15 * 60);
+pub(crate) const PRESIGN_FOR: Duration = Duration::from_secs(15 * 60);
 
 /// At most this much of an error response's body is read, to find its S3
 /// error code.
 const ERROR_BODY_MAX: u64 = 16 * 1024;
 
 /// What is asked of the server.
-enum Target {
+#[derive(Clone)]
+pub(crate) enum Target {
     S3 {
         bucket: rusty_s3::Bucket,
         key: String,
@@ -90,27 +92,43 @@ enum Target {
     Http(url::Url),
 }
 
+/// The requests of one location: its target, signed or not, the HTTP
+/// agent, the settings and the retry loop with its time bound. Shared by
+/// ranged reads ([`Remote`]) and uploads ([`super::upload::Upload`]).
+#[derive(Clone)]
+pub(crate) struct Client {
+    pub(crate) shown: String,
+    pub(crate) target: Target,
+    pub(crate) agent: ureq::Agent,
+    pub(crate) settings: Settings,
+    /// Requests sent (attempts included), for logs and tests.
+    requests: Arc<AtomicU64>,
+}
+
 /// A remote object opened for ranged reads, pinned to the length and ETag
 /// of its first response.
 pub struct Remote {
-    shown: String,
-    target: Target,
-    agent: ureq::Agent,
-    settings: Settings,
+    client: Client,
     len: u64,
     etag: Option<String>,
     /// The first bytes of the object, from the request that opened it.
     head: Vec<u8>,
-    /// Requests sent (attempts included), for logs and tests.
-    requests: AtomicU64,
 }
 
 /// What one attempt ended with, short of success.
-enum Failure {
+pub(crate) enum Failure {
     /// Worth another attempt: why this one failed.
     Retry(String),
     /// Final.
     Fatal(Error),
+}
+
+/// Why a request was not answered.
+enum Sent {
+    /// It could not be built (a header value that cannot be sent).
+    Build(ureq::http::Error),
+    /// It failed on the way.
+    Transport(ureq::Error),
 }
 
 /// A successful ranged response.
@@ -120,10 +138,11 @@ struct Fetched {
     etag: Option<String>,
 }
 
-impl Remote {
-    /// Opens `location` (which must be remote) with one request for its
-    /// first `first_bytes` bytes; see [`super::open_remote`].
-    pub fn open(location: &Location, settings: &Settings, first_bytes: u64) -> Result<Remote> {
+impl Client {
+    /// The client of `location` (which must be remote): the S3
+    /// configuration read and credentials found (web identity exchanged
+    /// through STS), no request sent to the location yet.
+    pub(crate) fn new(location: &Location, settings: &Settings) -> Result<Client> {
         let shown = location.shown();
         let config_error = |reason: String| Error::Config {
             location: shown.clone(),
@@ -181,15 +200,168 @@ impl Remote {
             }
             Location::Http(u) => Target::Http(u.clone()),
         };
-        let mut remote = Remote {
+        Ok(Client {
             shown,
             target,
             agent,
             settings: settings.clone(),
+            requests: Arc::default(),
+        })
+    }
+
+    /// Runs `attempt` (given the time it may take) until it succeeds,
+    /// fails for good, or the attempts or the time bound of the settings
+    /// run out; then fails as [`Error::Unavailable`], saying that it could
+    /// not `what()` ("read bytes 0..512", "upload part 3").
+    pub(crate) fn retrying<T>(
+        &self,
+        what: impl Fn() -> String,
+        mut attempt: impl FnMut(Duration) -> std::result::Result<T, Failure>,
+    ) -> Result<T> {
+        let began = Instant::now();
+        let mut wait = self.settings.backoff;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let left = self.settings.read_timeout.saturating_sub(began.elapsed());
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let last = match attempt(left.min(self.settings.request_timeout)) {
+                Ok(f) => return Ok(f),
+                Err(Failure::Fatal(e)) => return Err(e),
+                Err(Failure::Retry(why)) => why,
+            };
+            let pause = jitter(wait);
+            if attempts >= self.settings.max_attempts
+                || began.elapsed() + pause >= self.settings.read_timeout
+            {
+                return Err(Error::Unavailable {
+                    location: self.shown.clone(),
+                    what: what(),
+                    attempts,
+                    elapsed: began.elapsed(),
+                    last,
+                });
+            }
+            tracing::debug!(location = %self.shown, what = %what(), attempts, why = %last, ?pause, "retrying");
+            std::thread::sleep(pause);
+            wait = (wait * 2).min(self.settings.max_backoff);
+        }
+    }
+
+    /// Sends one request: `method` to `url` with `headers` (those the
+    /// signature covers among them) and `body`, within `timeout`. A
+    /// transport failure comes back classified.
+    pub(crate) fn send(
+        &self,
+        method: &str,
+        url: &url::Url,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> std::result::Result<ureq::http::Response<ureq::Body>, Failure> {
+        let mut req = ureq::http::Request::builder()
+            .method(method)
+            .uri(url.as_str());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let sent = match body {
+            Some(b) => self.run(req.body(b), timeout),
+            None => self.run(req.body(()), timeout),
+        };
+        sent.map_err(|e| match e {
+            Sent::Build(e) => Failure::Fatal(Error::BadResponse {
+                location: self.shown.clone(),
+                what: format!("cannot build the {method} request: {e}"),
+            }),
+            Sent::Transport(e) => self.transport(e),
+        })
+    }
+
+    /// [`Client::send`] for one kind of body.
+    fn run<B: ureq::AsSendBody>(
+        &self,
+        req: std::result::Result<ureq::http::Request<B>, ureq::http::Error>,
+        timeout: Duration,
+    ) -> std::result::Result<ureq::http::Response<ureq::Body>, Sent> {
+        let req = self
+            .agent
+            .configure_request(req.map_err(Sent::Build)?)
+            .timeout_global(Some(timeout.max(Duration::from_millis(1))))
+            .build();
+        self.agent.run(req).map_err(Sent::Transport)
+    }
+
+    /// What a response of an unexpected `status` means, the same for
+    /// every request: 404 and 401/403 are final, 5xx, 429 and S3's
+    /// `RequestTimeout` worth another attempt, anything else a bad response.
+    pub(crate) fn status_failure(
+        &self,
+        status: u16,
+        resp: &mut ureq::http::Response<ureq::Body>,
+    ) -> Failure {
+        let code = error_code(resp);
+        match status {
+            404 => Failure::Fatal(Error::NotFound {
+                location: self.shown.clone(),
+                code: code.unwrap_or_else(|| "NotFound".into()),
+            }),
+            401 | 403 => Failure::Fatal(Error::Denied {
+                location: self.shown.clone(),
+                status,
+                code: code.unwrap_or_else(|| "AccessDenied".into()),
+            }),
+            429 | 500..=599 => Failure::Retry(format!(
+                "HTTP {status}{}",
+                code.map_or(String::new(), |c| format!(" {c}"))
+            )),
+            _ if code.as_deref() == Some("RequestTimeout") => {
+                Failure::Retry(format!("HTTP {status} RequestTimeout"))
+            }
+            _ => Failure::Fatal(Error::BadResponse {
+                location: self.shown.clone(),
+                what: format!(
+                    "unexpected HTTP {status}{}",
+                    code.map_or(String::new(), |c| format!(" ({c})"))
+                ),
+            }),
+        }
+    }
+
+    /// Classifies a transport error: what a retry may cure, or not.
+    fn transport(&self, e: ureq::Error) -> Failure {
+        match e {
+            ureq::Error::Io(_)
+            | ureq::Error::Timeout(_)
+            | ureq::Error::ConnectionFailed
+            | ureq::Error::Protocol(_)
+            | ureq::Error::BodyStalled => Failure::Retry(e.to_string()),
+            ureq::Error::HostNotFound => Failure::Fatal(Error::Config {
+                location: self.shown.clone(),
+                reason: "cannot resolve the endpoint's host name".into(),
+            }),
+            other => Failure::Fatal(Error::BadResponse {
+                location: self.shown.clone(),
+                what: format!("the request failed: {other}"),
+            }),
+        }
+    }
+
+    /// Requests sent so far, attempts included.
+    pub(crate) fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+}
+
+impl Remote {
+    /// Opens `location` (which must be remote) with one request for its
+    /// first `first_bytes` bytes; see [`super::open_remote`].
+    pub fn open(location: &Location, settings: &Settings, first_bytes: u64) -> Result<Remote> {
+        let mut remote = Remote {
+            client: Client::new(location, settings)?,
             len: 0,
             etag: None,
             head: Vec::new(),
-            requests: AtomicU64::new(0),
         };
         let first = remote.fetch(0, first_bytes.max(1), true)?;
         remote.len = first.total;
@@ -197,52 +369,27 @@ impl Remote {
         // strongly: such an object is pinned by its length only.
         remote.etag = first.etag.filter(|t| !t.starts_with("W/"));
         remote.head = first.bytes;
-        tracing::debug!(location = %remote.shown, len = remote.len, etag = ?remote.etag, "remote object opened");
+        tracing::debug!(location = %remote.client.shown, len = remote.len, etag = ?remote.etag, "remote object opened");
         Ok(remote)
     }
 
     /// Requests sent so far.
     pub fn requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.client.requests()
     }
 
     /// Bytes `start..end` (clamped to the object on the first request),
     /// retried within the settings' bounds.
     fn fetch(&self, start: u64, end: u64, first: bool) -> Result<Fetched> {
-        let began = Instant::now();
-        let mut wait = self.settings.backoff;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let left = self.settings.read_timeout.saturating_sub(began.elapsed());
-            let last =
-                match self.attempt(start, end, first, left.min(self.settings.request_timeout)) {
-                    Ok(f) => return Ok(f),
-                    Err(Failure::Fatal(e)) => return Err(e),
-                    Err(Failure::Retry(why)) => why,
-                };
-            let pause = jitter(wait);
-            if attempts >= self.settings.max_attempts
-                || began.elapsed() + pause >= self.settings.read_timeout
-            {
-                return Err(Error::Unavailable {
-                    location: self.shown.clone(),
-                    start,
-                    end,
-                    attempts,
-                    elapsed: began.elapsed(),
-                    last,
-                });
-            }
-            tracing::debug!(location = %self.shown, start, end, attempts, why = %last, ?pause, "retrying");
-            std::thread::sleep(pause);
-            wait = (wait * 2).min(self.settings.max_backoff);
-        }
+        self.client.retrying(
+            || format!("read bytes {start}..{end}"),
+            |timeout| self.attempt(start, end, first, timeout),
+        )
     }
 
     /// The URL of one request, signed now for S3.
     fn url(&self, if_match: Option<&str>) -> url::Url {
-        match &self.target {
+        match &self.client.target {
             Target::S3 {
                 bucket,
                 key,
@@ -269,23 +416,12 @@ impl Remote {
     ) -> std::result::Result<Fetched, Failure> {
         let if_match = if first { None } else { self.etag.as_deref() };
         let url = self.url(if_match);
-        let mut req = self
-            .agent
-            .get(url.as_str())
-            .header("range", format!("bytes={start}-{}", end - 1));
+        let range = format!("bytes={start}-{}", end - 1);
+        let mut headers = vec![("range", range.as_str())];
         if let Some(tag) = if_match {
-            req = req.header("if-match", tag);
+            headers.push(("if-match", tag));
         }
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        let mut resp = match req
-            .config()
-            .timeout_global(Some(timeout.max(Duration::from_millis(1))))
-            .build()
-            .call()
-        {
-            Ok(r) => r,
-            Err(e) => return Err(self.transport(e)),
-        };
+        let mut resp = self.client.send("GET", &url, &headers, None, timeout)?;
         let status = resp.status().as_u16();
         let header = |name: &str| {
             resp.headers()
@@ -295,10 +431,10 @@ impl Remote {
         };
         let etag = header("etag");
         let range = header("content-range");
-        tracing::debug!(location = %self.shown, start, end, status, "ranged GET");
+        tracing::debug!(location = %self.client.shown, start, end, status, "ranged GET");
         let bad = |what: String| {
             Failure::Fatal(Error::BadResponse {
-                location: self.shown.clone(),
+                location: self.client.shown.clone(),
                 what,
             })
         };
@@ -347,29 +483,7 @@ impl Remote {
                 "it no longer has the ETag {}",
                 self.etag.as_deref().unwrap_or("first seen")
             ))),
-            404 => Err(Failure::Fatal(Error::NotFound {
-                location: self.shown.clone(),
-                code: error_code(&mut resp).unwrap_or_else(|| "NotFound".into()),
-            })),
-            401 | 403 => Err(Failure::Fatal(Error::Denied {
-                location: self.shown.clone(),
-                status,
-                code: error_code(&mut resp).unwrap_or_else(|| "AccessDenied".into()),
-            })),
-            429 | 500..=599 => {
-                let code = error_code(&mut resp).map_or(String::new(), |c| format!(" {c}"));
-                Err(Failure::Retry(format!("HTTP {status}{code}")))
-            }
-            _ => {
-                let code = error_code(&mut resp);
-                if code.as_deref() == Some("RequestTimeout") {
-                    return Err(Failure::Retry(format!("HTTP {status} RequestTimeout")));
-                }
-                Err(bad(format!(
-                    "unexpected HTTP {status}{}",
-                    code.map_or(String::new(), |c| format!(" ({c})"))
-                )))
-            }
+            _ => Err(self.client.status_failure(status, &mut resp)),
         }
     }
 
@@ -381,7 +495,7 @@ impl Remote {
     ) -> std::result::Result<Vec<u8>, Failure> {
         let len = usize::try_from(n).map_err(|_| {
             Failure::Fatal(Error::BadResponse {
-                location: self.shown.clone(),
+                location: self.client.shown.clone(),
                 what: format!("a range of {n} bytes does not fit in memory"),
             })
         })?;
@@ -397,28 +511,9 @@ impl Remote {
 
     fn changed(&self, what: String) -> Failure {
         Failure::Fatal(Error::Changed {
-            location: self.shown.clone(),
+            location: self.client.shown.clone(),
             what,
         })
-    }
-
-    /// Classifies a transport error: what a retry may cure, or not.
-    fn transport(&self, e: ureq::Error) -> Failure {
-        match e {
-            ureq::Error::Io(_)
-            | ureq::Error::Timeout(_)
-            | ureq::Error::ConnectionFailed
-            | ureq::Error::Protocol(_)
-            | ureq::Error::BodyStalled => Failure::Retry(e.to_string()),
-            ureq::Error::HostNotFound => Failure::Fatal(Error::Config {
-                location: self.shown.clone(),
-                reason: "cannot resolve the endpoint's host name".into(),
-            }),
-            other => Failure::Fatal(Error::BadResponse {
-                location: self.shown.clone(),
-                what: format!("the request failed: {other}"),
-            }),
-        }
     }
 }
 
@@ -436,7 +531,7 @@ impl ReadAt for Remote {
             .checked_add(buf.len() as u64)
             .filter(|&e| e <= self.len)
             .ok_or_else(|| Error::BadResponse {
-                location: self.shown.clone(),
+                location: self.client.shown.clone(),
                 what: format!(
                     "bytes {offset}..+{} lie beyond the object's {} bytes",
                     buf.len(),
@@ -464,7 +559,7 @@ impl ReadAt for Remote {
     }
 
     fn shown(&self) -> &str {
-        &self.shown
+        &self.client.shown
     }
 }
 
@@ -479,7 +574,7 @@ fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
 
 /// The `<Code>` of an S3 error body, if it has one (the message is left
 /// out: some quote the request, and nothing of a request is shown).
-fn error_code(resp: &mut ureq::http::Response<ureq::Body>) -> Option<String> {
+pub(crate) fn error_code(resp: &mut ureq::http::Response<ureq::Body>) -> Option<String> {
     let mut body = Vec::new();
     resp.body_mut()
         .with_config()

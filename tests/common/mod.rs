@@ -435,6 +435,7 @@ pub fn seal_options(
         barrier,
         rebase: false,
         cancel: None,
+        remote: None,
     }
 }
 

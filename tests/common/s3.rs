@@ -413,3 +413,54 @@ pub fn gets(proxy: &Proxy) -> usize {
         .filter(|r| r.starts_with("GET "))
         .count()
 }
+
+impl Moto {
+    /// The object at `bucket/key`, or `None` where there is none.
+    pub fn get(&self, bucket: &str, key: &str) -> Option<Vec<u8>> {
+        use rusty_s3::S3Action;
+        let b = bucket_at(self.port, bucket);
+        let creds = credentials();
+        let url = b
+            .get_object(Some(&creds), key)
+            .sign(Duration::from_secs(600));
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut r = agent.get(url.as_str()).call().unwrap();
+        match r.status().as_u16() {
+            200 => Some(
+                r.body_mut()
+                    .with_config()
+                    .limit(1 << 30)
+                    .read_to_vec()
+                    .unwrap(),
+            ),
+            404 => None,
+            s => panic!("get {key}: HTTP {s}"),
+        }
+    }
+
+    /// The keys of the multipart uploads in progress in `bucket`
+    /// (ListMultipartUploads; moto checks no signature).
+    pub fn uploads(&self, bucket: &str) -> Vec<String> {
+        let url = format!("http://127.0.0.1:{}/{bucket}?uploads", self.port);
+        let body = ureq::get(&url)
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .unwrap();
+        body.split("<Upload>")
+            .skip(1)
+            .filter_map(|u| Some(u.split_once("<Key>")?.1.split_once("</Key>")?.0.to_owned()))
+            .collect()
+    }
+
+    /// Asserts that no multipart upload is in progress in `bucket`.
+    #[track_caller]
+    pub fn assert_no_uploads(&self, bucket: &str) {
+        let left = self.uploads(bucket);
+        assert!(left.is_empty(), "uploads left in {bucket}: {left:?}");
+    }
+}

@@ -35,9 +35,10 @@ use super::node::{Content, Kind};
 use super::split;
 use super::state::{Lower, Ref};
 use super::{Overlay, Stale};
+use crate::output::parts::copy_runs;
 use crate::output::{
-    Check, ContentReader, Contents, Keep, Output, WriteOptions, WriteStats, hash_new,
-    write_in_order,
+    Check, ContentReader, Contents, Keep, Output, RemoteOutput, Uploaded, WriteOptions, WriteStats,
+    Writing, hash_new, write_in_order,
 };
 use crate::packet::digest::{Digest, Sha256};
 use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
@@ -47,6 +48,7 @@ use crate::packet::path::Part;
 use crate::packet::reader::Packet;
 use crate::source::policy::Policy;
 use crate::source::report::{Clamped, EntryType, ScanReport, Step, judge};
+use crate::store::{CopySource, Location, Settings};
 
 /// What to seal, and how.
 pub struct SealOptions {
@@ -74,10 +76,27 @@ pub struct SealOptions {
     /// After sealing, continue on the new packet with an empty upper
     /// directory.
     pub rebase: bool,
+    /// Upload the packet to an object instead of writing `output` (which
+    /// then only names it).
+    pub remote: Option<RemoteSeal>,
     /// Set to give the seal up (its client went away): it stops at the
     /// next file it reads or step it takes, unless it has committed the
     /// packet, after which it runs to the end.
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// A seal uploaded to an S3-compatible store.
+pub struct RemoteSeal {
+    /// Where the packet goes (`s3://BUCKET/KEY`).
+    pub location: Location,
+    /// How requests behave.
+    pub settings: Settings,
+    /// Where the parent packet is in the store, if it is: unchanged runs of
+    /// it are copied by the store instead of read and sent, when it is in
+    /// the same bucket, is the parent (its manifest's digest and length,
+    /// checked first), and no `--file-sha256` is asked (that needs every
+    /// byte here).
+    pub parent: Option<Location>,
 }
 
 impl SealOptions {
@@ -178,6 +197,10 @@ pub struct SealOutcome {
     pub bytes_verified: u64,
     /// Bytes of unchanged content copied from the old packet.
     pub bytes_copied: u64,
+    /// For an upload: bytes sent, bytes the store copied from the parent
+    /// packet, parts.
+    #[serde(flatten)]
+    pub upload: Option<Uploaded>,
     /// What the policy left out, and other reports as for `pack`.
     #[serde(flatten)]
     pub report: ScanReport,
@@ -306,6 +329,15 @@ impl Overlay {
         progress: &(dyn Fn(u64) + Sync),
         renumbered: &mut Vec<(Ino, String)>,
     ) -> Result<SealOutcome> {
+        if opts.rebase && opts.remote.is_some() {
+            return Err(Error::Refused {
+                path: crate::packet::path::shown_path(&opts.output),
+                kind: crate::packet::error::ErrorKind::TargetUnusable,
+                reason: "a mount cannot rebase onto an uploaded packet yet: seal without \
+                         --rebase, or to a file"
+                    .into(),
+            });
+        }
         let _turn = self.take_turn(opts)?;
         let _hold = self.hold_changes();
         // A seal given up while it waited for changes to stop.
@@ -342,9 +374,10 @@ impl Overlay {
         opts.refuse_if_cancelled()?;
 
         let written = write_packet(opts, &manifest, &sources, &stats, progress, &phase)?;
-        let committed = commit_packet(opts, &lower, written.output, &phase)?;
+        let (committed, upload) =
+            commit_packet(opts, &lower, written.output, &written.digest, &phase)?;
 
-        if opts.rebase {
+        if let Some(committed) = committed.filter(|_| opts.rebase) {
             let mut moved = Moved::default();
             let rebased = self.rebase_onto(
                 &opts.output,
@@ -386,6 +419,7 @@ impl Overlay {
             bytes_copied: stats.copied.load(Ordering::Relaxed),
             report,
             rebased: opts.rebase,
+            upload,
             changes,
         })
     }
@@ -407,8 +441,27 @@ fn write_packet(
     let manifest_bytes = manifest.encode();
     let manifest_len = manifest_bytes.len() as u64;
     let layout = Layout::compute(manifest, manifest_len);
-    let output = Output::create(&opts.output)?;
-    output.size_for(&layout)?;
+    let mut copying = false;
+    let output = match &opts.remote {
+        None => {
+            let output = Output::create(&opts.output)?;
+            output.size_for(&layout)?;
+            Writing::File(output)
+        }
+        Some(remote) => {
+            let mut output = RemoteOutput::create(&remote.location, &remote.settings)?;
+            let parent = match copy_source(opts, remote, lower) {
+                Some(src) => {
+                    let runs = copy_runs(lower.manifest(), &lower.packet.layout, manifest, &layout);
+                    copying = true;
+                    Some((src, runs))
+                }
+                None => None,
+            };
+            output.plan(&layout, parent)?;
+            Writing::Remote(Box::new(output))
+        }
+    };
     crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Sized);
     phase("sized");
     // The bits are forgotten before the copy if the parent moved, and
@@ -418,7 +471,7 @@ fn write_packet(
     // lazily by a rebased mount; copying it into the cache cost more
     // than it saved (docs/SEMANTICS.md, "Seal").
     let file_sha256 = write_in_order(
-        &output,
+        output.dest(),
         WriteOptions {
             direct: true,
             file_sha256: opts.file_sha256,
@@ -431,7 +484,8 @@ fn write_packet(
         progress,
     )?;
     lower.verifier.check_still(&lower.packet, epoch)?;
-    for i in 0..manifest.entries.len() {
+    // Files partly copied by the store were not hashed whole here.
+    for i in (0..manifest.entries.len()).filter(|_| !copying) {
         if sources.check_whole(i)
             && let ItemKind::File(FileItem {
                 from: Source::Lower(idx),
@@ -445,7 +499,9 @@ fn write_packet(
     phase("written");
     // The last moment to give up: the packet goes into place next.
     opts.refuse_if_cancelled()?;
-    output.sync_data()?;
+    if let Writing::File(o) = &output {
+        o.sync_data()?;
+    }
     crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Synced);
     phase("synced");
     Ok(Written {
@@ -457,13 +513,24 @@ fn write_packet(
     })
 }
 
-/// Puts the written packet in place at `opts.output`.
+/// Puts the written packet in place at `opts.output`: the file committed,
+/// or the upload completed.
 fn commit_packet(
     opts: &SealOptions,
     lower: &Lower,
-    output: Output,
+    output: Writing,
+    digest: &Digest,
     phase: &dyn Fn(&str),
-) -> Result<crate::output::Committed> {
+) -> Result<(Option<crate::output::Committed>, Option<Uploaded>)> {
+    let output = match output {
+        Writing::File(o) => o,
+        Writing::Remote(r) => {
+            let uploaded = r.commit(digest)?;
+            crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
+            phase("committed");
+            return Ok((None, Some(uploaded)));
+        }
+    };
     // Over the packet this mount serves (`--rebase` onto the same
     // path), the rename is the seal's own change to it.
     let committed = if lower.serves(&opts.output) {
@@ -475,12 +542,66 @@ fn commit_packet(
     };
     crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
     phase("committed");
-    Ok(committed)
+    Ok((Some(committed), None))
+}
+
+/// The parent packet's object to copy unchanged runs from, if the seal
+/// may: the object a remote mount reads (pinned to the ETag it was opened
+/// with), else the one `remote.parent` names once it is checked to be the
+/// parent (its manifest's digest and its length, read now; its ETag then
+/// pins every copy); in the bucket the seal uploads to, and with no
+/// `--file-sha256` asked. Otherwise the seal sends every byte, and the
+/// log says why.
+fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option<CopySource> {
+    use crate::store::ReadAt;
+    let mounted = lower.remote().map(|spool| spool.location());
+    let Some(Location::S3 { bucket, key }) = mounted.or(remote.parent.as_ref()) else {
+        return None;
+    };
+    let skip = |why: &str| {
+        tracing::info!(parent = %format!("s3://{bucket}/{key}"), why, "the seal sends every byte");
+        None
+    };
+    if !matches!(&remote.location, Location::S3 { bucket: b, .. } if b == bucket) {
+        return skip("the parent is in another bucket");
+    }
+    if opts.file_sha256 {
+        return skip("--file-sha256 needs every byte here");
+    }
+    let etag = match lower.remote() {
+        Some(spool) => spool.remote().etag().map(str::to_owned),
+        None => {
+            let parent = remote.parent.as_ref()?;
+            let object = match crate::store::open_remote(parent, &remote.settings, 256 * 1024) {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the parent's object");
+                    return None;
+                }
+            };
+            let raw =
+                crate::packet::reader::read_raw_manifest(&object as &dyn ReadAt, &opts.limits).ok();
+            if raw.map(|r| r.digest) != Some(lower.packet.digest)
+                || object.len() != lower.packet.layout.total_len()
+            {
+                return skip("the object named as the parent is not the parent packet");
+            }
+            object.etag().map(str::to_owned)
+        }
+    };
+    let Some(etag) = etag else {
+        return skip("the parent's object has no strong ETag to pin copies to");
+    };
+    Some(CopySource {
+        bucket: bucket.clone(),
+        key: key.clone(),
+        etag,
+    })
 }
 
 /// A packet written and synced, not yet in place.
 struct Written {
-    output: Output,
+    output: Writing,
     digest: Digest,
     file_sha256: Option<Sha256>,
     packet_bytes: u64,

@@ -1,0 +1,380 @@
+//! The parts of a multipart upload: which bytes of the new packet are sent
+//! and which are copied by the store from the parent packet. Pure: no I/O,
+//! tested with tables.
+//!
+//! A seal whose parent is in the same store copies every unchanged run of
+//! the parent's members (identical entries, so identical header, content
+//! and padding bytes, contiguous in both packets) with `UploadPartCopy`
+//! ([`copy_runs`]); [`plan`] cuts the packet into parts within S3's rules:
+//! every part but the last at least [`MIN_PART`], none over [`MAX_PART`],
+//! at most [`MAX_PARTS`]. Runs too short to be a part are merged into the
+//! bytes sent around them; a sent stretch too short is lengthened with
+//! bytes taken from the copy beside it.
+
+use std::ops::Range;
+
+use crate::packet::layout::Layout;
+use crate::packet::manifest::Manifest;
+
+/// S3's smallest part, except the last (5 MiB).
+pub const MIN_PART: u64 = 5 << 20;
+
+/// S3's largest part (5 GiB).
+pub const MAX_PART: u64 = 5 << 30;
+
+/// S3's most parts in one upload.
+pub const MAX_PARTS: usize = 10_000;
+
+/// Parts of bytes sent are at least this long (8 MiB): fewer requests
+/// than at the minimum, and a part in memory stays small.
+pub const SEND_PART_MIN: u64 = 8 << 20;
+
+/// Unchanged bytes of the parent at the same place in the new packet's
+/// order: bytes `dst` of the new packet are bytes `src..` of the parent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyRun {
+    /// Where they go in the new packet.
+    pub dst: Range<u64>,
+    /// Where they start in the parent.
+    pub src: u64,
+}
+
+/// One part of the upload, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// The bytes of the new packet it holds.
+    pub range: Range<u64>,
+    /// `Some(offset)`: copied from the parent's bytes at `offset`; `None`:
+    /// sent.
+    pub copy_from: Option<u64>,
+}
+
+impl Part {
+    /// Its length.
+    pub fn len(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+}
+
+/// The runs of members of `new` (laid out as `new_layout`) that are
+/// byte for byte those of `parent` (as `parent_layout`), in order and
+/// maximal: an entry equal to the parent's of the same path (path, kind,
+/// size, mtime, mode and hashes, so the same header, content and padding),
+/// contiguous with the one before in both packets.
+pub fn copy_runs(
+    parent: &Manifest,
+    parent_layout: &Layout,
+    new: &Manifest,
+    new_layout: &Layout,
+) -> Vec<CopyRun> {
+    let mut runs: Vec<CopyRun> = Vec::new();
+    // The parent entry the previous new entry matched, if it did.
+    let mut prev: Option<usize> = None;
+    for (i, e) in new.entries.iter().enumerate() {
+        let found = parent
+            .entries
+            .binary_search_by(|p| p.path.as_bytes().cmp(e.path.as_bytes()))
+            .ok()
+            .filter(|&j| parent.entries[j] == *e);
+        let Some(j) = found else {
+            prev = None;
+            continue;
+        };
+        let (dst, src) = (
+            new_layout.member_start(i)..new_layout.member_end(i),
+            parent_layout.member_start(j),
+        );
+        match runs.last_mut() {
+            Some(r) if prev.is_some_and(|p| p + 1 == j) && r.dst.end == dst.start => {
+                r.dst.end = dst.end;
+            }
+            _ => runs.push(CopyRun { dst, src }),
+        }
+        prev = Some(j);
+    }
+    runs
+}
+
+/// How long parts of sent bytes are for a packet of `total` bytes: at
+/// least [`SEND_PART_MIN`], and long enough that the packet fits in
+/// [`MAX_PARTS`] (in MiB).
+pub fn send_part_len(total: u64) -> u64 {
+    total
+        .div_ceil(MAX_PARTS as u64)
+        .next_multiple_of(1 << 20)
+        .max(SEND_PART_MIN)
+}
+
+/// Why a packet cannot be uploaded.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TooLarge(pub u64);
+
+/// The parts of a packet of `total` bytes with `runs` copyable (in
+/// order, not overlapping, within `0..total`): as many bytes copied as
+/// S3's rules let, the rest sent in parts of [`send_part_len`].
+pub fn plan(total: u64, runs: &[CopyRun]) -> Result<Vec<Part>, TooLarge> {
+    let send = send_part_len(total);
+    if send > MAX_PART / 2 {
+        return Err(TooLarge(total));
+    }
+    // Each copy is a part at least this long; should there be too many
+    // parts, fewer and longer copies are kept.
+    let mut min_copy = MIN_PART;
+    loop {
+        let parts = plan_with(total, runs, min_copy, send);
+        if parts.len() <= MAX_PARTS {
+            return Ok(parts);
+        }
+        min_copy *= 2;
+    }
+}
+
+/// [`plan`] keeping only copies of at least `min_copy` bytes, sent bytes
+/// in parts of `send`.
+fn plan_with(total: u64, runs: &[CopyRun], min_copy: u64, send: u64) -> Vec<Part> {
+    // Stretches: (range, copied from).
+    let mut out: Vec<(Range<u64>, Option<u64>)> = Vec::new();
+    let mut pos = 0;
+    for run in runs.iter().filter(|r| r.dst.end - r.dst.start >= min_copy) {
+        let mut run = run.clone();
+        let gap = run.dst.start - pos;
+        if gap > 0 && gap < MIN_PART {
+            // Too short to be a part: lengthened from the copy after it,
+            // else from the one before, else the copy is sent instead.
+            let need = MIN_PART - gap;
+            let prev_copy = out.last_mut().filter(|(r, from)| {
+                from.is_some() && r.end == pos && r.end - r.start >= MIN_PART + need
+            });
+            if run.dst.end - run.dst.start >= MIN_PART + need {
+                run.dst.start += need;
+                run.src += need;
+            } else if let Some((r, _)) = prev_copy {
+                r.end -= need;
+                pos = r.end;
+            } else {
+                continue;
+            }
+        }
+        if run.dst.start > pos {
+            out.push((pos..run.dst.start, None));
+        }
+        pos = run.dst.end;
+        out.push((run.dst, Some(run.src)));
+    }
+    if total > pos {
+        out.push((pos..total, None));
+    }
+    let mut parts = Vec::new();
+    for (range, from) in out {
+        let len = range.end - range.start;
+        // Sent stretches in parts of `send` (the last of them up to twice
+        // that), copies in parts of at most MAX_PART.
+        let n = match from {
+            None => (len / send).max(1),
+            Some(_) => len.div_ceil(MAX_PART),
+        };
+        let each = match from {
+            None => send,
+            Some(_) => len.div_ceil(n),
+        };
+        let mut at = range.start;
+        for k in 0..n {
+            let end = if k + 1 == n { range.end } else { at + each };
+            parts.push(Part {
+                range: at..end,
+                copy_from: from.map(|src| src + (at - range.start)),
+            });
+            at = end;
+        }
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::digest::Sha256;
+    use crate::packet::manifest::{Entry, EntryKind, FileMeta};
+
+    const M: u64 = 1 << 20;
+
+    fn run(start: u64, end: u64, src: u64) -> CopyRun {
+        CopyRun {
+            dst: start..end,
+            src,
+        }
+    }
+
+    fn sent(start: u64, end: u64) -> Part {
+        Part {
+            range: start..end,
+            copy_from: None,
+        }
+    }
+
+    fn copied(start: u64, end: u64, src: u64) -> Part {
+        Part {
+            range: start..end,
+            copy_from: Some(src),
+        }
+    }
+
+    /// Every plan tiles the packet, keeps S3's rules, and copies bytes
+    /// from where the runs say.
+    fn check(total: u64, runs: &[CopyRun], parts: &[Part]) {
+        let mut at = 0;
+        for (k, p) in parts.iter().enumerate() {
+            assert_eq!(p.range.start, at, "part {k} leaves a gap or overlaps");
+            assert!(p.len() <= MAX_PART, "part {k} is too long");
+            if k + 1 < parts.len() {
+                assert!(p.len() >= MIN_PART, "part {k} is too short: {p:?}");
+            }
+            if let Some(src) = p.copy_from {
+                let r = runs
+                    .iter()
+                    .find(|r| r.dst.start <= p.range.start && p.range.end <= r.dst.end)
+                    .expect("a copied part lies within a run");
+                assert_eq!(src, r.src + (p.range.start - r.dst.start));
+            }
+            at = p.range.end;
+        }
+        assert_eq!(at, total);
+        assert!(parts.len() <= MAX_PARTS);
+    }
+
+    #[test]
+    fn plans_follow_s3_rules_and_copy_what_they_can() {
+        let cases: Vec<(&str, u64, Vec<CopyRun>, Vec<Part>)> = vec![
+            ("empty-ish packet", 10_240, vec![], vec![sent(0, 10_240)]),
+            (
+                "no copies, 3 parts",
+                25 * M,
+                vec![],
+                vec![sent(0, 8 * M), sent(8 * M, 16 * M), sent(16 * M, 25 * M)],
+            ),
+            (
+                "a long run after a short manifest borrows for the first part",
+                40 * M,
+                vec![run(M, 40 * M, 2 * M)],
+                vec![sent(0, 5 * M), copied(5 * M, 40 * M, 6 * M)],
+            ),
+            (
+                "a run too short to be a part is sent",
+                20 * M,
+                vec![run(6 * M, 9 * M, 0)],
+                vec![sent(0, 8 * M), sent(8 * M, 20 * M)],
+            ),
+            (
+                "a short gap between two runs borrows from the next one",
+                60 * M,
+                vec![run(5 * M, 20 * M, 5 * M), run(21 * M, 60 * M, 30 * M)],
+                vec![
+                    sent(0, 5 * M),
+                    copied(5 * M, 20 * M, 5 * M),
+                    sent(20 * M, 25 * M),
+                    copied(25 * M, 60 * M, 34 * M),
+                ],
+            ),
+            (
+                "a short gap before a short run borrows from the run before",
+                40 * M,
+                vec![run(5 * M, 30 * M, 0), run(31 * M, 37 * M, 40 * M)],
+                vec![
+                    sent(0, 5 * M),
+                    copied(5 * M, 26 * M, 0),
+                    sent(26 * M, 31 * M),
+                    copied(31 * M, 37 * M, 40 * M),
+                    sent(37 * M, 40 * M),
+                ],
+            ),
+            (
+                "a short tail is a part of its own",
+                30 * M,
+                vec![run(5 * M, 30 * M - 1024, 0)],
+                vec![
+                    sent(0, 5 * M),
+                    copied(5 * M, 30 * M - 1024, 0),
+                    sent(30 * M - 1024, 30 * M),
+                ],
+            ),
+        ];
+        for (what, total, runs, want) in cases {
+            let got = plan(total, &runs).unwrap();
+            check(total, &runs, &got);
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn long_copies_are_split_and_part_counts_stay_within_limits() {
+        let total = 12 << 30;
+        let runs = vec![run(8 * M, total, 0)];
+        let parts = plan(total, &runs).unwrap();
+        check(total, &runs, &parts);
+        assert_eq!(parts.iter().filter(|p| p.copy_from.is_some()).count(), 3);
+        // Many short runs, each long enough alone: too many parts at
+        // first, so the shorter ones are sent.
+        let total = 200_000 * M;
+        let runs: Vec<CopyRun> = (0..15_000u64)
+            .map(|k| run(k * 13 * M + 6 * M, k * 13 * M + 6 * M + (5 + k % 3) * M, k))
+            .collect();
+        let parts = plan(total, &runs).unwrap();
+        check(total, &runs, &parts);
+        assert_eq!(send_part_len(total), 20 * M);
+        assert!(plan(u64::MAX / 2, &[]).is_err());
+    }
+
+    fn file(path: &str, size: u64, tag: u8) -> Entry {
+        Entry {
+            path: path.into(),
+            kind: EntryKind::File(FileMeta {
+                size,
+                mtime_ns: 0,
+                executable: false,
+                sha256: Sha256([tag; 32]),
+                chunks: vec![Sha256::default(); crate::packet::format::chunk_count(size) as usize]
+                    .into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn copy_runs_are_the_unchanged_members_contiguous_in_both() {
+        let dir = Entry {
+            path: "workspace".into(),
+            kind: EntryKind::Dir,
+        };
+        let parent = Manifest {
+            harness: None,
+            entries: vec![
+                dir.clone(),
+                file("workspace/a", 100, 1),
+                file("workspace/b", 2000, 2),
+                file("workspace/c", 10, 3),
+                file("workspace/d", 10, 4),
+            ],
+        };
+        // b changed, c unchanged, an entry inserted before d.
+        let new = Manifest {
+            harness: None,
+            entries: vec![
+                dir,
+                file("workspace/a", 100, 1),
+                file("workspace/b", 2000, 9),
+                file("workspace/c", 10, 3),
+                file("workspace/cc", 10, 5),
+                file("workspace/d", 10, 4),
+            ],
+        };
+        let (pl, nl) = (Layout::compute(&parent, 700), Layout::compute(&new, 900));
+        let runs = copy_runs(&parent, &pl, &new, &nl);
+        assert_eq!(
+            runs,
+            vec![
+                run(nl.member_start(0), nl.member_end(1), pl.member_start(0)),
+                run(nl.member_start(3), nl.member_end(3), pl.member_start(3)),
+                run(nl.member_start(5), nl.member_end(5), pl.member_start(4)),
+            ]
+        );
+    }
+}
