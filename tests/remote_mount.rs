@@ -544,3 +544,80 @@ fn the_next_mount_prefetches_what_the_last_turn_read() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(n(&remote_stats(&m3), "fetches"), 0);
 }
+
+/// "`--rebase` goes on serving from the new remote packet with the cache
+/// warm": a mount of an `s3://` packet seals to `s3://` with `--rebase`,
+/// serves the uploaded packet (its changes included) without fetching
+/// what it had read, and seals again from there; a remount of the new
+/// object over the same upper directory shows the same view.
+#[test]
+fn a_remote_mount_rebases_onto_the_packet_it_uploads() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (ws, packet) = tree_packet(t);
+    moto.put(&b, "t1.packet", &std::fs::read(&packet).unwrap());
+    let cache = t.join("cache");
+    let loc1 = format!("s3://{b}/t1.packet");
+    let m = mount_remote(&loc1, t, "mnt", &cache, moto.port, &[]);
+    assert_eq!(snapshot(&m.mnt), snapshot(&ws));
+    write(&m.mnt, "src/new.rs", b"fn new() {}\n");
+    std::fs::remove_file(m.path("src/m01/f001.rs")).unwrap();
+    let expect = snapshot(&m.mnt);
+    let loc2 = format!("s3://{b}/t2.packet");
+    // The daemon uploads with the environment it was started with.
+    let r = common::run(["seal", m.mnt.to_str().unwrap(), "-o", &loc2, "--rebase"]);
+    let v = r.ok().clone();
+    assert_eq!(v["rebased"], true, "{v}");
+    let st = m.status();
+    assert_eq!(st["packet"], loc2.as_str(), "{st}");
+    assert_eq!(st["digest"], v["digest"], "{st}");
+    assert_eq!(
+        common::data_files(&m.upper).len(),
+        0,
+        "the upper directory is empty"
+    );
+    // The view is the same, and what the first packet had is not fetched
+    // again (the cache has it): only what the turn wrote.
+    assert_eq!(snapshot(&m.mnt), expect);
+    let r = remote_stats(&m);
+    assert!(n(&r, "fetched_bytes") < 64 << 10, "{r}");
+    // The next turn seals from the new packet, by copies too.
+    write(&m.mnt, "src/newer.rs", b"fn newer() {}\n");
+    let local = t.join("t3.packet");
+    m.seal(&local, &[]);
+    let upper = m.upper.clone();
+    m.umount();
+    let again = t.join("t3-again.packet");
+    let env = env_of(moto.port, &[]);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    common::run_env(
+        [
+            "seal",
+            "--packet",
+            &loc2,
+            "--upper",
+            upper.to_str().unwrap(),
+            "-o",
+            again.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+        ],
+        &env,
+    )
+    .ok();
+    assert_eq!(
+        std::fs::read(&local).unwrap(),
+        std::fs::read(&again).unwrap()
+    );
+    // A remount of the uploaded packet over the same upper directory.
+    let m = Mounted::with_env(
+        Path::new(&loc2),
+        &t.join("mnt"),
+        &upper,
+        &["--part", "workspace", "--cache", cache.to_str().unwrap()],
+        &env,
+    );
+    assert!(m.path("src/newer.rs").is_file());
+    assert!(!m.path("src/m01/f001.rs").exists());
+}

@@ -528,20 +528,6 @@ fn outputs_that_cannot_be_written_are_usage_errors() {
             .contains("cannot be written to"),
         "{e}"
     );
-    let mnt = tmp.path().join("mnt");
-    let r = remote(
-        1,
-        &[
-            "seal",
-            mnt.to_str().unwrap(),
-            "-o",
-            "s3://b/k.packet",
-            "--rebase",
-        ],
-        &[],
-    );
-    let e = r.fails(2, "usage");
-    assert!(e["message"].as_str().unwrap().contains("--rebase"), "{e}");
 }
 
 /// The stricter server (s3s-fs, which checks SigV4 signatures) accepts

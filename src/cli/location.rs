@@ -9,12 +9,7 @@ use crate::packet::format::Limits;
 use crate::packet::reader::{Packet, RawManifest, read_raw_manifest};
 use crate::store::{Location, ReadAt, Settings};
 
-/// The first request for a remote packet asks for this many bytes: the
-/// manifest's header and, for packets of up to a few thousand entries,
-/// the whole manifest, so that `inspect` and `digest` cost one request
-/// (a larger manifest costs a second one for the rest). A little over
-/// what one round trip carries at no extra latency in region.
-pub const FIRST_FETCH: u64 = 256 * 1024;
+pub use crate::store::FIRST_FETCH;
 
 /// A packet argument, parsed; a usage error names what is wrong.
 pub fn parse(packet: &Path) -> Result<Location, CliError> {

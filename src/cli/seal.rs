@@ -111,13 +111,6 @@ impl Args {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
     let remote = super::location::output(&a.output, "seal -o")?.is_some();
-    if remote && a.rebase {
-        return Err(CliError::usage(format!(
-            "{}: --rebase onto an uploaded packet is not supported yet: seal to s3:// without \
-             --rebase (and mount the new packet), or seal to a file with --rebase",
-            a.output.display()
-        )));
-    }
     // Bad patterns are usage errors, as for pack, before any daemon is asked.
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
         .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;

@@ -25,6 +25,13 @@ pub use error::{Error, Result};
 pub use remote::{Remote, Settings};
 pub use upload::{Completion, CopySource, Upload};
 
+/// The first request for a remote packet asks for this many bytes: the
+/// manifest's header and, for packets of up to a few thousand entries,
+/// the whole manifest, so that `inspect` and `digest` cost one request
+/// (a larger manifest costs a second one for the rest). A little over
+/// what one round trip carries at no extra latency in region.
+pub const FIRST_FETCH: u64 = 256 * 1024;
+
 /// Where a packet is: the argument of `inspect`, `digest` and the like.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {

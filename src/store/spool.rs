@@ -275,6 +275,13 @@ impl Spool {
         Ok(spool)
     }
 
+    /// The content cache it fills from and into, and how it fetches: what
+    /// a mount that moves onto another remote packet (a rebase) goes on
+    /// with.
+    pub fn settings(&self) -> (Option<Arc<Cache>>, SpoolOptions) {
+        (self.cache.clone(), self.options)
+    }
+
     /// The spool file: the object's bytes where filled, zeros elsewhere.
     pub fn file(&self) -> &File {
         &self.file

@@ -329,15 +329,6 @@ impl Overlay {
         progress: &(dyn Fn(u64) + Sync),
         renumbered: &mut Vec<(Ino, String)>,
     ) -> Result<SealOutcome> {
-        if opts.rebase && opts.remote.is_some() {
-            return Err(Error::Refused {
-                path: crate::packet::path::shown_path(&opts.output),
-                kind: crate::packet::error::ErrorKind::TargetUnusable,
-                reason: "a mount cannot rebase onto an uploaded packet yet: seal without \
-                         --rebase, or to a file"
-                    .into(),
-            });
-        }
         let _turn = self.take_turn(opts)?;
         let _hold = self.hold_changes();
         // A seal given up while it waited for changes to stop.
@@ -377,11 +368,16 @@ impl Overlay {
         let (committed, upload) =
             commit_packet(opts, &lower, written.output, &written.digest, &phase)?;
 
-        if let Some(committed) = committed.filter(|_| opts.rebase) {
+        let placed = match (&committed, &opts.remote) {
+            (Some(c), _) => Some(rebase::Placed::File(c)),
+            (None, Some(remote)) => Some(rebase::Placed::Remote(remote)),
+            (None, None) => None,
+        };
+        if let Some(placed) = placed.filter(|_| opts.rebase) {
             let mut moved = Moved::default();
             let rebased = self.rebase_onto(
                 &opts.output,
-                (&committed, written.digest),
+                (placed, written.digest),
                 &items,
                 &opts.limits,
                 opts.barrier.as_deref(),

@@ -4,6 +4,15 @@
 use super::*;
 use std::collections::{HashMap, HashSet};
 
+/// What a rebase moves onto: the file this seal committed, or the object
+/// it uploaded.
+pub(super) enum Placed<'a> {
+    /// The packet file, as committed.
+    File(&'a crate::output::Committed),
+    /// The object at the seal's remote location.
+    Remote(&'a super::RemoteSeal),
+}
+
 impl Overlay {
     /// Continues the mount on the packet just written at `output`, with an
     /// empty upper directory, without unmounting. Paths keep their inode
@@ -18,7 +27,7 @@ impl Overlay {
     pub(super) fn rebase_onto(
         &self,
         output: &std::path::Path,
-        written: (&crate::output::Committed, Digest),
+        written: (Placed<'_>, Digest),
         items: &[Item],
         limits: &Limits,
         bar: Option<&std::path::Path>,
@@ -29,7 +38,10 @@ impl Overlay {
         let phase = |name: &str| {
             tracing::debug!(phase = name, ms = t0.elapsed().as_millis() as u64, "rebase")
         };
-        let packet = crate::packet::reader::Packet::open(output, limits)?;
+        let packet = match &written.0 {
+            Placed::File(_) => crate::packet::reader::Packet::open(output, limits)?,
+            Placed::Remote(remote) => self.open_uploaded(remote, limits)?,
+        };
         phase("opened");
         // The file this seal wrote, as it left it: its chunks are trusted
         // below as written here, unverified.
@@ -41,9 +53,17 @@ impl Overlay {
                  the seal wrote, as it wrote it"
             ),
         };
-        let opened = packet.file().metadata().map(|m| (m.dev(), m.ino())).ok();
-        let placed = &written.0.placed;
-        if opened != Some((placed.dev(), placed.ino())) || packet.digest != written.1 {
+        // The object uploaded is the packet this seal wrote (its key was
+        // free or held the same bytes: the upload completes only then);
+        // the file, the one committed, as committed.
+        let same = match &written.0 {
+            Placed::File(c) => {
+                let opened = packet.file().metadata().map(|m| (m.dev(), m.ino())).ok();
+                opened == Some((c.placed.dev(), c.placed.ino()))
+            }
+            Placed::Remote(_) => true,
+        };
+        if !same || packet.digest != written.1 {
             return Err(refuse("replaced"));
         }
         let digest = packet.digest;
@@ -101,11 +121,15 @@ impl Overlay {
             }
         }
         given.sort();
-        if !lower.verifier.opened_as(&lower.packet, written.0) {
-            return Err(refuse("modified"));
+        if let Placed::File(committed) = &written.0 {
+            if !lower.verifier.opened_as(&lower.packet, committed) {
+                return Err(refuse("modified"));
+            }
+            // Every chunk was verified or hashed as this daemon wrote it.
+            lower.verifier.mark_all();
         }
-        // Every chunk was verified or hashed as this daemon wrote it.
-        lower.verifier.mark_all();
+        // (An uploaded packet's content is fetched, from the cache where it
+        // is there, and verified as it is read, as at any remote mount.)
         let lower = Arc::new(lower);
         phase("indexed");
         let mut fresh = crate::overlay::state::State::new(lower, inos);
@@ -541,4 +565,52 @@ fn renumbered_names(items: &[Item], renumbered: &HashSet<usize>) -> Vec<(Ino, St
         }
     }
     names
+}
+
+impl Overlay {
+    /// The packet a seal just uploaded, opened as a remote mount opens
+    /// one: through a spool, with the cache and fetch settings of the
+    /// packet served now when it is remote (else the defaults).
+    fn open_uploaded(
+        &self,
+        remote: &super::RemoteSeal,
+        limits: &Limits,
+    ) -> Result<crate::packet::reader::Packet> {
+        use crate::store::{cache, spool};
+        let (cache, options) = match self.lower().remote() {
+            Some(s) => s.settings(),
+            None => (
+                cache::Cache::open(&cache::default_dir(), cache::DEFAULT_SIZE)
+                    .ok()
+                    .map(std::sync::Arc::new),
+                spool::SpoolOptions::default(),
+            ),
+        };
+        let options = spool::SpoolOptions {
+            // What this turn read is there already, or in the cache.
+            prefetch: spool::Prefetch::None,
+            ..options
+        };
+        let object: Box<dyn crate::store::ReadAt> = Box::new(
+            crate::store::open_remote(
+                &remote.location,
+                &remote.settings,
+                crate::store::FIRST_FETCH,
+            )
+            .map_err(|e| Error::Packet(e.into()))?,
+        );
+        let spool_dir = match &cache {
+            Some(c) => c.tmp_dir(),
+            None => std::env::temp_dir(),
+        };
+        crate::packet::reader::Packet::remote(
+            object,
+            &remote.location,
+            limits,
+            cache,
+            &spool_dir,
+            options,
+        )
+        .map_err(Error::Packet)
+    }
 }
