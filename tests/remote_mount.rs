@@ -621,3 +621,88 @@ fn a_remote_mount_rebases_onto_the_packet_it_uploads() {
     assert!(m.path("src/newer.rs").is_file());
     assert!(!m.path("src/m01/f001.rs").exists());
 }
+
+/// "credentials that expire during a long mount are renewed from their
+/// source": the store answers `ExpiredToken`; the daemon reads its
+/// credentials again (here a profile file a sidecar rewrote) and the read
+/// succeeds. With the source gone, the read fails with `EIO`.
+#[test]
+fn expired_credentials_are_renewed_from_their_source() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let (ws, packet) = tree_packet(t);
+    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
+    let proxy = Proxy::start(moto.port);
+    let creds = t.join("credentials");
+    let profile = |id: &str| {
+        std::fs::write(
+            &creds,
+            format!(
+                "[default]\naws_access_key_id = {id}\naws_secret_access_key = secret-{id}\n\
+                 aws_session_token = token-{id}\n"
+            ),
+        )
+        .unwrap()
+    };
+    profile("AKIDFIRST");
+    let loc = format!("s3://{b}/t.packet");
+    let env: Vec<(&str, String)> = s3::env(proxy.port)
+        .into_iter()
+        .filter(|(k, _)| {
+            !k.starts_with("AWS_ACCESS")
+                && !k.starts_with("AWS_SECRET")
+                && !k.starts_with("AWS_SESSION")
+                && *k != "AWS_SHARED_CREDENTIALS_FILE"
+        })
+        .chain([
+            ("AWS_SHARED_CREDENTIALS_FILE", creds.display().to_string()),
+            ("SESSIONFS_LOG", "info".into()),
+        ])
+        .collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let m = Mounted::with_env(
+        Path::new(&loc),
+        &t.join("mnt"),
+        &t.join("upper"),
+        &[
+            "--part",
+            "workspace",
+            "--cache",
+            t.join("cache").to_str().unwrap(),
+            "--prefetch",
+            "none",
+        ],
+        &env,
+    );
+    let same = |rel: &str| {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(ws.join(rel)).unwrap(),
+            "{rel}"
+        )
+    };
+    same("src/m00/f000.rs");
+    // The token expires; a sidecar has written new keys meanwhile.
+    profile("AKIDSECOND");
+    proxy.inject([Fault::Status(400, "ExpiredToken")]);
+    same("data/mid.bin");
+    let log = std::fs::read_to_string(m.result["log"].as_str().unwrap()).unwrap();
+    assert!(
+        log.contains("credentials expired; renewed from their source"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("AKIDSECOND") && !log.contains("secret-"),
+        "{log}"
+    );
+    // The source gone: no credentials to renew with, the read fails.
+    std::fs::remove_file(&creds).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.inject((0..4).map(|_| Fault::Status(400, "ExpiredToken")));
+    let e = match std::fs::read(m.path("data/big.bin")) {
+        Ok(_) => panic!("read with expired credentials and nothing to renew them"),
+        Err(e) => e,
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+}

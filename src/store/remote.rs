@@ -87,9 +87,61 @@ pub(crate) enum Target {
     S3 {
         bucket: rusty_s3::Bucket,
         key: String,
-        credentials: rusty_s3::Credentials,
+        credentials: Creds,
     },
     Http(url::Url),
+}
+
+/// The credentials requests are signed with, shared by the clones of a
+/// client and replaced when they expire ([`Client::renew`]): each request
+/// is signed with those of the moment.
+#[derive(Clone)]
+pub(crate) struct Creds(Arc<parking_lot::RwLock<rusty_s3::Credentials>>);
+
+impl Creds {
+    /// The credentials now.
+    pub(crate) fn get(&self) -> rusty_s3::Credentials {
+        self.0.read().clone()
+    }
+}
+
+/// S3 error codes that mean the request's temporary credentials expired
+/// (or were revoked by a newer token): worth new credentials from their
+/// source and one more attempt.
+const EXPIRED: &[&str] = &[
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "TokenRefreshRequired",
+    "InvalidToken",
+];
+
+/// The credentials the configuration gives now (web identity exchanged
+/// through STS), and where they came from (for logs: no secret).
+fn credentials_now(
+    agent: &ureq::Agent,
+    shown: &str,
+) -> Result<(S3Config, rusty_s3::Credentials, String)> {
+    let c = S3Config::from_env().map_err(|reason| Error::Config {
+        location: shown.to_owned(),
+        reason,
+    })?;
+    let creds = match &c.credentials {
+        CredentialSource::Static(creds) => creds.clone(),
+        CredentialSource::WebIdentity(w) => super::sts::assume_role(w, agent, shown)?,
+    };
+    let credentials = match &creds.session_token {
+        Some(t) => rusty_s3::Credentials::new_with_token(
+            creds.access_key_id.clone(),
+            creds.secret_access_key.0.clone(),
+            t.0.clone(),
+        ),
+        None => rusty_s3::Credentials::new(
+            creds.access_key_id.clone(),
+            creds.secret_access_key.0.clone(),
+        ),
+    };
+    let source = creds.source.to_string();
+    Ok((c, credentials, source))
 }
 
 /// The requests of one location: its target, signed or not, the HTTP
@@ -119,6 +171,13 @@ pub struct Remote {
 pub(crate) enum Failure {
     /// Worth another attempt: why this one failed.
     Retry(String),
+    /// The credentials expired: worth renewing them, once.
+    Expired {
+        /// The HTTP status.
+        status: u16,
+        /// The S3 error code.
+        code: String,
+    },
     /// Final.
     Fatal(Error),
 }
@@ -158,7 +217,7 @@ impl Client {
                 return Err(config_error("a local path is not a remote object".into()));
             }
             Location::S3 { bucket, key } => {
-                let c = S3Config::from_env().map_err(config_error)?;
+                let (c, credentials, source) = credentials_now(&agent, &shown)?;
                 let style = if c.path_style || bucket.contains('.') {
                     rusty_s3::UrlStyle::Path
                 } else {
@@ -176,26 +235,11 @@ impl Client {
                         c.endpoint
                     ))
                 })?;
-                let creds = match &c.credentials {
-                    CredentialSource::Static(creds) => creds.clone(),
-                    CredentialSource::WebIdentity(w) => super::sts::assume_role(w, &agent, &shown)?,
-                };
-                let credentials = match &creds.session_token {
-                    Some(t) => rusty_s3::Credentials::new_with_token(
-                        creds.access_key_id.clone(),
-                        creds.secret_access_key.0.clone(),
-                        t.0.clone(),
-                    ),
-                    None => rusty_s3::Credentials::new(
-                        creds.access_key_id.clone(),
-                        creds.secret_access_key.0.clone(),
-                    ),
-                };
-                tracing::debug!(location = %shown, endpoint = %c.endpoint, region = %c.region, path_style = c.path_style, credentials = %creds.source, "s3 configuration");
+                tracing::debug!(location = %shown, endpoint = %c.endpoint, region = %c.region, path_style = c.path_style, credentials = %source, "s3 configuration");
                 Target::S3 {
                     bucket: b,
                     key: key.clone(),
-                    credentials,
+                    credentials: Creds(Arc::new(parking_lot::RwLock::new(credentials))),
                 }
             }
             Location::Http(u) => Target::Http(u.clone()),
@@ -221,6 +265,7 @@ impl Client {
         let began = Instant::now();
         let mut wait = self.settings.backoff;
         let mut attempts = 0;
+        let mut renewed = false;
         loop {
             attempts += 1;
             let left = self.settings.read_timeout.saturating_sub(began.elapsed());
@@ -229,6 +274,20 @@ impl Client {
                 Ok(f) => return Ok(f),
                 Err(Failure::Fatal(e)) => return Err(e),
                 Err(Failure::Retry(why)) => why,
+                // Once per request: new credentials from their source, and
+                // at once another attempt.
+                Err(Failure::Expired { code, .. }) if !renewed => {
+                    renewed = true;
+                    self.renew(&code)?;
+                    continue;
+                }
+                Err(Failure::Expired { status, code }) => {
+                    return Err(Error::Denied {
+                        location: self.shown.clone(),
+                        status,
+                        code,
+                    });
+                }
             };
             let pause = jitter(wait);
             if attempts >= self.settings.max_attempts
@@ -302,6 +361,12 @@ impl Client {
     ) -> Failure {
         let code = error_code(resp);
         match status {
+            400 | 401 | 403 if code.as_deref().is_some_and(|c| EXPIRED.contains(&c)) => {
+                Failure::Expired {
+                    status,
+                    code: code.unwrap_or_default(),
+                }
+            }
             404 => Failure::Fatal(Error::NotFound {
                 location: self.shown.clone(),
                 code: code.unwrap_or_else(|| "NotFound".into()),
@@ -345,6 +410,20 @@ impl Client {
                 what: format!("the request failed: {other}"),
             }),
         }
+    }
+
+    /// Replaces the credentials, which the store said have expired
+    /// (`code`), with those their source gives now: the environment and
+    /// the profile files read again (a sidecar may have rewritten them),
+    /// a web identity token (which the pod rotates) exchanged again.
+    fn renew(&self, code: &str) -> Result<()> {
+        let Target::S3 { credentials, .. } = &self.target else {
+            return Ok(());
+        };
+        let (_, fresh, source) = credentials_now(&self.agent, &self.shown)?;
+        *credentials.0.write() = fresh;
+        tracing::info!(location = %self.shown, code, credentials = %source, "credentials expired; renewed from their source");
+        Ok(())
     }
 
     /// Requests sent so far, attempts included.
@@ -396,7 +475,8 @@ impl Remote {
                 credentials,
             } => {
                 use rusty_s3::S3Action;
-                let mut get = bucket.get_object(Some(credentials), key);
+                let credentials = credentials.get();
+                let mut get = bucket.get_object(Some(&credentials), key);
                 if let Some(tag) = if_match {
                     get.headers_mut().insert("if-match", tag.to_owned());
                 }

@@ -24,7 +24,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use super::error::{Error, Result};
-use super::remote::{Client, Failure, PRESIGN_FOR, Target};
+use super::remote::{Client, Creds, Failure, PRESIGN_FOR, Target};
 use super::{Location, Settings};
 
 /// At most this much of a response body is read (an upload's id, a copy's
@@ -66,7 +66,7 @@ pub struct Upload {
 }
 
 /// The bucket, key and credentials of an S3 client.
-fn s3_target(client: &Client) -> Result<(&rusty_s3::Bucket, &str, &rusty_s3::Credentials)> {
+fn s3_target(client: &Client) -> Result<(&rusty_s3::Bucket, &str, &Creds)> {
     match &client.target {
         Target::S3 {
             bucket,
@@ -90,7 +90,7 @@ impl Upload {
             || "start the upload".into(),
             |timeout| {
                 let url = bucket
-                    .create_multipart_upload(Some(creds), key)
+                    .create_multipart_upload(Some(&creds.get()), key)
                     .sign(PRESIGN_FOR);
                 let mut resp = client.send("POST", &url, &[], Some(&[]), timeout)?;
                 let status = resp.status().as_u16();
@@ -121,7 +121,7 @@ impl Upload {
             || format!("upload part {number} ({} bytes)", bytes.len()),
             |timeout| {
                 let url = bucket
-                    .upload_part(Some(creds), key, number, &self.id)
+                    .upload_part(Some(&creds.get()), key, number, &self.id)
                     .sign(PRESIGN_FOR);
                 let mut resp = self.client.send("PUT", &url, &[], Some(bytes), timeout)?;
                 let status = resp.status().as_u16();
@@ -163,7 +163,8 @@ impl Upload {
                 )
             },
             |timeout| {
-                let mut action = bucket.upload_part(Some(creds), key, number, &self.id);
+                let creds = creds.get();
+                let mut action = bucket.upload_part(Some(&creds), key, number, &self.id);
                 for (k, v) in headers {
                     action.headers_mut().insert(k, v.to_owned());
                 }
@@ -206,9 +207,10 @@ impl Upload {
             || format!("complete the upload of {} parts", etags.len()),
             |timeout| {
                 let retried = std::mem::replace(&mut tried, true);
+                let creds = creds.get();
                 let mut action = rusty_s3::actions::CompleteMultipartUpload::new(
                     bucket,
-                    Some(creds),
+                    Some(&creds),
                     key,
                     &self.id,
                     etags.iter().map(String::as_str),
@@ -251,7 +253,7 @@ impl Upload {
             || "abort the upload".into(),
             |timeout| {
                 let url = bucket
-                    .abort_multipart_upload(Some(creds), key, &self.id)
+                    .abort_multipart_upload(Some(&creds.get()), key, &self.id)
                     .sign(PRESIGN_FOR);
                 let mut resp = client.send("DELETE", &url, &[], None, timeout)?;
                 match resp.status().as_u16() {
