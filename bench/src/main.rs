@@ -113,6 +113,16 @@ enum Cmd {
         #[arg(long, default_value_t = 8 << 20)]
         part: u64,
     },
+    /// Upload a file as a multipart upload with parallel parts to `serve`
+    /// (the upload peer).
+    Upload {
+        file: PathBuf,
+        url: String,
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
+        #[arg(long, default_value_t = 8 << 20)]
+        part: u64,
+    },
     /// Render JSON-lines results as markdown tables, one per workload, with
     /// ratios against the tool named by `--baseline` (when the workload has
     /// it) and sessionfs against every other tool. `--chart` also writes a
@@ -318,6 +328,12 @@ fn run(cli: Cli) -> std::io::Result<()> {
             threads,
             part,
         } => serve::download(&url, &out, threads.max(1), part.max(1)).map(|_| ()),
+        Cmd::Upload {
+            file,
+            url,
+            threads,
+            part,
+        } => serve::upload(&file, &url, threads.max(1), part.max(1)),
         Cmd::Measure {
             name,
             tool,

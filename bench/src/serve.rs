@@ -12,7 +12,16 @@
 //! ratios hold; the download peer fetches with ranged GETs in parallel, as
 //! `aws s3 cp` does.
 //!
-//! Also `download`: that peer (8 ranged GETs of 8 MiB at a time).
+//! Also the part of S3's API a seal uploads with (path-style
+//! `/BUCKET/KEY`, signatures not checked): `CreateMultipartUpload`,
+//! `UploadPart`, `UploadPartCopy` with a range and
+//! `x-amz-copy-source-if-match`, `CompleteMultipartUpload` with
+//! `If-None-Match: *`, `AbortMultipartUpload`; request bodies are paced by
+//! a second bandwidth cap (the uplink). Objects are files under the root
+//! (`ROOT/BUCKET/KEY`), uploads in `ROOT/.uploads/`.
+//!
+//! Also `download` and `upload`: the peers (8 ranged GETs, or parts, of
+//! 8 MiB at a time, as `aws s3 cp`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -65,8 +74,39 @@ struct Server {
     root: PathBuf,
     shape: Shape,
     bucket: Bucket,
+    /// Request bodies (the uplink).
+    up: Bucket,
     requests: AtomicU64,
     bytes: AtomicU64,
+    /// Request body bytes received.
+    received: AtomicU64,
+    next_upload: AtomicU64,
+}
+
+/// One request, read.
+struct Request {
+    method: String,
+    path: String,
+    query: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A query parameter (`uploads` has an empty value).
+    fn param(&self, name: &str) -> Option<&str> {
+        self.query.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (k == name).then_some(v)
+        })
+    }
 }
 
 /// Serves `root` on 127.0.0.1 (port 0: any), writing the port to
@@ -82,8 +122,14 @@ pub fn serve(root: &Path, shape: Shape, port: u16, port_file: &Path) -> std::io:
             rate: shape.rate as f64,
             state: Mutex::new((Instant::now(), BURST)),
         },
+        up: Bucket {
+            rate: shape.rate as f64,
+            state: Mutex::new((Instant::now(), BURST)),
+        },
         requests: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        next_upload: AtomicU64::new(1),
     });
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
@@ -116,23 +162,77 @@ impl Server {
                     headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
                 }
             }
-            let header = |name: &str| {
-                headers
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .map(|(_, v)| v.as_str())
-            };
-            // A request body (not expected) is read and dropped.
-            if let Some(n) = header("content-length").and_then(|v| v.parse::<u64>().ok()) {
-                std::io::copy(&mut (&mut reader).take(n), &mut std::io::sink())?;
+            let len = headers
+                .iter()
+                .find(|(k, _)| k == "content-length")
+                .and_then(|(_, v)| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            let chunked = headers
+                .iter()
+                .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+            let mut body = Vec::new();
+            if chunked {
+                // Chunks of `size (hex) CRLF data CRLF`, ended by a chunk of 0
+                // and a blank line.
+                loop {
+                    let mut size = String::new();
+                    reader.read_line(&mut size)?;
+                    let hex = size.trim().split(';').next().unwrap_or("");
+                    let n = usize::from_str_radix(hex, 16).map_err(std::io::Error::other)?;
+                    let at = body.len();
+                    body.resize(at + n, 0);
+                    reader.read_exact(&mut body[at..])?;
+                    self.up.take(n);
+                    let mut crlf = String::new();
+                    reader.read_line(&mut crlf)?;
+                    if n == 0 {
+                        break;
+                    }
+                }
+            } else {
+                body.resize(len, 0);
+                let mut at = 0;
+                while at < len {
+                    let n = (len - at).min(64 << 10);
+                    reader.read_exact(&mut body[at..at + n])?;
+                    self.up.take(n);
+                    at += n;
+                }
             }
+            let len = body.len();
+            self.received.fetch_add(len as u64, Ordering::Relaxed);
             let mut parts = line.split_whitespace();
             let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or("/"));
-            let path = target.split('?').next().unwrap_or("/");
-            self.respond(&mut out, method, path, header("range"))?;
+            let (path, query) = target.split_once('?').unwrap_or((target, ""));
+            let req = Request {
+                method: method.to_owned(),
+                path: path.to_owned(),
+                query: query.to_owned(),
+                headers,
+                body,
+            };
+            self.handle(&mut out, &req)?;
+            let header = |name: &str| req.header(name);
             if header("connection").is_some_and(|c| c.eq_ignore_ascii_case("close")) {
                 return Ok(());
             }
+        }
+    }
+
+    /// Answers one request: the counters, the S3 upload calls, or a read.
+    fn handle(&self, out: &mut TcpStream, req: &Request) -> std::io::Result<()> {
+        let upload = req.param("uploadId");
+        match (req.method.as_str(), upload) {
+            ("POST", None) if req.param("uploads").is_some() => self.create(out, req),
+            ("PUT", Some(id)) => self.part(out, req, id),
+            ("POST", Some(id)) => self.complete(out, req, id),
+            ("DELETE", Some(id)) => {
+                self.requests.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(self.shape.latency);
+                let _ = std::fs::remove_dir_all(self.upload_dir(id));
+                head(out, "204 No Content", 0, &[])
+            }
+            _ => self.respond(out, &req.method, &req.path, req.header("range")),
         }
     }
 
@@ -146,9 +246,10 @@ impl Server {
         match (method, path) {
             ("GET", "/__stats") => {
                 let body = format!(
-                    "{{\"requests\":{},\"bytes\":{}}}",
+                    "{{\"requests\":{},\"bytes\":{},\"received\":{}}}",
                     self.requests.load(Ordering::Relaxed),
-                    self.bytes.load(Ordering::Relaxed)
+                    self.bytes.load(Ordering::Relaxed),
+                    self.received.load(Ordering::Relaxed)
                 );
                 return head(out, "200 OK", body.len() as u64, &[])
                     .and_then(|()| out.write_all(body.as_bytes()));
@@ -156,6 +257,7 @@ impl Server {
             ("POST", "/__reset") => {
                 self.requests.store(0, Ordering::Relaxed);
                 self.bytes.store(0, Ordering::Relaxed);
+                self.received.store(0, Ordering::Relaxed);
                 return head(out, "200 OK", 0, &[]);
             }
             _ => {}
@@ -167,6 +269,7 @@ impl Server {
             .then(|| std::fs::File::open(self.root.join(name)).ok())
             .flatten();
         let Some(file) = file else {
+            eprintln!("serve: 404 {method} {path}");
             return head(out, "404 Not Found", 0, &[]);
         };
         let meta = file.metadata()?;
@@ -214,6 +317,132 @@ impl Server {
         }
         Ok(())
     }
+}
+
+impl Server {
+    fn upload_dir(&self, id: &str) -> PathBuf {
+        self.root.join(".uploads").join(id.replace(['/', '.'], "_"))
+    }
+
+    /// The file of object `/BUCKET/KEY`.
+    fn object(&self, path: &str) -> Option<PathBuf> {
+        let name = path.trim_start_matches('/');
+        (!name.contains("..") && name.contains('/')).then(|| self.root.join(name))
+    }
+
+    /// The ETag of an object's file: cheap (length and mtime), not an
+    /// MD5: the benchmark measures sessionfs, not hashing here.
+    fn etag(file: &std::fs::File) -> std::io::Result<String> {
+        let m = file.metadata()?;
+        let t = m
+            .modified()
+            .map_or(0, |t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        Ok(format!("\"{}-{t}\"", m.len()))
+    }
+
+    /// `CreateMultipartUpload`.
+    fn create(&self, out: &mut TcpStream, req: &Request) -> std::io::Result<()> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(self.shape.latency);
+        let id = format!("up{}", self.next_upload.fetch_add(1, Ordering::Relaxed));
+        std::fs::create_dir_all(self.upload_dir(&id))?;
+        let body = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><InitiateMultipartUploadResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>b</Bucket><Key>{}</Key><UploadId>{id}</UploadId></InitiateMultipartUploadResult>",
+            req.path
+        );
+        head(out, "200 OK", body.len() as u64, &[])?;
+        out.write_all(body.as_bytes())
+    }
+
+    /// `UploadPart`, or `UploadPartCopy` with `x-amz-copy-source`.
+    fn part(&self, out: &mut TcpStream, req: &Request, id: &str) -> std::io::Result<()> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(self.shape.latency);
+        let n: u32 = req.param("partNumber").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let dir = self.upload_dir(id);
+        if !dir.is_dir() {
+            return error(out, "404 Not Found", "NoSuchUpload");
+        }
+        let part = dir.join(format!("{n:05}"));
+        let Some(source) = req.header("x-amz-copy-source") else {
+            std::fs::write(&part, &req.body)?;
+            let etag = format!("\"p{n}-{}\"", req.body.len());
+            return head(out, "200 OK", 0, &[format!("ETag: {etag}")]);
+        };
+        let src = source.split('?').next().unwrap_or("");
+        let Some(file) = self.object(src).and_then(|p| std::fs::File::open(p).ok()) else {
+            return error(out, "404 Not Found", "NoSuchKey");
+        };
+        if req
+            .header("x-amz-copy-source-if-match")
+            .is_some_and(|want| Server::etag(&file).ok().as_deref() != Some(want))
+        {
+            return error(out, "412 Precondition Failed", "PreconditionFailed");
+        }
+        let len = file.metadata()?.len();
+        let Some((a, b)) = req
+            .header("x-amz-copy-source-range")
+            .and_then(|r| parse_range(r, len))
+        else {
+            return error(out, "400 Bad Request", "InvalidRange");
+        };
+        // A copy inside the store: no bandwidth of the link.
+        let mut src = file;
+        std::io::Seek::seek(&mut src, std::io::SeekFrom::Start(a))?;
+        let mut dst = std::fs::File::create(&part)?;
+        std::io::copy(&mut (&mut src).take(b - a), &mut dst)?;
+        let body = format!(
+            "<CopyPartResult><ETag>\"c{n}-{}\"</ETag><LastModified>2026-01-01T00:00:00.000Z</LastModified></CopyPartResult>",
+            b - a
+        );
+        head(out, "200 OK", body.len() as u64, &[])?;
+        out.write_all(body.as_bytes())
+    }
+
+    /// `CompleteMultipartUpload`: the parts the body lists, in order,
+    /// where nothing is yet with `If-None-Match: *`.
+    fn complete(&self, out: &mut TcpStream, req: &Request, id: &str) -> std::io::Result<()> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(self.shape.latency);
+        let dir = self.upload_dir(id);
+        let Some(dest) = self.object(&req.path) else {
+            return error(out, "400 Bad Request", "InvalidRequest");
+        };
+        if !dir.is_dir() {
+            return error(out, "404 Not Found", "NoSuchUpload");
+        }
+        if req.header("if-none-match") == Some("*") && dest.exists() {
+            return error(out, "412 Precondition Failed", "PreconditionFailed");
+        }
+        let text = String::from_utf8_lossy(&req.body);
+        let numbers: Vec<u32> = text
+            .split("<PartNumber>")
+            .skip(1)
+            .filter_map(|p| p.split("</PartNumber>").next()?.trim().parse().ok())
+            .collect();
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let tmp = dir.join("object");
+        let mut whole = std::fs::File::create(&tmp)?;
+        for n in numbers {
+            let mut p = std::fs::File::open(dir.join(format!("{n:05}")))?;
+            std::io::copy(&mut p, &mut whole)?;
+        }
+        std::fs::rename(&tmp, &dest)?;
+        let _ = std::fs::remove_dir_all(&dir);
+        let body = "<CompleteMultipartUploadResult><ETag>\"done\"</ETag></CompleteMultipartUploadResult>";
+        head(out, "200 OK", body.len() as u64, &[])?;
+        out.write_all(body.as_bytes())
+    }
+}
+
+/// An S3 error response.
+fn error(out: &mut TcpStream, status: &str, code: &str) -> std::io::Result<()> {
+    eprintln!("serve: {status} {code}");
+    let body = format!("<Error><Code>{code}</Code></Error>");
+    head(out, status, body.len() as u64, &[])?;
+    out.write_all(body.as_bytes())
 }
 
 fn head(out: &mut TcpStream, status: &str, len: u64, extra: &[String]) -> std::io::Result<()> {
@@ -310,4 +539,87 @@ pub fn download(url: &str, out: &Path, threads: usize, part: u64) -> std::io::Re
         })
     })?;
     Ok(len)
+}
+
+/// One request on a new connection to `addr`; the answer's status line
+/// and body.
+fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> std::io::Result<(String, Vec<u8>)> {
+    let mut c = TcpStream::connect(addr)?;
+    write!(
+        c,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    c.write_all(body)?;
+    let mut resp = Vec::new();
+    c.read_to_end(&mut resp)?;
+    let split = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(resp.len(), |i| i + 4);
+    let status = String::from_utf8_lossy(&resp[..split])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    Ok((status, resp[split..].to_vec()))
+}
+
+/// The upload peer: `file` to `url` (`http://127.0.0.1:P/BUCKET/KEY` of
+/// `serve`) as a multipart upload of `part`-byte parts, `threads` at a
+/// time (as `aws s3 cp` uploads a large file).
+pub fn upload(file: &Path, url: &str, threads: usize, part: u64) -> std::io::Result<()> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| std::io::Error::other("http:// URLs only"))?;
+    let (addr, key) = rest.split_once('/').unwrap_or((rest, ""));
+    let path = format!("/{key}");
+    let (status, body) = request(addr, "POST", &format!("{path}?uploads"), b"")?;
+    let text = String::from_utf8_lossy(&body);
+    let id = text
+        .split("<UploadId>")
+        .nth(1)
+        .and_then(|r| r.split("</UploadId>").next())
+        .ok_or_else(|| std::io::Error::other(format!("no upload id: {status}")))?
+        .to_owned();
+    let f = std::fs::File::open(file)?;
+    let len = f.metadata()?.len();
+    let count = len.div_ceil(part).max(1);
+    let next = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (next, f, path, id) = (&next, &f, &path, &id);
+                s.spawn(move || -> std::io::Result<()> {
+                    let mut buf = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= count {
+                            return Ok(());
+                        }
+                        let at = k * part;
+                        buf.resize((part.min(len - at)) as usize, 0);
+                        f.read_exact_at(&mut buf, at)?;
+                        let q = format!("{path}?partNumber={}&uploadId={id}", k + 1);
+                        let (status, _) = request(addr, "PUT", &q, &buf)?;
+                        if !status.contains(" 200 ") {
+                            return Err(std::io::Error::other(format!("part {k}: {status}")));
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("panic"))))
+    })?;
+    let parts: String = (1..=count)
+        .map(|n| format!("<Part><PartNumber>{n}</PartNumber><ETag>\"x\"</ETag></Part>"))
+        .collect();
+    let xml = format!("<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>");
+    let (status, _) = request(addr, "POST", &format!("{path}?uploadId={id}"), xml.as_bytes())?;
+    if !status.contains(" 200 ") {
+        return Err(std::io::Error::other(format!("complete: {status}")));
+    }
+    Ok(())
 }

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # make bench-remote: remote packets (issue 25) on corpus S behind a stand-in
-# object store (sessionfs-bench serve: ranged GETs, 10 ms to first byte,
-# 1 Gbit/s shared; and raw loopback), against downloading the packet first
-# (8 ranged GETs of 8 MiB at a time, as `aws s3 cp`) and mounting it.
+# object store (sessionfs-bench serve: S3's reads and multipart uploads,
+# 10 ms to first byte, 1 Gbit/s each way; and raw loopback), against what a
+# user does instead: download the packet (8 ranged GETs of 8 MiB at a time,
+# as `aws s3 cp`) and mount it; seal to a file and upload it whole.
 # Results in .bench/remote.jsonl, a markdown table on stdout.
 set -euo pipefail
 . "$(dirname "$0")/config.sh"; . "$(dirname "$0")/lib.sh"
-cd "$root"; d=$dir/remote; mkdir -p "$d" "$mnt/remote"; m=$mnt/remote
+cd "$root"; d=$dir/remote; s3=$d/bench; mkdir -p "$s3" "$mnt/remote"; m=$mnt/remote
 out=$dir/remote.jsonl; rm -f "$out"; export SESSIONFS_MAX_BYTES=64GiB SESSIONFS_MAX_ENTRIES=1000000
 [ -d "$S" ] || "$tool" corpus --kind s --count "$s_files" --out "$S"
-# S: turn 1's checkpoint (a git status ran on the mount, so the index
-# holds the mount's stat data); S2: turn 2's, 1% of the files changed.
-turn() { # FROM TO SCRIPT
-  [ -f "$d/$2.packet" ] && return; unmount "$m"; rm -rf "$d/upper"
-  "$bin" mount "$d/$1.packet" "$m" --upper "$d/upper" --part workspace >/dev/null
-  (cd "$m" && eval "$3"); "$bin" seal "$m" -o "$d/$2.packet" >/dev/null; unmount "$m"
+# A turn's changes: 1% of the files, in 10 runs of neighbours (a turn edits
+# a few places), one line appended to each.
+change() { (cd "$1" && find . -path ./.git -prune -o -type f -print | sort | awk -v n="$2" 'NR % int(n / 10) < n / 1000') | while read -r f; do echo "// turn 2" >>"$1/$f"; done; }
+# S: turn 1's checkpoint (a git status ran on the mount, so the index holds
+# the mount's stat data); S2: turn 2's.
+turn() { # FROM TO COMMAND
+  [ -f "$s3/$2.packet" ] && return; unmount "$m"; rm -rf "$d/upper"
+  "$bin" mount "$s3/$1.packet" "$m" --upper "$d/upper" --part workspace >/dev/null
+  (cd "$m" && eval "$3"); "$bin" seal "$m" -o "$s3/$2.packet" >/dev/null; unmount "$m"
 }
-[ -f "$d/S0.packet" ] || "$bin" pack --workspace "$S" -o "$d/S0.packet" >/dev/null
+[ -f "$s3/S0.packet" ] || "$bin" pack --workspace "$S" -o "$s3/S0.packet" >/dev/null
 turn S0 S "git status --short >/dev/null"
-turn S S2 "find . -path ./.git -prune -o -type f -print | sort | awk 'NR % 100 == 0' | while read -r f; do echo '// turn 2' >>\"\$f\"; done"
+turn S S2 "change . $s_files"
 first=$(cd "$S" && find . -path ./.git -prune -o -type f -print | sort | sed -n 1p)
 pids=()
 trap 'unmount $m; kill "${pids[@]}" 2>/dev/null || true' EXIT
@@ -27,6 +31,7 @@ start() { # LATENCY_MS MBIT NAME: a server, its port in $d/NAME.port
   pids+=($!); while [ ! -s "$d/$3.port" ]; do sleep 0.05; done
 }
 start 10 1000 shaped; start 0 0 raw; shaped=$(cat "$d/shaped.port") raw=$(cat "$d/raw.port")
+export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null AWS_SHARED_CREDENTIALS_FILE=/dev/null
 stats() { curl -s "127.0.0.1:$1/__stats" | json_field "$2"; }
 reset() { curl -s -X POST "127.0.0.1:$1/__reset" >/dev/null; }
 cold() { unmount "$m"; rm -rf "$d/upper" "$d/cache" "$d/dl.packet"; drop_caches; }
@@ -35,32 +40,46 @@ M() { "$tool" measure --out "$out" --runs "$runs" --warmup 0 "$@"; }
 R() { "$tool" record --out "$out" "$@"; }
 export -f unmount rmount cold drop_caches; export bin d m
 for net in "shaped:$shaped" "loopback:$raw"; do
-  n=${net%%:*} p=${net#*:} url=http://127.0.0.1:${net#*:}
+  n=${net%%:*} p=${net#*:}; export AWS_ENDPOINT_URL=http://127.0.0.1:$p
   M --name "resume S, $n" --tool "sessionfs mount" --prepare cold --cleanup "unmount $m" \
-    --cmd "rmount $url/S.packet && head -c1 $m/$first >/dev/null"
+    --cmd "rmount s3://bench/S.packet && head -c1 $m/$first >/dev/null"
   M --name "resume S, $n" --tool "download, then mount" --prepare cold --cleanup "unmount $m" \
-    --cmd "$tool download $url/S.packet $d/dl.packet && rmount $d/dl.packet && head -c1 $m/$first >/dev/null"
-  M --name "resume S, $n" --tool "GET the manifest (digest)" --prepare cold --cmd "$bin digest $url/S.packet >/dev/null"
+    --cmd "$tool download http://127.0.0.1:$p/bench/S.packet $d/dl.packet && rmount $d/dl.packet && head -c1 $m/$first >/dev/null"
+  M --name "resume S, $n" --tool "GET the manifest (digest)" --prepare cold --cmd "$bin digest s3://bench/S.packet >/dev/null"
 done
-url=http://127.0.0.1:$shaped
+export AWS_ENDPOINT_URL=http://127.0.0.1:$shaped
 # Read amplification: grep -r over the whole tree, cold, default block.
-cold; rmount "$url/S.packet" --prefetch none; reset "$shaped"
+cold; rmount s3://bench/S.packet --prefetch none; reset "$shaped"
 t0=$(date +%s.%N); grep -rq zzzz-no-such-word "$m" || true; R --name "grep -r S, shaped" --tool "sessionfs mount (seconds)" --value "$(seconds_since "$t0")"
 content=$(find "$m" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
 R --name "grep -r S, shaped" --tool "bytes fetched / bytes read" --unit x --value "$(echo "scale=4; $(stats "$shaped" bytes) / $content" | bc)"
 # The first git status after resuming.
-cold; rmount "$url/S.packet" --prefetch none; reset "$shaped"; git -C "$m" status --short >/dev/null
+cold; rmount s3://bench/S.packet --prefetch none; reset "$shaped"; git -C "$m" status --short >/dev/null
 R --name "first git status, shaped" --tool "requests" --unit n --value "$(stats "$shaped" requests)"
 R --name "first git status, shaped" --tool "MiB fetched" --unit MiB --value "$(echo "scale=2; $(stats "$shaped" bytes) / 1048576" | bc)"
 # The next turn on the same node: S read whole, then S2 with the cache warm.
 # (tar to a pipe: GNU tar writing to /dev/null reads no file.)
 readall() { tar -cf - -C "$m" . | cat >/dev/null; }
-cold; rmount "$url/S.packet"; readall; unmount "$m"; rm -rf "$d/upper"
-rmount "$url/S2.packet" --prefetch none; reset "$shaped"; readall
-changed=$(find "$S" -path "$S/.git" -prune -o -type f -print | sort | awk 'NR % 100 == 0' | xargs -d '\n' stat -c %s | awk '{s+=$1+10} END {print s}')
+cold; rmount s3://bench/S.packet; readall; unmount "$m"; rm -rf "$d/upper"
+rmount s3://bench/S2.packet --prefetch none; reset "$shaped"; readall
+changed=$(find "$m" -path "$m/.git" -prune -o -type f -print | sort | awk -v n="$s_files" 'NR % int(n / 10) < n / 1000' | xargs -d '\n' stat -c %s | awk '{s+=$1} END {print s}')
 R --name "next turn, cache warm" --tool "bytes fetched / bytes changed" --unit x --value "$(echo "scale=4; $(stats "$shaped" bytes) / $changed" | bc)"
+# Seal to s3:// after the turn's changes, against sealing to a file and
+# uploading it whole (8 parts of 8 MiB at a time).
+packet=$(stat -c %s "$s3/S.packet")
+for i in $(seq "$runs"); do
+  cold; rmount s3://bench/S.packet --prefetch none; change "$m" "$s_files"; rm -f "$s3/out.packet" "$s3/out.packet.trace"
+  t0=$(date +%s.%N); "$bin" seal "$m" -o s3://bench/out.packet >"$d/seal.json"; seal_s=$(seconds_since "$t0")
+  R --name "seal to s3:// after 1% changed, shaped" --tool "sessionfs seal -o s3:// (seconds)" --value "$seal_s"
+  R --name "seal to s3:// after 1% changed, shaped" --tool "uploaded MiB" --unit MiB --value "$(echo "scale=2; $(json_field uploaded_bytes <"$d/seal.json") / 1048576" | bc)"
+  R --name "seal to s3:// after 1% changed, shaped" --tool "packet / uploaded" --unit x --value "$(echo "scale=2; $packet / $(json_field uploaded_bytes <"$d/seal.json")" | bc)"
+  "$bin" seal "$m" -o "$d/local.packet" >/dev/null; cmp -s "$d/local.packet" "$s3/out.packet" || { echo "bench: the uploaded seal differs from the local one" >&2; exit 1; }
+  t0=$(date +%s.%N); "$tool" upload "$d/local.packet" "http://127.0.0.1:$shaped/bench/whole.packet"
+  R --name "seal to s3:// after 1% changed, shaped" --tool "upload the whole packet (seconds)" --value "$(seconds_since "$t0")"
+  rm -f "$s3/whole.packet" "$d/local.packet"
+done
 # Memory: 64 sequential readers of the 64 largest files, at once, cold.
-cold; rmount "$url/S.packet" --max-memory 64MiB --prefetch none
+cold; rmount s3://bench/S.packet --max-memory 64MiB --prefetch none
 (cd "$m" && find . -path ./.git -prune -o -type f -printf '%s %p\n' | sort -rn | sed -n 1,64p | cut -d' ' -f2- | xargs -d '\n' -P 64 -n 1 cat >/dev/null)
 R --name "64 readers, --max-memory 64MiB" --tool "daemon peak RSS" --unit MiB --value "$(peak_rss_mib "$(json_field pid <"$d/mount.json")")"
 unmount "$m"
