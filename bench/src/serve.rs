@@ -264,23 +264,11 @@ impl Server {
         }
         self.requests.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(self.shape.latency);
-        let name = path.trim_start_matches('/');
-        let file = (!name.contains("..") && !name.is_empty())
-            .then(|| std::fs::File::open(self.root.join(name)).ok())
-            .flatten();
-        let Some(file) = file else {
+        let Some(object) = self.open_object(path) else {
             eprintln!("serve: 404 {method} {path}");
             return head(out, "404 Not Found", 0, &[]);
         };
-        let meta = file.metadata()?;
-        let len = meta.len();
-        let etag = format!(
-            "\"{len}-{}\"",
-            meta.modified().map_or(0, |t| {
-                t.duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
-            })
-        );
+        let (len, etag) = (object.len, object.etag.clone());
         let (status, start, end, extra) = match range.and_then(|r| parse_range(r, len)) {
             Some((s, e)) => (
                 "206 Partial Content",
@@ -309,7 +297,7 @@ impl Server {
         let mut at = start;
         while at < end {
             let n = ((end - at) as usize).min(buf.len());
-            file.read_exact_at(&mut buf[..n], at)?;
+            object.read_at(&mut buf[..n], at)?;
             self.bucket.take(n);
             out.write_all(&buf[..n])?;
             self.bytes.fetch_add(n as u64, Ordering::Relaxed);
@@ -319,25 +307,113 @@ impl Server {
     }
 }
 
+/// An object: a file, or (one uploaded here) a list of extents of files,
+/// the parts sent and the ranges of other objects copied, as a store keeps
+/// them: a copied part and a completion move no bytes here, as they move
+/// none through the client at S3 (which would otherwise measure this
+/// disk, not the tool).
+struct Object {
+    /// `(file, offset in it, length)`, in order.
+    extents: Vec<(PathBuf, u64, u64)>,
+    len: u64,
+    etag: String,
+}
+
+impl Object {
+    fn read_at(&self, mut buf: &mut [u8], mut at: u64) -> std::io::Result<()> {
+        let mut base = 0;
+        for (path, off, len) in &self.extents {
+            if buf.is_empty() {
+                break;
+            }
+            if at < base + len {
+                let n = ((base + len - at) as usize).min(buf.len());
+                std::fs::File::open(path)?.read_exact_at(&mut buf[..n], off + at - base)?;
+                buf = &mut buf[n..];
+                at += n as u64;
+            }
+            base += len;
+        }
+        if buf.is_empty() {
+            Ok(())
+        } else {
+            Err(std::io::ErrorKind::UnexpectedEof.into())
+        }
+    }
+
+    /// The extents of bytes `a..b`.
+    fn slice(&self, a: u64, b: u64) -> Vec<(PathBuf, u64, u64)> {
+        let mut out = Vec::new();
+        let mut base = 0;
+        for (path, off, len) in &self.extents {
+            let (lo, hi) = (a.max(base), b.min(base + len));
+            if lo < hi {
+                out.push((path.clone(), off + lo - base, hi - lo));
+            }
+            base += len;
+        }
+        out
+    }
+}
+
+/// Extents as lines of `OFFSET LENGTH PATH`.
+fn write_extents(path: &Path, extents: &[(PathBuf, u64, u64)]) -> std::io::Result<()> {
+    let text: String = extents
+        .iter()
+        .map(|(p, o, l)| format!("{o} {l} {}\n", p.display()))
+        .collect();
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(tmp, path)
+}
+
+fn read_extents(path: &Path) -> std::io::Result<Vec<(PathBuf, u64, u64)>> {
+    Ok(std::fs::read_to_string(path)?
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ' ');
+            let o = it.next()?.parse().ok()?;
+            let n = it.next()?.parse().ok()?;
+            Some((PathBuf::from(it.next()?), o, n))
+        })
+        .collect())
+}
+
 impl Server {
+    /// The object at `/BUCKET/KEY` (or `/NAME`), if there is one.
+    fn open_object(&self, path: &str) -> Option<Object> {
+        let name = path.trim_start_matches('/');
+        if name.contains("..") || name.is_empty() {
+            return None;
+        }
+        let stamp = |m: std::fs::Metadata| {
+            let t = m.modified().map_or(0, |t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            });
+            format!("\"{}-{t}\"", m.len())
+        };
+        let ext = self.root.join(".extents").join(name);
+        if let Ok(extents) = read_extents(&ext) {
+            let len = extents.iter().map(|e| e.2).sum();
+            let etag = stamp(std::fs::metadata(&ext).ok()?);
+            return Some(Object { extents, len, etag });
+        }
+        let file = self.root.join(name);
+        let m = std::fs::metadata(&file).ok().filter(|m| m.is_file())?;
+        let len = m.len();
+        Some(Object {
+            extents: vec![(file, 0, len)],
+            len,
+            etag: stamp(m),
+        })
+    }
+
     fn upload_dir(&self, id: &str) -> PathBuf {
         self.root.join(".uploads").join(id.replace(['/', '.'], "_"))
-    }
-
-    /// The file of object `/BUCKET/KEY`.
-    fn object(&self, path: &str) -> Option<PathBuf> {
-        let name = path.trim_start_matches('/');
-        (!name.contains("..") && name.contains('/')).then(|| self.root.join(name))
-    }
-
-    /// The ETag of an object's file: cheap (length and mtime), not an
-    /// MD5: the benchmark measures sessionfs, not hashing here.
-    fn etag(file: &std::fs::File) -> std::io::Result<String> {
-        let m = file.metadata()?;
-        let t = m
-            .modified()
-            .map_or(0, |t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-        Ok(format!("\"{}-{t}\"", m.len()))
     }
 
     /// `CreateMultipartUpload`.
@@ -358,7 +434,10 @@ impl Server {
     fn part(&self, out: &mut TcpStream, req: &Request, id: &str) -> std::io::Result<()> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(self.shape.latency);
-        let n: u32 = req.param("partNumber").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let n: u32 = req
+            .param("partNumber")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let dir = self.upload_dir(id);
         if !dir.is_dir() {
             return error(out, "404 Not Found", "NoSuchUpload");
@@ -366,31 +445,29 @@ impl Server {
         let part = dir.join(format!("{n:05}"));
         let Some(source) = req.header("x-amz-copy-source") else {
             std::fs::write(&part, &req.body)?;
-            let etag = format!("\"p{n}-{}\"", req.body.len());
+            let len = req.body.len() as u64;
+            write_extents(&part.with_extension("ext"), &[(part.clone(), 0, len)])?;
+            let etag = format!("\"p{n}-{len}\"");
             return head(out, "200 OK", 0, &[format!("ETag: {etag}")]);
         };
         let src = source.split('?').next().unwrap_or("");
-        let Some(file) = self.object(src).and_then(|p| std::fs::File::open(p).ok()) else {
+        let Some(object) = self.open_object(src) else {
             return error(out, "404 Not Found", "NoSuchKey");
         };
         if req
             .header("x-amz-copy-source-if-match")
-            .is_some_and(|want| Server::etag(&file).ok().as_deref() != Some(want))
+            .is_some_and(|want| want != object.etag)
         {
             return error(out, "412 Precondition Failed", "PreconditionFailed");
         }
-        let len = file.metadata()?.len();
         let Some((a, b)) = req
             .header("x-amz-copy-source-range")
-            .and_then(|r| parse_range(r, len))
+            .and_then(|r| parse_range(r, object.len))
         else {
             return error(out, "400 Bad Request", "InvalidRange");
         };
-        // A copy inside the store: no bandwidth of the link.
-        let mut src = file;
-        std::io::Seek::seek(&mut src, std::io::SeekFrom::Start(a))?;
-        let mut dst = std::fs::File::create(&part)?;
-        std::io::copy(&mut (&mut src).take(b - a), &mut dst)?;
+        // A copy inside the store: a reference, no bytes moved.
+        write_extents(&part.with_extension("ext"), &object.slice(a, b))?;
         let body = format!(
             "<CopyPartResult><ETag>\"c{n}-{}\"</ETag><LastModified>2026-01-01T00:00:00.000Z</LastModified></CopyPartResult>",
             b - a
@@ -405,33 +482,30 @@ impl Server {
         self.requests.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(self.shape.latency);
         let dir = self.upload_dir(id);
-        let Some(dest) = self.object(&req.path) else {
+        let name = req.path.trim_start_matches('/');
+        if name.contains("..") || !name.contains('/') {
             return error(out, "400 Bad Request", "InvalidRequest");
-        };
+        }
         if !dir.is_dir() {
             return error(out, "404 Not Found", "NoSuchUpload");
         }
-        if req.header("if-none-match") == Some("*") && dest.exists() {
+        if req.header("if-none-match") == Some("*") && self.open_object(&req.path).is_some() {
             return error(out, "412 Precondition Failed", "PreconditionFailed");
         }
         let text = String::from_utf8_lossy(&req.body);
-        let numbers: Vec<u32> = text
-            .split("<PartNumber>")
-            .skip(1)
-            .filter_map(|p| p.split("</PartNumber>").next()?.trim().parse().ok())
-            .collect();
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent)?;
+        let mut extents = Vec::new();
+        for p in text.split("<PartNumber>").skip(1) {
+            let n: u32 = p
+                .split("</PartNumber>")
+                .next()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            extents.extend(read_extents(&dir.join(format!("{n:05}.ext")))?);
         }
-        let tmp = dir.join("object");
-        let mut whole = std::fs::File::create(&tmp)?;
-        for n in numbers {
-            let mut p = std::fs::File::open(dir.join(format!("{n:05}")))?;
-            std::io::copy(&mut p, &mut whole)?;
-        }
-        std::fs::rename(&tmp, &dest)?;
-        let _ = std::fs::remove_dir_all(&dir);
-        let body = "<CompleteMultipartUploadResult><ETag>\"done\"</ETag></CompleteMultipartUploadResult>";
+        // The parts' files stay where they are: the object refers to them.
+        write_extents(&self.root.join(".extents").join(name), &extents)?;
+        let body =
+            "<CompleteMultipartUploadResult><ETag>\"done\"</ETag></CompleteMultipartUploadResult>";
         head(out, "200 OK", body.len() as u64, &[])?;
         out.write_all(body.as_bytes())
     }
@@ -543,7 +617,12 @@ pub fn download(url: &str, out: &Path, threads: usize, part: u64) -> std::io::Re
 
 /// One request on a new connection to `addr`; the answer's status line
 /// and body.
-fn request(addr: &str, method: &str, path: &str, body: &[u8]) -> std::io::Result<(String, Vec<u8>)> {
+fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> std::io::Result<(String, Vec<u8>)> {
     let mut c = TcpStream::connect(addr)?;
     write!(
         c,
@@ -609,15 +688,21 @@ pub fn upload(file: &Path, url: &str, threads: usize, part: u64) -> std::io::Res
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("panic"))))
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("panic")))
+        })
     })?;
     let parts: String = (1..=count)
         .map(|n| format!("<Part><PartNumber>{n}</PartNumber><ETag>\"x\"</ETag></Part>"))
         .collect();
     let xml = format!("<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>");
-    let (status, _) = request(addr, "POST", &format!("{path}?uploadId={id}"), xml.as_bytes())?;
+    let (status, _) = request(
+        addr,
+        "POST",
+        &format!("{path}?uploadId={id}"),
+        xml.as_bytes(),
+    )?;
     if !status.contains(" 200 ") {
         return Err(std::io::Error::other(format!("complete: {status}")));
     }

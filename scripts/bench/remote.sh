@@ -53,6 +53,12 @@ cold; rmount s3://bench/S.packet --prefetch none; reset "$shaped"
 t0=$(date +%s.%N); grep -rq zzzz-no-such-word "$m" || true; R --name "grep -r S, shaped" --tool "sessionfs mount (seconds)" --value "$(seconds_since "$t0")"
 content=$(find "$m" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
 R --name "grep -r S, shaped" --tool "bytes fetched / bytes read" --unit x --value "$(echo "scale=4; $(stats "$shaped" bytes) / $content" | bc)"
+# The same with the whole packet prefetched in the background.
+cold; rmount s3://bench/S.packet --prefetch all
+t0=$(date +%s.%N); grep -rq zzzz-no-such-word "$m" || true; R --name "grep -r S, shaped" --tool "sessionfs mount --prefetch all (seconds)" --value "$(seconds_since "$t0")"
+# What a user does instead: download, mount, grep.
+cold; t0=$(date +%s.%N); "$tool" download "http://127.0.0.1:$shaped/bench/S.packet" "$d/dl.packet"; rmount "$d/dl.packet"; grep -rq zzzz-no-such-word "$m" || true
+R --name "grep -r S, shaped" --tool "download, mount, grep (seconds)" --value "$(seconds_since "$t0")"
 # The first git status after resuming.
 cold; rmount s3://bench/S.packet --prefetch none; reset "$shaped"; git -C "$m" status --short >/dev/null
 R --name "first git status, shaped" --tool "requests" --unit n --value "$(stats "$shaped" requests)"
@@ -68,15 +74,16 @@ R --name "next turn, cache warm" --tool "bytes fetched / bytes changed" --unit x
 # uploading it whole (8 parts of 8 MiB at a time).
 packet=$(stat -c %s "$s3/S.packet")
 for i in $(seq "$runs"); do
-  cold; rmount s3://bench/S.packet --prefetch none; change "$m" "$s_files"; rm -f "$s3/out.packet" "$s3/out.packet.trace"
+  cold; rmount s3://bench/S.packet --prefetch none; change "$m" "$s_files"; rm -rf "$d/.extents" "$d/.uploads" "$s3/out.packet" "$s3/out.packet.trace"
   t0=$(date +%s.%N); "$bin" seal "$m" -o s3://bench/out.packet >"$d/seal.json"; seal_s=$(seconds_since "$t0")
   R --name "seal to s3:// after 1% changed, shaped" --tool "sessionfs seal -o s3:// (seconds)" --value "$seal_s"
   R --name "seal to s3:// after 1% changed, shaped" --tool "uploaded MiB" --unit MiB --value "$(echo "scale=2; $(json_field uploaded_bytes <"$d/seal.json") / 1048576" | bc)"
   R --name "seal to s3:// after 1% changed, shaped" --tool "packet / uploaded" --unit x --value "$(echo "scale=2; $packet / $(json_field uploaded_bytes <"$d/seal.json")" | bc)"
-  "$bin" seal "$m" -o "$d/local.packet" >/dev/null; cmp -s "$d/local.packet" "$s3/out.packet" || { echo "bench: the uploaded seal differs from the local one" >&2; exit 1; }
+  "$bin" seal "$m" -o "$d/local.packet" >/dev/null; "$tool" download "http://127.0.0.1:$raw/bench/out.packet" "$d/got.packet"
+  cmp -s "$d/local.packet" "$d/got.packet" || { echo "bench: the uploaded seal differs from the local one" >&2; exit 1; }
   t0=$(date +%s.%N); "$tool" upload "$d/local.packet" "http://127.0.0.1:$shaped/bench/whole.packet"
   R --name "seal to s3:// after 1% changed, shaped" --tool "upload the whole packet (seconds)" --value "$(seconds_since "$t0")"
-  rm -f "$s3/whole.packet" "$d/local.packet"
+  rm -rf "$d/local.packet" "$d/got.packet" "$d/.extents" "$d/.uploads"
 done
 # Memory: 64 sequential readers of the 64 largest files, at once, cold.
 cold; rmount s3://bench/S.packet --max-memory 64MiB --prefetch none

@@ -8,10 +8,10 @@
 //! touches is filled before it returns:
 //!
 //! 1. from the cache, when it holds an entry of that hash (checked);
-//! 2. else by one ranged GET that also takes the units after it that are
-//!    not filled yet, while they lie close together and the request stays
-//!    within the block size (small files are fetched a block at a time,
-//!    not one request each);
+//! 2. else by one ranged GET that also takes the units around it that are
+//!    not filled yet (back within half a block, then forward), while they
+//!    lie close together and the request stays within the block size
+//!    (small files are fetched a block at a time, not one request each);
 //! 3. each unit fetched is hashed: one that matches is written to the
 //!    spool and added to the cache; one that does not is fetched once more
 //!    on its own, then refused ([`Error::Corrupt`]).
@@ -363,7 +363,7 @@ impl Spool {
         Ok(())
     }
 
-    /// Fills unit `u` (and, in the same request, units after it; see the
+    /// Fills unit `u` (and, in the same request, units around it; see the
     /// module's text). A read (`foreground`) waits for a fetch of `u`
     /// already in flight and for memory; background work skips instead.
     fn fill(&self, u: usize, foreground: bool) -> Result<()> {
@@ -473,30 +473,52 @@ impl Spool {
         Ok(())
     }
 
-    /// Adds to `plan` (which holds one claimed unit) the units after it
-    /// that one request should bring too: not filled, not claimed, not in
-    /// the cache, close to the one before, and the request within a block.
+    /// Makes `plan` (which holds one claimed unit, `u`) the units one
+    /// request should bring: those around `u` that are not filled, not
+    /// claimed, not in the cache, and close to their neighbours, first
+    /// back from `u` within half a block (a listing runs in hash order, so
+    /// a reader of a directory lands in the middle of its files and wants
+    /// those before too), then forward within the block.
     fn extend(&self, plan: &mut Vec<usize>) {
-        let first = &self.units[plan[0]];
-        if first.len >= self.options.block {
+        let u = plan[0];
+        let block = self.options.block;
+        if self.units[u].len >= block {
             return;
         }
         let mut claims = self.claims.lock();
-        let mut v = plan[0] + 1;
-        while let Some(w) = self.units.get(v) {
-            let prev = &self.units[v - 1];
-            if w.start - prev.end() > MAX_GAP
-                || w.end() - first.start > self.options.block
-                || self.is_filled(v)
-                || claims.contains(&v)
-                || self.cache.as_ref().is_some_and(|c| c.has(&w.hash))
+        let free = |v: usize, claims: &HashSet<usize>| {
+            !self.is_filled(v)
+                && !claims.contains(&v)
+                && !self
+                    .cache
+                    .as_ref()
+                    .is_some_and(|c| c.has(&self.units[v].hash))
+        };
+        let mut lo = u;
+        while lo > 0 {
+            let (w, next) = (&self.units[lo - 1], &self.units[lo]);
+            if next.start - w.end() > MAX_GAP
+                || self.units[u].end() - w.start > block / 2
+                || !free(lo - 1, &claims)
             {
                 break;
             }
-            claims.insert(v);
-            plan.push(v);
-            v += 1;
+            lo -= 1;
         }
+        let start = self.units[lo].start;
+        let mut hi = u + 1;
+        while let Some(w) = self.units.get(hi) {
+            if w.start - self.units[hi - 1].end() > MAX_GAP
+                || w.end() - start > block
+                || !free(hi, &claims)
+            {
+                break;
+            }
+            hi += 1;
+        }
+        claims.extend((lo..hi).filter(|&v| v != u));
+        plan.clear();
+        plan.extend(lo..hi);
     }
 
     /// After a read that ended in unit `u`: if the reader is moving
@@ -758,19 +780,33 @@ mod tests {
 
     #[test]
     fn small_units_come_a_block_at_a_time_and_verified() {
-        let (s, bytes, requests, _) = spool(None, 8 * 1512);
+        let (s, bytes, _, _) = spool(None, 8 * 1512);
+        // Bytes the reads fetched themselves (read-ahead runs beside them).
+        let read = |s: &Spool| {
+            s.stats.fetched_bytes.load(Ordering::Relaxed)
+                - s.stats.background_bytes.load(Ordering::Relaxed)
+        };
         let u = s.units()[0].clone();
         s.ensure(u.start..u.start + 10).unwrap();
-        assert_eq!(requests.load(Ordering::Relaxed), 1);
         // The request brought the units after it, up to the block.
-        assert_eq!(s.filled_units(), 8);
         let last = s.units()[7].clone();
+        assert_eq!(read(&s), last.end() - u.start);
+        assert!((0..8).all(|v| s.is_filled(v)));
         s.ensure(last.start..last.end()).unwrap();
-        assert_eq!(requests.load(Ordering::Relaxed), 1);
+        assert_eq!(read(&s), last.end() - u.start);
         assert_eq!(
             spooled(&s, u.start..last.end()),
             bytes[u.start as usize..last.end() as usize]
         );
+        // A reader landing in the middle of a run gets the units before it
+        // too (within half a block), then those after it.
+        let (s, _, _, _) = spool(None, 8 * 1512);
+        let mid = s.units()[20].clone();
+        s.ensure(mid.start..mid.start + 1).unwrap();
+        let (lo, hi) = (s.units()[17].clone(), s.units()[24].clone());
+        assert_eq!(read(&s), hi.end() - lo.start);
+        assert!((17..=24).all(|v| s.is_filled(v)));
+        assert!(!s.is_filled(16));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use nix::sys::stat::Mode;
 
 /// The environment variable that forces the portable fallbacks (`1`), read
 /// only by debug builds: see [`fallbacks_forced`].
+#[cfg(debug_assertions)]
 pub const FORCE_FALLBACKS_VAR: &str = "SESSIONFS_TEST_FALLBACKS";
 
 /// Whether the Linux fast paths are off, so that every place with a
@@ -584,6 +585,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(debug_assertions)]
     fn the_switch_is_on_when_the_test_run_asks() {
         // The fallback run of `make test` sets the variable: check that the
         // build it runs reads it, or that run would test the fast paths.
