@@ -37,6 +37,29 @@ fn tree_packet(tmp: &Path) -> (PathBuf, PathBuf) {
     (ws, p)
 }
 
+/// The tree packed, in a bucket of its own at `key`: what every test
+/// starts from (the directory, the server, the bucket, the tree, the
+/// packet).
+fn start(
+    key: &str,
+) -> (
+    tempfile::TempDir,
+    &'static s3::Moto,
+    String,
+    PathBuf,
+    PathBuf,
+) {
+    let (tmp, moto, b) = setup();
+    let (ws, packet) = tree_packet(tmp.path());
+    moto.put(&b, key, &std::fs::read(&packet).unwrap());
+    (tmp, moto, b, ws, packet)
+}
+
+/// `env` as the pairs `run_env` and `Mounted::with_env` take.
+fn pairs(env: &[(&'static str, String)]) -> Vec<(&'static str, &str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 /// The S3 environment pointing at `port`, plus `extra`.
 fn env_of(port: u16, extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, String)> {
     let mut env = s3::env(port);
@@ -55,7 +78,7 @@ fn mount_remote(
     extra_env: &[(&'static str, &'static str)],
 ) -> Mounted {
     let env = env_of(port, extra_env);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = pairs(&env);
     Mounted::with_env(
         Path::new(loc),
         &tmp.join(name),
@@ -137,10 +160,8 @@ macro_rules! need_fuse {
 #[test]
 fn a_remote_mount_serves_the_packet_fetching_only_what_is_read() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, ws, packet) = start("t.packet");
     let t = tmp.path();
-    let (ws, packet) = tree_packet(t);
-    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
     let proxy = Proxy::start(moto.port);
     let loc = format!("s3://{b}/t.packet");
     let cache = t.join("cache");
@@ -198,7 +219,7 @@ fn a_remote_mount_serves_the_packet_fetching_only_what_is_read() {
     // And offline against the remote packet, with no cache at all.
     let offline = t.join("s1-offline.packet");
     let env = env_of(proxy.port, &[]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = pairs(&env);
     let r = common::run_env(
         [
             "seal",
@@ -227,10 +248,8 @@ fn a_remote_mount_serves_the_packet_fetching_only_what_is_read() {
 #[test]
 fn the_next_turn_on_the_node_fetches_only_what_changed() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, ws, packet) = start("t1.packet");
     let t = tmp.path();
-    let (ws, packet) = tree_packet(t);
-    moto.put(&b, "t1.packet", &std::fs::read(&packet).unwrap());
     let cache = t.join("cache");
     let loc1 = format!("s3://{b}/t1.packet");
     let m = mount_remote(&loc1, t, "turn1", &cache, moto.port, &[]);
@@ -281,10 +300,8 @@ fn the_next_turn_on_the_node_fetches_only_what_changed() {
 #[test]
 fn damaged_cache_entries_and_corrupted_responses_are_never_served() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, ws, packet) = start("t.packet");
     let t = tmp.path();
-    let (ws, packet) = tree_packet(t);
-    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
     let loc = format!("s3://{b}/t.packet");
     let cache = t.join("cache");
     // Fill the cache, then damage every entry (same length, other bytes).
@@ -337,10 +354,8 @@ fn damaged_cache_entries_and_corrupted_responses_are_never_served() {
 #[test]
 fn a_store_that_goes_down_fails_reads_with_eio_in_time() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, _ws, packet) = start("t.packet");
     let t = tmp.path();
-    let (_ws, packet) = tree_packet(t);
-    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
     let proxy = Proxy::start(moto.port);
     let loc = format!("s3://{b}/t.packet");
     let m = mount_remote(
@@ -366,10 +381,8 @@ fn a_store_that_goes_down_fails_reads_with_eio_in_time() {
 #[test]
 fn two_daemons_share_one_cache_under_load() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, ws, packet) = start("t.packet");
     let t = tmp.path();
-    let (ws, packet) = tree_packet(t);
-    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
     let loc = format!("s3://{b}/t.packet");
     let cache = t.join("cache");
     let m1 = mount_remote(&loc, t, "a", &cache, moto.port, &[]);
@@ -413,10 +426,8 @@ fn two_daemons_share_one_cache_under_load() {
 #[test]
 fn a_daemon_killed_mid_fetch_leaves_the_cache_sound() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, ws, packet) = start("t.packet");
     let t = tmp.path();
-    let (ws, packet) = tree_packet(t);
-    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
     let proxy = Proxy::start(moto.port);
     let loc = format!("s3://{b}/t.packet");
     let cache = t.join("cache");
@@ -448,10 +459,8 @@ fn a_daemon_killed_mid_fetch_leaves_the_cache_sound() {
 #[test]
 fn the_next_mount_prefetches_what_the_last_turn_read() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, ws, packet) = start("t1.packet");
     let t = tmp.path();
-    let (ws, packet) = tree_packet(t);
-    moto.put(&b, "t1.packet", &std::fs::read(&packet).unwrap());
     let loc1 = format!("s3://{b}/t1.packet");
     let m = mount_remote(&loc1, t, "turn1", &t.join("cache1"), moto.port, &[]);
     // The turn reads three files (one of them from its second chunk on)
@@ -526,7 +535,7 @@ fn the_next_mount_prefetches_what_the_last_turn_read() {
     }
     // With --prefetch none, nothing is fetched before it is read.
     let env = env_of(moto.port, &[]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = pairs(&env);
     let m3 = Mounted::with_env(
         Path::new(&loc2),
         &t.join("turn2b"),
@@ -553,10 +562,8 @@ fn the_next_mount_prefetches_what_the_last_turn_read() {
 #[test]
 fn a_remote_mount_rebases_onto_the_packet_it_uploads() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, ws, packet) = start("t1.packet");
     let t = tmp.path();
-    let (ws, packet) = tree_packet(t);
-    moto.put(&b, "t1.packet", &std::fs::read(&packet).unwrap());
     let cache = t.join("cache");
     let loc1 = format!("s3://{b}/t1.packet");
     let m = mount_remote(&loc1, t, "mnt", &cache, moto.port, &[]);
@@ -590,7 +597,7 @@ fn a_remote_mount_rebases_onto_the_packet_it_uploads() {
     m.umount();
     let again = t.join("t3-again.packet");
     let env = env_of(moto.port, &[]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = pairs(&env);
     common::run_env(
         [
             "seal",
@@ -629,10 +636,8 @@ fn a_remote_mount_rebases_onto_the_packet_it_uploads() {
 #[test]
 fn expired_credentials_are_renewed_from_their_source() {
     need_fuse!();
-    let (tmp, moto, b) = setup();
+    let (tmp, moto, b, ws, packet) = start("t.packet");
     let t = tmp.path();
-    let (ws, packet) = tree_packet(t);
-    moto.put(&b, "t.packet", &std::fs::read(&packet).unwrap());
     let proxy = Proxy::start(moto.port);
     let creds = t.join("credentials");
     let profile = |id: &str| {
@@ -660,7 +665,7 @@ fn expired_credentials_are_renewed_from_their_source() {
             ("SESSIONFS_LOG", "info".into()),
         ])
         .collect();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = pairs(&env);
     let m = Mounted::with_env(
         Path::new(&loc),
         &t.join("mnt"),

@@ -131,9 +131,24 @@ impl Contents for SealContents<'_> {
             // Direct reads skip the page cache this would fill.
             return;
         }
+        let p = &self.lower.packet;
+        // A remote parent: the units these entries need are fetched by the
+        // spool's threads while the pieces before them are written.
+        if let Some(spool) = p.spool() {
+            for it in &self.items[entries] {
+                if let ItemKind::File(f) = &it.kind
+                    && let Source::Lower(idx) = f.from
+                {
+                    let (off, len) =
+                        window.map_or((0, f.size), |(o, l)| (o, l.min(f.size.saturating_sub(o))));
+                    let start = p.content_offset(idx as usize) + off;
+                    spool.fetch_ahead(start..start + len);
+                }
+            }
+            return;
+        }
         // The lower bytes these entries come from, as one range of the old
         // packet when they lie close together (they mostly keep their order).
-        let p = &self.lower.packet;
         let (mut lo, mut hi, mut sum) = (u64::MAX, 0u64, 0u64);
         for it in &self.items[entries] {
             let ItemKind::File(f) = &it.kind else {
