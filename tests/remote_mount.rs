@@ -56,7 +56,7 @@ fn start(
 }
 
 /// `env` as the pairs `run_env` and `Mounted::with_env` take.
-fn pairs(env: &[(&'static str, String)]) -> Vec<(&'static str, &str)> {
+fn pairs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     env.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
@@ -248,7 +248,7 @@ fn a_remote_mount_serves_the_packet_fetching_only_what_is_read() {
 #[test]
 fn the_next_turn_on_the_node_fetches_only_what_changed() {
     need_fuse!();
-    let (tmp, moto, b, ws, packet) = start("t1.packet");
+    let (tmp, moto, b, ws, _packet) = start("t1.packet");
     let t = tmp.path();
     let cache = t.join("cache");
     let loc1 = format!("s3://{b}/t1.packet");
@@ -300,7 +300,7 @@ fn the_next_turn_on_the_node_fetches_only_what_changed() {
 #[test]
 fn damaged_cache_entries_and_corrupted_responses_are_never_served() {
     need_fuse!();
-    let (tmp, moto, b, ws, packet) = start("t.packet");
+    let (tmp, moto, b, ws, _packet) = start("t.packet");
     let t = tmp.path();
     let loc = format!("s3://{b}/t.packet");
     let cache = t.join("cache");
@@ -354,7 +354,7 @@ fn damaged_cache_entries_and_corrupted_responses_are_never_served() {
 #[test]
 fn a_store_that_goes_down_fails_reads_with_eio_in_time() {
     need_fuse!();
-    let (tmp, moto, b, _ws, packet) = start("t.packet");
+    let (tmp, moto, b, _ws, _packet) = start("t.packet");
     let t = tmp.path();
     let proxy = Proxy::start(moto.port);
     let loc = format!("s3://{b}/t.packet");
@@ -381,7 +381,7 @@ fn a_store_that_goes_down_fails_reads_with_eio_in_time() {
 #[test]
 fn two_daemons_share_one_cache_under_load() {
     need_fuse!();
-    let (tmp, moto, b, ws, packet) = start("t.packet");
+    let (tmp, moto, b, ws, _packet) = start("t.packet");
     let t = tmp.path();
     let loc = format!("s3://{b}/t.packet");
     let cache = t.join("cache");
@@ -426,7 +426,7 @@ fn two_daemons_share_one_cache_under_load() {
 #[test]
 fn a_daemon_killed_mid_fetch_leaves_the_cache_sound() {
     need_fuse!();
-    let (tmp, moto, b, ws, packet) = start("t.packet");
+    let (tmp, moto, b, ws, _packet) = start("t.packet");
     let t = tmp.path();
     let proxy = Proxy::start(moto.port);
     let loc = format!("s3://{b}/t.packet");
@@ -459,7 +459,7 @@ fn a_daemon_killed_mid_fetch_leaves_the_cache_sound() {
 #[test]
 fn the_next_mount_prefetches_what_the_last_turn_read() {
     need_fuse!();
-    let (tmp, moto, b, ws, packet) = start("t1.packet");
+    let (tmp, moto, b, ws, _packet) = start("t1.packet");
     let t = tmp.path();
     let loc1 = format!("s3://{b}/t1.packet");
     let m = mount_remote(&loc1, t, "turn1", &t.join("cache1"), moto.port, &[]);
@@ -562,7 +562,7 @@ fn the_next_mount_prefetches_what_the_last_turn_read() {
 #[test]
 fn a_remote_mount_rebases_onto_the_packet_it_uploads() {
     need_fuse!();
-    let (tmp, moto, b, ws, packet) = start("t1.packet");
+    let (tmp, moto, b, ws, _packet) = start("t1.packet");
     let t = tmp.path();
     let cache = t.join("cache");
     let loc1 = format!("s3://{b}/t1.packet");
@@ -636,7 +636,7 @@ fn a_remote_mount_rebases_onto_the_packet_it_uploads() {
 #[test]
 fn expired_credentials_are_renewed_from_their_source() {
     need_fuse!();
-    let (tmp, moto, b, ws, packet) = start("t.packet");
+    let (tmp, moto, b, ws, _packet) = start("t.packet");
     let t = tmp.path();
     let proxy = Proxy::start(moto.port);
     let creds = t.join("credentials");
