@@ -718,3 +718,51 @@ fn expired_credentials_are_renewed_from_their_source() {
     };
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
 }
+
+/// The fault proxy's "bandwidth cap": a slow link is slow, not broken. A
+/// read goes at the link's pace and succeeds; one that cannot finish
+/// within `SESSIONFS_REMOTE_TIMEOUT` fails with `EIO` within about that
+/// (each attempt is cut at the time left), and never hangs the reader.
+#[test]
+fn a_slow_link_serves_at_its_pace_and_times_out_in_bound() {
+    need_fuse!();
+    let (tmp, moto, b, ws, _packet) = start("t.packet");
+    let t = tmp.path();
+    let proxy = Proxy::start(moto.port);
+    let loc = format!("s3://{b}/t.packet");
+    let m = mount_remote(
+        &loc,
+        t,
+        "mnt",
+        &t.join("cache"),
+        proxy.port,
+        &[("SESSIONFS_REMOTE_TIMEOUT", "3")],
+    );
+    // 8 MiB/s: the 4 MiB chunk of data/mid.bin takes half a second.
+    proxy.cap(8 << 20);
+    let t0 = Instant::now();
+    assert_eq!(
+        std::fs::read(m.path("data/mid.bin")).unwrap(),
+        std::fs::read(ws.join("data/mid.bin")).unwrap()
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t0.elapsed()
+    );
+    // 256 KiB/s: a chunk would take 16 s, past the bound of 3.
+    proxy.cap(256 << 10);
+    let t0 = Instant::now();
+    let e = match std::fs::read(m.path("data/big.bin")) {
+        Ok(_) => panic!("a read past the time bound succeeded"),
+        Err(e) => e,
+    };
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(12), "{:?}", t0.elapsed());
+    // The link back to speed: the mount serves it.
+    proxy.cap(0);
+    assert_eq!(
+        std::fs::read(m.path("data/big.bin")).unwrap(),
+        std::fs::read(ws.join("data/big.bin")).unwrap()
+    );
+}

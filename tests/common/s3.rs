@@ -184,6 +184,9 @@ pub enum Fault {
 pub struct Proxy {
     pub port: u16,
     state: Arc<Mutex<(VecDeque<Fault>, Vec<String>)>>,
+    /// Bytes per second each answer's body is sent at (0: as fast as it
+    /// comes): a slow link.
+    rate: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
@@ -191,17 +194,24 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let state: Arc<Mutex<(VecDeque<Fault>, Vec<String>)>> = Arc::default();
-        let st = state.clone();
+        let rate: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+        let (st, r) = (state.clone(), rate.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let st = st.clone();
+                let (st, r) = (st.clone(), r.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(conn, upstream, &st);
+                    let _ = serve(conn, upstream, &st, &r);
                 });
             }
         });
-        Proxy { port, state }
+        Proxy { port, state, rate }
+    }
+
+    /// Caps each answer's body at `bytes_per_second` (0: no cap).
+    pub fn cap(&self, bytes_per_second: u64) {
+        self.rate
+            .store(bytes_per_second, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Queues faults for the next requests.
@@ -272,6 +282,7 @@ fn serve(
     mut client: TcpStream,
     upstream: u16,
     state: &Mutex<(VecDeque<Fault>, Vec<String>)>,
+    rate: &std::sync::atomic::AtomicU64,
 ) -> std::io::Result<()> {
     let (head, mut body) = read_head(&mut client)?;
     let len: usize = header(&head, "content-length")
@@ -342,7 +353,20 @@ fn serve(
     if let Some(b) = corrupt.and_then(|i| rbody.get_mut(i)) {
         *b ^= 0xff;
     }
-    client.write_all(&rbody)?;
+    // At the link's pace: 16 KiB at a time, each after its share of a second.
+    let began = Instant::now();
+    let mut sent = 0u64;
+    for piece in rbody.chunks(16 << 10) {
+        let r = rate.load(std::sync::atomic::Ordering::Relaxed);
+        if r > 0 {
+            let due = Duration::from_secs_f64(sent as f64 / r as f64);
+            if let Some(wait) = due.checked_sub(began.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        client.write_all(piece)?;
+        sent += piece.len() as u64;
+    }
     Ok(())
 }
 
