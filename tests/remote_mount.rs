@@ -55,6 +55,25 @@ fn start(
     (tmp, moto, b, ws, packet)
 }
 
+/// The tree's packet in a bucket of its own, mounted (its workspace) at
+/// `tmp/mnt` with the cache `tmp/cache`, through a fault proxy, with
+/// `extra` in the daemon's environment.
+struct Proxied {
+    m: Mounted,
+    proxy: Proxy,
+    ws: PathBuf,
+    tmp: tempfile::TempDir,
+}
+
+fn proxied(extra: &[(&'static str, &'static str)]) -> Proxied {
+    let (tmp, moto, b, ws, _packet) = start("t.packet");
+    let t = tmp.path();
+    let proxy = Proxy::start(moto.port);
+    let loc = format!("s3://{b}/t.packet");
+    let m = mount_remote(&loc, t, "mnt", &t.join("cache"), proxy.port, extra);
+    Proxied { m, proxy, ws, tmp }
+}
+
 /// `env` as the pairs `run_env` and `Mounted::with_env` take.
 fn pairs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     env.iter().map(|(k, v)| (*k, v.as_str())).collect()
@@ -354,18 +373,13 @@ fn damaged_cache_entries_and_corrupted_responses_are_never_served() {
 #[test]
 fn a_store_that_goes_down_fails_reads_with_eio_in_time() {
     need_fuse!();
-    let (tmp, moto, b, _ws, _packet) = start("t.packet");
-    let t = tmp.path();
-    let proxy = Proxy::start(moto.port);
-    let loc = format!("s3://{b}/t.packet");
-    let m = mount_remote(
-        &loc,
-        t,
-        "mnt",
-        &t.join("cache"),
-        proxy.port,
-        &[("SESSIONFS_REMOTE_TIMEOUT", "2")],
-    );
+    // (The directory first: bindings drop in reverse, the mount before it.)
+    let Proxied {
+        tmp: _tmp,
+        m,
+        proxy,
+        ..
+    } = proxied(&[("SESSIONFS_REMOTE_TIMEOUT", "2")]);
     proxy.inject((0..1000).map(|_| Fault::Status(503, "SlowDown")));
     let t0 = Instant::now();
     let e = std::fs::read(m.path("data/big.bin")).unwrap_err();
@@ -726,18 +740,12 @@ fn expired_credentials_are_renewed_from_their_source() {
 #[test]
 fn a_slow_link_serves_at_its_pace_and_times_out_in_bound() {
     need_fuse!();
-    let (tmp, moto, b, ws, _packet) = start("t.packet");
-    let t = tmp.path();
-    let proxy = Proxy::start(moto.port);
-    let loc = format!("s3://{b}/t.packet");
-    let m = mount_remote(
-        &loc,
-        t,
-        "mnt",
-        &t.join("cache"),
-        proxy.port,
-        &[("SESSIONFS_REMOTE_TIMEOUT", "3")],
-    );
+    let Proxied {
+        tmp: _tmp,
+        m,
+        proxy,
+        ws,
+    } = proxied(&[("SESSIONFS_REMOTE_TIMEOUT", "3")]);
     // 8 MiB/s: the 4 MiB chunk of data/mid.bin takes half a second.
     proxy.cap(8 << 20);
     let t0 = Instant::now();
