@@ -162,13 +162,16 @@ impl Cache {
             }
             f.read_exact(out)?;
             // Nothing more: the entry is as long as its metadata said.
-            Ok(sha2::Sha256::digest(&*out).as_slice() == hash)
+            let sound = sha2::Sha256::digest(&*out).as_slice() == hash;
+            if sound {
+                // Recently used: moves it back in the eviction order.
+                let _ = f.set_modified(SystemTime::now());
+            }
+            Ok(sound)
         })();
         match found {
             Ok(true) => {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                // Recently used: moves it back in the eviction order.
-                let _ = File::open(&path).and_then(|f| f.set_modified(SystemTime::now()));
                 true
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
