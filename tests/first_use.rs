@@ -204,16 +204,8 @@ fn a_dev_fuse_this_user_cannot_open_is_named_with_its_mode_and_owner() {
         );
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, packet) = readable_by_nobody();
     let t = tmp.path();
-    chmod(t, 0o755);
-    let packet = sample_packet(t);
-    chmod(&packet, 0o644);
-    // Everything the user (nobody) mounts with is its own.
-    let own = |p: &Path| {
-        fs::create_dir_all(p).unwrap();
-        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
-    };
     let (mnt, state, run_dir, dev) = (t.join("mnt"), t.join("state"), t.join("run"), t.join("dev"));
     for d in [&mnt, &state, &run_dir] {
         own(d);
@@ -272,15 +264,8 @@ fn root_reaches_another_users_mount() {
         eprintln!("SKIPPED: needs root, to mount as another user and ask as root");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
+    let (tmp, packet) = readable_by_nobody();
     let t = tmp.path();
-    chmod(t, 0o755);
-    let packet = sample_packet(t);
-    chmod(&packet, 0o644);
-    let own = |p: &Path| {
-        fs::create_dir_all(p).unwrap();
-        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
-    };
     let (mnt, state, dev) = (t.join("mnt"), t.join("state"), t.join("dev"));
     own(&mnt);
     own(&state);
@@ -338,4 +323,21 @@ fn sample_digest(packet: &Path) -> String {
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["digest"].as_str().unwrap().to_owned()
+}
+
+/// A directory any user may enter, with the sample packet readable by all:
+/// for the tests that mount as `nobody` (65534).
+fn readable_by_nobody() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    chmod(tmp.path(), 0o755);
+    let packet = sample_packet(tmp.path());
+    chmod(&packet, 0o644);
+    (tmp, packet)
+}
+
+/// Makes `p` (and its parents) and gives it to `nobody`: everything that
+/// user mounts with is its own.
+fn own(p: &Path) {
+    fs::create_dir_all(p).unwrap();
+    std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
 }
