@@ -200,6 +200,11 @@ pub fn serve(
     };
     own_socket.remove();
     control::drain(std::time::Duration::from_secs(5));
+    // A remote packet's last fetches go into the node's cache (the overlay
+    // is not dropped: see `forget` above).
+    if let Some(spool) = overlay.lower().packet.spool() {
+        spool.finish();
+    }
     if let Err(e) = overlay.fsyncdir() {
         tracing::warn!(error = %e, "cannot sync the journal at exit");
     }

@@ -181,6 +181,21 @@ fn pieces(manifest: &Manifest, layout: &Layout) -> Vec<Piece> {
     out
 }
 
+/// Entries, and bytes `(offset, len)` of each when given (a chunk), as
+/// [`Contents::prefetch`] and [`Contents::ready`] take them.
+type Span = (Range<usize>, Option<(u64, u64)>);
+
+/// The entries whose content a piece holds; `None` for the manifest.
+fn content_of(piece: &Piece) -> Option<Span> {
+    match *piece {
+        Piece::Manifest => None,
+        Piece::Members(ref r) => Some((r.clone(), None)),
+        Piece::Chunk { member, k } => {
+            Some((member..member + 1, Some((k * CHUNK_SIZE, CHUNK_SIZE))))
+        }
+    }
+}
+
 /// The output bytes a piece covers.
 fn range(piece: &Piece, manifest: &Manifest, layout: &Layout) -> Range<u64> {
     match *piece {
@@ -245,7 +260,13 @@ pub fn write_in_order<S: Contents>(
     // and the writers (mostly waiting on the disk) come on top. Measured on
     // 2 cores when the check was a second SHA-256: two workers beat one,
     // whose per-file work left the hasher waiting.
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // A source whose reads wait on round trips gets a worker per buffer,
+    // so that that many pieces are fetched at once.
+    let workers = if src.round_trips() {
+        IN_FLIGHT
+    } else {
+        std::thread::available_parallelism().map_or(2, |n| n.get())
+    };
     write_pieces(&a, out, how, workers)
 }
 
@@ -660,18 +681,17 @@ struct Assembler<'a, S> {
 impl<S: Contents> Assembler<'_, S> {
     /// Asks the source to start reading what `piece` will need.
     fn prefetch(&self, piece: &Piece) {
-        match *piece {
-            Piece::Manifest => {}
-            Piece::Members(ref r) => self.src.prefetch(r.clone(), None),
-            Piece::Chunk { member, k } => self
-                .src
-                .prefetch(member..member + 1, Some((k * CHUNK_SIZE, CHUNK_SIZE))),
+        if let Some((entries, window)) = content_of(piece) {
+            self.src.prefetch(entries, window);
         }
     }
 
     /// Fills `out` (exactly the piece's length) with the bytes of `piece`.
     /// Every byte is written: a reused buffer's old bytes never leak.
     fn fill(&self, piece: &Piece, out: &mut [u8]) -> std::result::Result<(), S::Error> {
+        if let Some((entries, window)) = content_of(piece) {
+            self.src.ready(entries, window)?;
+        }
         let mut cur = Cursor { buf: out, at: 0 };
         let mut headers = Vec::new();
         match *piece {

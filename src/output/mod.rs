@@ -621,6 +621,23 @@ pub trait Contents: Sync {
     /// large file's chunk) will be read soon: a source on disk can start
     /// reading them in now.
     fn prefetch(&self, _entries: std::ops::Range<usize>, _window: Option<(u64, u64)>) {}
+    /// Whether reading costs round trips (a remote parent): the writer then
+    /// runs more workers than cores, each waiting on its piece's fetch
+    /// ([`Contents::ready`]), so that several are in flight, in order.
+    fn round_trips(&self) -> bool {
+        false
+    }
+    /// Makes `entries` (bytes `window` of them) ready to be read now, in as
+    /// few requests as they allow: a remote source fetches them in runs
+    /// (reading them file by file would cost a request each). Called
+    /// before a piece is assembled; nothing to do for a source on disk.
+    fn ready(
+        &self,
+        _entries: std::ops::Range<usize>,
+        _window: Option<(u64, u64)>,
+    ) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }
 
 /// A file's content being read from its start.

@@ -167,10 +167,17 @@ impl RemoteOutput {
             if failed.load(Ordering::Relaxed) {
                 continue;
             }
+            let t0 = std::time::Instant::now();
             let (number, done) = match job {
                 Job::Send { number, bytes } => {
                     let r = self.upload.part(number, &bytes);
                     self.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    tracing::debug!(
+                        part = number,
+                        bytes = bytes.len(),
+                        ms = t0.elapsed().as_millis() as u64,
+                        "part sent"
+                    );
                     (number, r)
                 }
                 Job::Copy {
@@ -187,6 +194,12 @@ impl RemoteOutput {
                         }),
                     };
                     self.copied.fetch_add(len, Ordering::Relaxed);
+                    tracing::debug!(
+                        part = number,
+                        bytes = len,
+                        ms = t0.elapsed().as_millis() as u64,
+                        "part copied"
+                    );
                     (number, r)
                 }
             };

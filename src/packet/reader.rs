@@ -270,6 +270,17 @@ impl Packet {
         }
     }
 
+    /// [`Packet::ensure`] for a reader that announces its reads to the
+    /// spool and reads only those (a seal: [`Spool::ensure_planned`]).
+    ///
+    /// [`Spool::ensure_planned`]: crate::store::spool::Spool::ensure_planned
+    pub fn ensure_planned(&self, range: Range<u64>) -> io::Result<()> {
+        match &self.spool {
+            Some(s) if !range.is_empty() => s.ensure_planned(range).map_err(io::Error::other),
+            _ => Ok(()),
+        }
+    }
+
     /// The spool of a remote packet read by a mount.
     pub fn spool(&self) -> Option<&std::sync::Arc<crate::store::spool::Spool>> {
         self.spool.as_ref()

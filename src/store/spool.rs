@@ -22,8 +22,10 @@
 //! directory: a killed daemon leaves nothing of it.
 //!
 //! A reader moving forward gets read-ahead: the units after it are fetched
-//! on background threads, in a window that doubles (from one block up to
-//! [`MAX_WINDOW`]) while the reader keeps going. Fetched bytes are held in
+//! on background threads, in a window of twice what it has read moving
+//! forward (from one block up to [`MAX_WINDOW`]). A reader that says what
+//! it will read (a seal: [`Spool::fetch_ahead`], [`Spool::ensure_planned`])
+//! gets exactly that, in larger requests, and no read-ahead. Fetched bytes are held in
 //! memory only between the response and the spool, and all fetches
 //! together hold at most the memory budget: a read waits for room,
 //! read-ahead that finds none is skipped.
@@ -217,7 +219,12 @@ pub struct Spool {
     streams: Mutex<lru::LruCache<u32, Stream>>,
     /// Reads waiting on a fetch: background work yields while any do.
     waiting: AtomicUsize,
-    background: Mutex<Option<mpsc::Sender<usize>>>,
+    /// Units fetched and in the spool, to be added to the cache by its
+    /// writer thread, so that no read waits for the cache's files (a
+    /// block of small files is hundreds of entries).
+    to_cache: Arc<ToCache>,
+    /// Work for the read-ahead threads.
+    background: Mutex<Option<mpsc::Sender<Ahead>>>,
     stopped: AtomicBool,
     /// What it has done.
     pub stats: SpoolStats,
@@ -229,6 +236,17 @@ struct Stream {
     window: u64,
     /// Units before this one have been handed out to read-ahead.
     ahead_to: usize,
+    /// Where the reader started moving forward: the window is twice what
+    /// it has read since.
+    from: u64,
+}
+
+/// A request for a read-ahead thread: fill `unit`, the request extending
+/// over units of `bounds` within `block` bytes.
+struct Ahead {
+    unit: usize,
+    bounds: Range<usize>,
+    block: u64,
 }
 
 /// Streams whose read-ahead state is kept (a reader per file; 64 readers
@@ -276,6 +294,7 @@ impl Spool {
                 std::num::NonZeroUsize::new(STREAMS).unwrap_or(std::num::NonZeroUsize::MIN),
             )),
             waiting: AtomicUsize::new(0),
+            to_cache: Arc::default(),
             background: Mutex::new(None),
             stopped: AtomicBool::new(false),
             stats: SpoolStats::default(),
@@ -353,29 +372,60 @@ impl Spool {
 
     /// Makes every unit that `range` (of the object) touches filled and
     /// verified, fetching what is missing; bytes outside units (headers)
-    /// are not fetched.
+    /// are not fetched. For a reader whose next read is not known (a
+    /// mount's): a miss brings the units around it (a block), and a reader
+    /// moving forward gets read-ahead.
     pub fn ensure(&self, range: Range<u64>) -> Result<()> {
-        let first = self.units.partition_point(|u| u.end() <= range.start);
-        let mut u = first;
-        while u < self.units.len() && self.units[u].start < range.end {
-            if !self.is_filled(u) {
-                self.waiting.fetch_add(1, Ordering::AcqRel);
-                let r = self.fill(u, true, self.options.block);
-                self.waiting.fetch_sub(1, Ordering::AcqRel);
-                r?;
-            }
-            u += 1;
-        }
-        if u > first {
-            self.read_ahead(u - 1);
+        if let Some(last) = self.ensure_within(range, None)? {
+            self.read_ahead(last);
         }
         Ok(())
     }
 
-    /// Fills unit `u` (and, in the same request, units around it; see the
-    /// module's text). A read (`foreground`) waits for a fetch of `u`
-    /// already in flight and for memory; background work skips instead.
-    fn fill(&self, u: usize, foreground: bool, block: u64) -> Result<()> {
+    /// [`Spool::ensure`] for a reader that announces what it will read
+    /// ([`Spool::fetch_ahead`]) and reads nothing else, a seal writing the
+    /// packet in order: a miss brings only units of `range`, and nothing
+    /// is read ahead (a seal reads runs of the parent between the runs the
+    /// store copies, and read-ahead would fetch the copied runs too).
+    pub fn ensure_planned(&self, range: Range<u64>) -> Result<()> {
+        let units = self.units_of(&range);
+        let block = self.options.block.max(PREFETCH_BLOCK);
+        self.ensure_within(range, Some((units, block))).map(|_| ())
+    }
+
+    /// The units `range` touches.
+    fn units_of(&self, range: &Range<u64>) -> Range<usize> {
+        let first = self.units.partition_point(|u| u.end() <= range.start);
+        let end = first + self.units[first..].partition_point(|u| u.start < range.end);
+        first..end
+    }
+
+    /// Fills the units of `range`, each miss's request kept within
+    /// `bounds` (units) and its block when given (else the block size,
+    /// anywhere); the last unit it touched, if any.
+    fn ensure_within(
+        &self,
+        range: Range<u64>,
+        bounds: Option<(Range<usize>, u64)>,
+    ) -> Result<Option<usize>> {
+        let units = self.units_of(&range);
+        let (bounds, block) = bounds.unwrap_or((0..self.units.len(), self.options.block));
+        for u in units.clone() {
+            if !self.is_filled(u) {
+                self.waiting.fetch_add(1, Ordering::AcqRel);
+                let r = self.fill(u, true, block, &bounds);
+                self.waiting.fetch_sub(1, Ordering::AcqRel);
+                r?;
+            }
+        }
+        Ok(units.end.checked_sub(1).filter(|_| !units.is_empty()))
+    }
+
+    /// Fills unit `u` (and, in the same request, units around it within
+    /// `bounds`; see the module's text). A read (`foreground`) waits for a
+    /// fetch of `u` already in flight and for memory; background work
+    /// skips instead.
+    fn fill(&self, u: usize, foreground: bool, block: u64, bounds: &Range<usize>) -> Result<()> {
         {
             let mut claims = self.claims.lock();
             loop {
@@ -408,7 +458,7 @@ impl Spool {
                 return Ok(());
             }
         }
-        self.extend(&mut *release.units, block);
+        self.extend(&mut *release.units, block, bounds);
         let plan = &release.units[..];
         let (start, end) = (
             self.units[plan[0]].start,
@@ -451,10 +501,11 @@ impl Spool {
                 }
             }
             self.put(v, bytes)?;
-            if let Some(cache) = &self.cache {
-                cache.put(&w.hash, bytes);
+            if self.cache.is_some() {
+                self.to_cache.state.lock().units.push_back(v);
             }
         }
+        self.to_cache.more.notify_one();
         result
     }
 
@@ -488,7 +539,7 @@ impl Spool {
     /// back from `u` within half a block (a listing runs in hash order, so
     /// a reader of a directory lands in the middle of its files and wants
     /// those before too), then forward within the block.
-    fn extend(&self, plan: &mut Vec<usize>, block: u64) {
+    fn extend(&self, plan: &mut Vec<usize>, block: u64, bounds: &Range<usize>) {
         let u = plan[0];
         if self.units[u].len >= block {
             return;
@@ -503,7 +554,7 @@ impl Spool {
                     .is_some_and(|c| c.has(&self.units[v].hash))
         };
         let mut lo = u;
-        while lo > 0 {
+        while lo > bounds.start {
             let (w, next) = (&self.units[lo - 1], &self.units[lo]);
             if next.start - w.end() > MAX_GAP
                 || self.units[u].end() - w.start > block / 2
@@ -515,7 +566,7 @@ impl Spool {
         }
         let start = self.units[lo].start;
         let mut hi = u + 1;
-        while let Some(w) = self.units.get(hi) {
+        while let Some(w) = self.units.get(hi).filter(|_| hi < bounds.end) {
             if w.start - self.units[hi - 1].end() > MAX_GAP
                 || w.end() - start > block
                 || !free(hi, &claims)
@@ -530,8 +581,11 @@ impl Spool {
     }
 
     /// After a read that ended in unit `u`: if the reader is moving
-    /// forward, hands the units ahead of it (within its window, which
-    /// doubles while it keeps going) to the background threads.
+    /// forward, hands the units ahead of it (within its window: twice what
+    /// it has read moving forward, from one block up to [`MAX_WINDOW`]) to
+    /// the background threads. Growing with what was read, not with each
+    /// read, keeps a reader of a few small files in a row (an agent's
+    /// edits copying them up) from fetching megabytes it never reads.
     fn read_ahead(&self, u: usize) {
         let unit = &self.units[u];
         let chunked = self.units.get(u + 1).is_some_and(|n| n.group == unit.group)
@@ -543,64 +597,81 @@ impl Spool {
             u == 0 || self.is_filled(u - 1) || (chunked && self.units[u - 1].group != unit.group);
         let mut streams = self.streams.lock();
         let s = streams.get(&key).copied();
+        let first = self.options.block.max(unit.len);
         let mut s = match s {
-            Some(s) if forward && s.ahead_to > u => Stream {
-                window: (s.window * 2).min(MAX_WINDOW),
-                ahead_to: s.ahead_to,
+            // (Readers of small files share one stream: one behind where
+            // it started starts it again.)
+            Some(s) if forward && s.ahead_to > u && unit.start >= s.from => Stream {
+                window: (2 * (unit.end() - s.from)).clamp(first, MAX_WINDOW.max(first)),
+                ..s
             },
             _ if forward => Stream {
-                window: self.options.block.max(unit.len),
+                window: first,
                 ahead_to: u + 1,
+                from: unit.start,
             },
             _ => {
                 streams.pop(&key);
                 return;
             }
         };
-        // Hand out units up to `window` bytes past the end of `u`, a
-        // request's worth at a time.
+        // Hand out units up to `window` bytes past the end of `u`.
         let limit = unit.end() + s.window;
-        let tx = self.background.lock().clone();
-        let mut v = s.ahead_to.max(u + 1);
-        let mut request_start = None;
-        while let Some(w) = self.units.get(v) {
-            if w.start >= limit || (chunked && w.group != unit.group) {
-                break;
-            }
-            if !self.is_filled(v) {
-                let new_request = request_start.is_none_or(|rs| w.end() - rs > self.options.block);
-                if new_request {
-                    request_start = Some(w.start);
-                    if let Some(tx) = &tx {
-                        let _ = tx.send(v);
-                    }
-                }
-            }
-            v += 1;
+        let mut end = s.ahead_to.max(u + 1);
+        while self
+            .units
+            .get(end)
+            .is_some_and(|w| w.start < limit && (!chunked || w.group == unit.group))
+        {
+            end += 1;
         }
-        s.ahead_to = v;
+        self.hand_out(
+            s.ahead_to.max(u + 1)..end,
+            0..self.units.len(),
+            self.options.block,
+        );
+        s.ahead_to = end;
         streams.put(key, s);
     }
 
-    /// Hands the units that `range` touches and that are not filled to the
-    /// read-ahead threads, without waiting: for a reader that knows what it
-    /// will read next (a seal writing the packet in order).
-    pub fn fetch_ahead(&self, range: Range<u64>) {
+    /// Hands `units` that are not filled to the read-ahead threads, a
+    /// request's worth (`block`) at a time, each request kept within
+    /// `bounds`.
+    fn hand_out(&self, units: Range<usize>, bounds: Range<usize>, block: u64) {
         let Some(tx) = self.background.lock().clone() else {
             return;
         };
-        let mut u = self.units.partition_point(|x| x.end() <= range.start);
-        while u < self.units.len() && self.units[u].start < range.end {
-            if !self.is_filled(u) {
-                let _ = tx.send(u);
+        let mut request_start = None;
+        for v in units {
+            if self.is_filled(v) {
+                continue;
             }
-            u += 1;
+            let w = &self.units[v];
+            if request_start.is_none_or(|rs| w.end() - rs > block) {
+                request_start = Some(w.start);
+                let bounds = bounds.clone();
+                let _ = tx.send(Ahead {
+                    unit: v,
+                    bounds,
+                    block,
+                });
+            }
         }
+    }
+
+    /// Hands the units that `range` touches and that are not filled to the
+    /// read-ahead threads, without waiting, in requests of up to 4 MiB kept
+    /// within `range`: for a reader that knows what it will read next (a seal
+    /// writing the packet in order, with [`Spool::ensure_planned`]).
+    pub fn fetch_ahead(&self, range: Range<u64>) {
+        let units = self.units_of(&range);
+        let block = self.options.block.max(PREFETCH_BLOCK);
+        self.hand_out(units.clone(), units, block);
     }
 
     /// Starts the background threads: read-ahead, and `--prefetch all`.
     fn start_background(self: &Arc<Spool>) -> std::io::Result<()> {
-        let (tx, rx) = mpsc::channel::<usize>();
+        let (tx, rx) = mpsc::channel::<Ahead>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..BACKGROUND_THREADS {
             let (weak, rx) = (Arc::downgrade(self), rx.clone());
@@ -614,9 +685,9 @@ impl Spool {
                             return;
                         }
                         match next {
-                            Ok(u) => {
-                                if let Err(e) = spool.fill(u, false, spool.options.block) {
-                                    tracing::debug!(unit = u, error = %e, "fetching ahead failed; left to the reader");
+                            Ok(a) => {
+                                if let Err(e) = spool.fill(a.unit, false, a.block, &a.bounds) {
+                                    tracing::debug!(unit = a.unit, error = %e, "fetching ahead failed; left to the reader");
                                 }
                             }
                             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -626,6 +697,30 @@ impl Spool {
                 })?;
         }
         *self.background.lock() = Some(tx);
+        if self.cache.is_some() {
+            // Holds the spool only while it adds a unit, so that the spool
+            // ends (and drains what is left) when its owner lets it go.
+            let (weak, queue) = (Arc::downgrade(self), self.to_cache.clone());
+            std::thread::Builder::new()
+                .name("cache-writer".into())
+                .spawn(move || {
+                    loop {
+                        let next = queue.take(Some(Duration::from_millis(200)));
+                        // Ends with the spool; until then it takes turns
+                        // with `finish`, which drains what is left.
+                        let Some(spool) = weak.upgrade() else {
+                            if next.is_some() {
+                                queue.done();
+                            }
+                            return;
+                        };
+                        if let Some(u) = next {
+                            spool.add_to_cache(u);
+                            queue.done();
+                        }
+                    }
+                })?;
+        }
         if self.options.prefetch == Prefetch::All {
             self.prefetch(0..self.units.len())?;
         }
@@ -654,12 +749,103 @@ impl Spool {
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
         self.background.lock().take();
+        self.to_cache.more.notify_all();
+    }
+
+    /// Ends the spool's work when its mount ends: the background threads
+    /// stop, and what was fetched but is not in the cache yet is added
+    /// (for at most a few seconds; what is left after that is fetched
+    /// again if it is needed).
+    pub fn finish(&self) {
+        self.stop();
+        self.drain_to_cache(DRAIN_LIMIT);
+    }
+
+    /// Adds unit `u` (filled: verified, and never written again) to the
+    /// cache, read back from the spool file.
+    fn add_to_cache(&self, u: usize) {
+        let Some(cache) = &self.cache else { return };
+        let w = &self.units[u];
+        let mut buf = vec![0u8; w.len as usize];
+        match self.file.read_exact_at(&mut buf, w.start) {
+            Ok(()) => cache.put(&w.hash, &buf),
+            Err(e) => {
+                tracing::debug!(unit = u, error = %e, "cannot read the spool to fill the cache")
+            }
+        }
+    }
+
+    /// Adds what is waiting to the cache, for at most `limit`: a mount's
+    /// last reads reach the cache when it ends (what is left after that is
+    /// fetched again if it is needed).
+    fn drain_to_cache(&self, limit: Duration) {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < limit {
+            if let Some(u) = self.to_cache.take(None) {
+                self.add_to_cache(u);
+                self.to_cache.done();
+                continue;
+            }
+            // Nothing queued: wait for the writer thread's unit, if any.
+            let mut q = self.to_cache.state.lock();
+            if q.busy == 0 {
+                return;
+            }
+            self.to_cache
+                .added
+                .wait_for(&mut q, Duration::from_millis(50));
+        }
+        tracing::debug!(
+            left = self.to_cache.state.lock().units.len(),
+            "content left out of the cache at the end"
+        );
     }
 }
 
+/// How long the end of a mount may spend adding its last fetches to the
+/// cache.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
 impl Drop for Spool {
     fn drop(&mut self) {
-        self.stop();
+        self.finish();
+    }
+}
+
+/// Units for the cache's writer thread.
+#[derive(Default)]
+struct ToCache {
+    state: Mutex<Queue>,
+    /// Units were queued.
+    more: Condvar,
+    /// A unit was added to the cache.
+    added: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    units: std::collections::VecDeque<usize>,
+    /// Units taken from `units`, being added.
+    busy: usize,
+}
+
+impl ToCache {
+    /// The next unit to add, counted as busy until [`ToCache::done`].
+    fn take(&self, wait: Option<Duration>) -> Option<usize> {
+        let mut q = self.state.lock();
+        if q.units.is_empty()
+            && let Some(w) = wait
+        {
+            self.more.wait_for(&mut q, w);
+        }
+        let u = q.units.pop_front()?;
+        q.busy += 1;
+        Some(u)
+    }
+
+    fn done(&self) {
+        self.state.lock().busy -= 1;
+        self.added.notify_all();
     }
 }
 
@@ -686,7 +872,7 @@ fn prefetch_in_order(weak: Weak<Spool>, units: &Mutex<impl Iterator<Item = usize
             continue;
         }
         let block = spool.options.block.max(PREFETCH_BLOCK);
-        match spool.fill(u, false, block) {
+        match spool.fill(u, false, block, &(0..spool.units.len())) {
             Ok(()) if spool.is_filled(u) || spool.claims.lock().contains(&u) => {
                 next = units.lock().next();
             }
@@ -839,6 +1025,43 @@ mod tests {
     }
 
     #[test]
+    fn a_planned_reader_fetches_only_what_it_names() {
+        let (s, bytes, requests, _) = spool(None, 8 * 1512);
+        let (a, b) = (s.units()[3].clone(), s.units()[5].clone());
+        s.ensure_planned(a.start..b.end()).unwrap();
+        // One request, for units 3 to 5 only: nothing around them, nothing
+        // ahead (a reader's miss here brings units up to the block, then
+        // reads ahead: small_units_come_a_block_at_a_time_and_verified).
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(requests.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            s.stats.fetched_bytes.load(Ordering::Relaxed),
+            b.end() - a.start
+        );
+        assert!((3..=5).all(|v| s.is_filled(v)));
+        assert!(!s.is_filled(2) && !s.is_filled(6));
+        assert_eq!(
+            spooled(&s, a.start..b.end()),
+            bytes[a.start as usize..b.end() as usize]
+        );
+        // Announced ranges are fetched in the background within their
+        // bounds too.
+        let (c, d) = (s.units()[10].clone(), s.units()[12].clone());
+        s.fetch_ahead(c.start..d.end());
+        let t0 = std::time::Instant::now();
+        while !(10..=12).all(|v| s.is_filled(v)) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "not fetched ahead");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!s.is_filled(9) && !s.is_filled(13));
+        assert_eq!(
+            s.stats.fetched_bytes.load(Ordering::Relaxed),
+            (b.end() - a.start) + (d.end() - c.start)
+        );
+    }
+
+    #[test]
     fn a_corrupted_response_is_fetched_once_more_then_refused() {
         let (s, bytes, requests, corrupt) = spool(None, 4096);
         let big = s.units()[40].clone();
@@ -872,6 +1095,9 @@ mod tests {
         s.ensure(0..s.remote().len()).unwrap();
         let first = requests.load(Ordering::Relaxed);
         assert!(first >= 2, "{first}");
+        // Its last fetches reach the cache when it ends (a mount's end).
+        s.finish();
+        assert_eq!(cache.stats.added.load(Ordering::Relaxed), 41);
         // Another spool on the same cache (another mount, the next turn).
         let (t, bytes, requests, _) = spool(Some(cache), 1 << 20);
         t.ensure(0..t.remote().len()).unwrap();

@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// Lower files closer than this in a remote parent are announced to its
+/// spool as one run (what lies between is member headers).
+const RUN_GAP: u64 = 64 << 10;
+
 /// The merged view's files as a content source for the writer.
 pub(super) struct SealContents<'a> {
     /// The seal's options (whether it was given up).
@@ -89,6 +93,37 @@ pub(super) enum SealReader<'a> {
     },
 }
 
+impl SealContents<'_> {
+    /// The bytes of the lower packet that `entries` (bytes `window` of
+    /// each, when given) are read from, as runs in their order, files
+    /// closer than [`RUN_GAP`] in one run.
+    fn lower_runs(
+        &self,
+        entries: std::ops::Range<usize>,
+        window: Option<(u64, u64)>,
+    ) -> Vec<std::ops::Range<u64>> {
+        let p = &self.lower.packet;
+        let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
+        for it in &self.items[entries] {
+            let ItemKind::File(f) = &it.kind else {
+                continue;
+            };
+            let Source::Lower(idx) = f.from else { continue };
+            let (off, len) =
+                window.map_or((0, f.size), |(o, l)| (o, l.min(f.size.saturating_sub(o))));
+            if len == 0 {
+                continue;
+            }
+            let start = p.content_offset(idx as usize) + off;
+            match runs.last_mut() {
+                Some(r) if start >= r.end && start - r.end <= RUN_GAP => r.end = start + len,
+                _ => runs.push(start..start + len),
+            }
+        }
+        runs
+    }
+}
+
 impl Contents for SealContents<'_> {
     type Error = Error;
     type Reader<'a>
@@ -132,39 +167,36 @@ impl Contents for SealContents<'_> {
             return;
         }
         let p = &self.lower.packet;
-        // A remote parent: the units these entries need are fetched by the
-        // spool's threads while the pieces before them are written.
-        if let Some(spool) = p.spool() {
-            for it in &self.items[entries] {
-                if let ItemKind::File(f) = &it.kind
-                    && let Source::Lower(idx) = f.from
-                {
-                    let (off, len) =
-                        window.map_or((0, f.size), |(o, l)| (o, l.min(f.size.saturating_sub(o))));
-                    let start = p.content_offset(idx as usize) + off;
-                    spool.fetch_ahead(start..start + len);
-                }
-            }
+        if p.spool().is_some() {
+            // A remote parent: each piece is fetched by the worker that
+            // assembles it (`ready`), several at a time.
             return;
         }
+        let runs = self.lower_runs(entries, window);
         // The lower bytes these entries come from, as one range of the old
         // packet when they lie close together (they mostly keep their order).
-        let (mut lo, mut hi, mut sum) = (u64::MAX, 0u64, 0u64);
-        for it in &self.items[entries] {
-            let ItemKind::File(f) = &it.kind else {
-                continue;
-            };
-            let Source::Lower(idx) = f.from else { continue };
-            let (off, len) =
-                window.map_or((0, f.size), |(o, l)| (o, l.min(f.size.saturating_sub(o))));
-            let start = p.content_offset(idx as usize) + off;
-            lo = lo.min(start);
-            hi = hi.max(start + len);
-            sum += len;
-        }
+        let (lo, hi) = runs.iter().fold((u64::MAX, 0), |(lo, hi), r| {
+            (lo.min(r.start), hi.max(r.end))
+        });
+        let sum: u64 = runs.iter().map(|r| r.end - r.start).sum();
         if sum > 0 && hi - lo <= 2 * sum + (1 << 20) {
             crate::sys::will_need(p.file(), lo, hi - lo);
         }
+    }
+
+    fn round_trips(&self) -> bool {
+        self.lower.packet.spool().is_some()
+    }
+
+    fn ready(&self, entries: std::ops::Range<usize>, window: Option<(u64, u64)>) -> Result<()> {
+        let p = &self.lower.packet;
+        if p.spool().is_none() {
+            return Ok(());
+        }
+        for r in self.lower_runs(entries, window) {
+            p.ensure_planned(r).map_err(|e| Error::packet_io(p, e))?;
+        }
+        Ok(())
     }
 
     fn open(&self, i: usize) -> Result<SealReader<'_>> {
@@ -218,7 +250,7 @@ impl ContentReader for SealReader<'_> {
                 // A remote packet's content is fetched into its spool first
                 // (nothing for a local one).
                 packet
-                    .ensure(*pos..*pos + buf.len() as u64)
+                    .ensure_planned(*pos..*pos + buf.len() as u64)
                     .map_err(|e| Error::packet_io(packet, e))?;
                 match direct {
                     Some(d) => d.read_exact_at(file, buf, *pos),
