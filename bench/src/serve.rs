@@ -20,6 +20,11 @@
 //! a second bandwidth cap (the uplink). Objects are files under the root
 //! (`ROOT/BUCKET/KEY`), uploads in `ROOT/.uploads/`.
 //!
+//! And what the peers that mount the bucket ask before they read
+//! (ratarmount through fsspec's s3fs, mountpoint-s3): `HeadObject` with
+//! `Last-Modified`, and `ListObjectsV2` (prefix, delimiter, `max-keys`,
+//! continuation, `encoding-type=url`).
+//!
 //! Also `download` and `upload`: the peers (8 ranged GETs, or parts, of
 //! 8 MiB at a time, as `aws s3 cp`).
 
@@ -100,12 +105,18 @@ impl Request {
             .map(|(_, v)| v.as_str())
     }
 
-    /// A query parameter (`uploads` has an empty value).
+    /// A query parameter (`uploads` has an empty value), as sent
+    /// (percent-encoded).
     fn param(&self, name: &str) -> Option<&str> {
         self.query.split('&').find_map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             (k == name).then_some(v)
         })
+    }
+
+    /// A query parameter, percent-decoded; empty when absent.
+    fn text(&self, name: &str) -> String {
+        self.param(name).map(percent_decode).unwrap_or_default()
     }
 }
 
@@ -224,6 +235,7 @@ impl Server {
         let upload = req.param("uploadId");
         match (req.method.as_str(), upload) {
             ("POST", None) if req.param("uploads").is_some() => self.create(out, req),
+            ("GET", None) if req.param("list-type") == Some("2") => self.list(out, req),
             ("PUT", Some(id)) => self.part(out, req, id),
             ("POST", Some(id)) => self.complete(out, req, id),
             ("DELETE", Some(id)) => {
@@ -288,6 +300,7 @@ impl Server {
         };
         let mut extra = extra;
         extra.push(format!("ETag: {etag}"));
+        extra.push(format!("Last-Modified: {}", http_date(object.modified)));
         extra.push("Accept-Ranges: bytes".into());
         head(out, status, end - start, &extra)?;
         if method == "HEAD" {
@@ -317,6 +330,8 @@ struct Object {
     extents: Vec<(PathBuf, u64, u64)>,
     len: u64,
     etag: String,
+    /// Seconds since the epoch.
+    modified: u64,
 }
 
 impl Object {
@@ -389,31 +404,108 @@ impl Server {
         if name.contains("..") || name.is_empty() {
             return None;
         }
+        // The ETag and the modification time.
         let stamp = |m: std::fs::Metadata| {
-            let t = m.modified().map_or(0, |t| {
-                t.duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
+            let t = m.modified().map_or(Duration::ZERO, |t| {
+                t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
             });
-            format!("\"{}-{t}\"", m.len())
+            (format!("\"{}-{}\"", m.len(), t.as_nanos()), t.as_secs())
         };
         let ext = self.root.join(".extents").join(name);
         if let Ok(extents) = read_extents(&ext) {
             let len = extents.iter().map(|e| e.2).sum();
-            let etag = stamp(std::fs::metadata(&ext).ok()?);
-            return Some(Object { extents, len, etag });
+            let (etag, modified) = stamp(std::fs::metadata(&ext).ok()?);
+            return Some(Object {
+                extents,
+                len,
+                etag,
+                modified,
+            });
         }
         let file = self.root.join(name);
         let m = std::fs::metadata(&file).ok().filter(|m| m.is_file())?;
         let len = m.len();
+        let (etag, modified) = stamp(m);
         Some(Object {
             extents: vec![(file, 0, len)],
             len,
-            etag: stamp(m),
+            etag,
+            modified,
         })
     }
 
     fn upload_dir(&self, id: &str) -> PathBuf {
         self.root.join(".uploads").join(id.replace(['/', '.'], "_"))
+    }
+
+    /// `ListObjectsV2` of `/BUCKET`: the objects under `ROOT/BUCKET` and
+    /// those uploaded here, a page of [`list_page`].
+    fn list(&self, out: &mut TcpStream, req: &Request) -> std::io::Result<()> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(self.shape.latency);
+        let bucket = req.path.trim_matches('/');
+        let dir = self.root.join(bucket);
+        // `.uploads` and `.extents` are the store's own.
+        if bucket.is_empty() || bucket.contains('/') || bucket.starts_with('.') || !dir.is_dir() {
+            return error(out, "404 Not Found", "NoSuchBucket");
+        }
+        let mut keys = std::collections::BTreeSet::new();
+        keys_under(&dir, "", &mut keys)?;
+        keys_under(&self.root.join(".extents").join(bucket), "", &mut keys)?;
+        let (prefix, delimiter) = (req.text("prefix"), req.text("delimiter"));
+        // A token is the last key a page covered (see `list_page`).
+        let token = req.param("continuation-token").map(percent_decode);
+        let after = token.clone().unwrap_or_else(|| req.text("start-after"));
+        let max = req
+            .param("max-keys")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MAX_KEYS)
+            .min(MAX_KEYS);
+        let page = list_page(&keys, &prefix, &delimiter, &after, max);
+        // With `encoding-type=url` the names go percent-encoded (which is
+        // also valid XML text), else XML-escaped.
+        let url = req.param("encoding-type") == Some("url");
+        let name = |s: &str| if url { percent_encode(s) } else { xml(s) };
+        let mut body = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>{bucket}</Name><Prefix>{}</Prefix><KeyCount>{}</KeyCount><MaxKeys>{max}</MaxKeys><IsTruncated>{}</IsTruncated>",
+            name(&prefix),
+            page.objects.len() + page.prefixes.len(),
+            page.next.is_some()
+        );
+        if !delimiter.is_empty() {
+            body += &format!("<Delimiter>{}</Delimiter>", name(&delimiter));
+        }
+        if url {
+            body += "<EncodingType>url</EncodingType>";
+        }
+        if let Some(t) = &token {
+            body += &format!("<ContinuationToken>{}</ContinuationToken>", xml(t));
+        }
+        if let Some(t) = &page.next {
+            body += &format!("<NextContinuationToken>{}</NextContinuationToken>", xml(t));
+        }
+        for key in &page.objects {
+            // A key listed but gone (an upload completing) is left out.
+            let Some(o) = self.open_object(&format!("/{bucket}/{key}")) else {
+                continue;
+            };
+            body += &format!(
+                "<Contents><Key>{}</Key><LastModified>{}</LastModified><ETag>{}</ETag><Size>{}</Size><StorageClass>STANDARD</StorageClass></Contents>",
+                name(key),
+                iso_date(o.modified),
+                xml(&o.etag),
+                o.len
+            );
+        }
+        for p in &page.prefixes {
+            body += &format!(
+                "<CommonPrefixes><Prefix>{}</Prefix></CommonPrefixes>",
+                name(p)
+            );
+        }
+        body += "</ListBucketResult>";
+        head(out, "200 OK", body.len() as u64, &[])?;
+        out.write_all(body.as_bytes())
     }
 
     /// `CreateMultipartUpload`.
@@ -517,6 +609,182 @@ fn error(out: &mut TcpStream, status: &str, code: &str) -> std::io::Result<()> {
     let body = format!("<Error><Code>{code}</Code></Error>");
     head(out, status, body.len() as u64, &[])?;
     out.write_all(body.as_bytes())
+}
+
+/// S3's most keys in one page of a listing (and its default).
+const MAX_KEYS: usize = 1000;
+
+/// The keys of the files under `dir` (following symbolic links to
+/// files, not to directories), each `rel` + its path; none if `dir` is
+/// not there.
+fn keys_under(
+    dir: &Path,
+    rel: &str,
+    keys: &mut std::collections::BTreeSet<String>,
+) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        r => r?,
+    };
+    for e in entries {
+        let e = e?;
+        let key = format!("{rel}{}", e.file_name().to_string_lossy());
+        if e.file_type()?.is_dir() {
+            keys_under(&e.path(), &format!("{key}/"), keys)?;
+        } else if e.path().is_file() {
+            keys.insert(key);
+        }
+    }
+    Ok(())
+}
+
+/// One page of a listing.
+#[derive(Debug, PartialEq)]
+struct Page {
+    /// Keys listed as objects.
+    objects: Vec<String>,
+    /// Common prefixes (each ends with the delimiter), in order.
+    prefixes: Vec<String>,
+    /// The continuation token when there is more: the last key this
+    /// page covered (a common prefix covers all the keys under it).
+    next: Option<String>,
+}
+
+/// The keys of `keys` (sorted) that start with `prefix` and sort after
+/// `after`, those with `delimiter` after the prefix rolled up into one
+/// common prefix each, `max` entries at most.
+fn list_page(
+    keys: &std::collections::BTreeSet<String>,
+    prefix: &str,
+    delimiter: &str,
+    after: &str,
+    max: usize,
+) -> Page {
+    let mut page = Page {
+        objects: Vec::new(),
+        prefixes: Vec::new(),
+        next: None,
+    };
+    let mut last = None;
+    let from = std::ops::Bound::Excluded(after.to_owned());
+    for key in keys.range((from, std::ops::Bound::Unbounded)) {
+        let Some(rest) = key.strip_prefix(prefix) else {
+            if key.as_str() > prefix {
+                break;
+            }
+            continue;
+        };
+        let rolled = (!delimiter.is_empty())
+            .then(|| rest.find(delimiter))
+            .flatten()
+            .map(|i| format!("{prefix}{}", &rest[..i + delimiter.len()]));
+        if rolled.is_some() && rolled.as_ref() == page.prefixes.last() {
+            last = Some(key);
+            continue;
+        }
+        if page.objects.len() + page.prefixes.len() == max {
+            page.next = last.filter(|_| max > 0).cloned();
+            break;
+        }
+        match rolled {
+            Some(p) => page.prefixes.push(p),
+            None => page.objects.push(key.clone()),
+        }
+        last = Some(key);
+    }
+    page
+}
+
+/// `%XX` escapes decoded (as UTF-8, lossily).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = (b[i] == b'%')
+            .then(|| s.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(v) => {
+                out.push(v);
+                i += 3;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Every byte but the unreserved ones and `/` as `%XX` (S3's
+/// `encoding-type=url`).
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|c| match c {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (c as char).to_string()
+            }
+            _ => format!("%{c:02X}"),
+        })
+        .collect()
+}
+
+/// `s` as XML text.
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Seconds since the epoch as UTC: year, month, day, hour, minute,
+/// second and the day of the week (0: Sunday).
+fn civil(secs: u64) -> [u64; 7] {
+    let (days, s) = (secs / 86_400, secs % 86_400);
+    // Days to a date in the proleptic Gregorian calendar, counted from
+    // 0000-03-01 in eras of 400 years (146,097 days): H. Hinnant's
+    // `civil_from_days`.
+    let z = days + 719_468;
+    let (era, doe) = (z / 146_097, z % 146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    // 1970-01-01 was a Thursday.
+    [
+        year,
+        month,
+        day,
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        (days + 4) % 7,
+    ]
+}
+
+/// An HTTP date (`Last-Modified`): `Sun, 06 Dec 2026 14:11:45 GMT`.
+fn http_date(secs: u64) -> String {
+    const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let [y, mo, d, h, mi, s, wd] = civil(secs);
+    format!(
+        "{}, {d:02} {} {y} {h:02}:{mi:02}:{s:02} GMT",
+        DAYS[wd as usize],
+        MONTHS[mo as usize - 1]
+    )
+}
+
+/// An ISO 8601 time (a listing's `LastModified`): `2026-12-06T14:11:45.000Z`.
+fn iso_date(secs: u64) -> String {
+    let [y, mo, d, h, mi, s, _] = civil(secs);
+    format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.000Z")
 }
 
 fn head(out: &mut TcpStream, status: &str, len: u64, extra: &[String]) -> std::io::Result<()> {
@@ -707,4 +975,114 @@ pub fn upload(file: &Path, url: &str, threads: usize, part: u64) -> std::io::Res
         return Err(std::io::Error::other(format!("complete: {status}")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_utc_in_both_formats() {
+        for (secs, http, iso) in [
+            (
+                0,
+                "Thu, 01 Jan 1970 00:00:00 GMT",
+                "1970-01-01T00:00:00.000Z",
+            ),
+            (
+                951_782_400,
+                "Tue, 29 Feb 2000 00:00:00 GMT",
+                "2000-02-29T00:00:00.000Z",
+            ),
+            (
+                1_796_566_268,
+                "Sun, 06 Dec 2026 14:11:08 GMT",
+                "2026-12-06T14:11:08.000Z",
+            ),
+            // 2100 is not a leap year.
+            (
+                4_107_542_400,
+                "Mon, 01 Mar 2100 00:00:00 GMT",
+                "2100-03-01T00:00:00.000Z",
+            ),
+            (
+                4_133_980_799,
+                "Fri, 31 Dec 2100 23:59:59 GMT",
+                "2100-12-31T23:59:59.000Z",
+            ),
+        ] {
+            assert_eq!(
+                (http_date(secs).as_str(), iso_date(secs).as_str()),
+                (http, iso),
+                "{secs}"
+            );
+        }
+    }
+
+    #[test]
+    fn percent_coding_round_trips_and_keeps_slashes() {
+        assert_eq!(percent_encode("a b/ü&x.y~"), "a%20b/%C3%BC%26x.y~");
+        assert_eq!(percent_decode("a%20b/%C3%BC%26x.y~"), "a b/ü&x.y~");
+        assert_eq!(percent_decode("S.packet%2F"), "S.packet/");
+        // A lone or short `%` stays as it is.
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%4"), "%4");
+    }
+
+    #[test]
+    fn list_page_rolls_up_at_the_delimiter_and_continues_after_the_token() {
+        let keys: std::collections::BTreeSet<String> = [
+            "S.packet",
+            "S.packet.trace",
+            "a.b",
+            "a/x",
+            "a/y/z",
+            "b",
+            "c/d",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        let s = |v: &[&str]| v.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let page = |prefix, delimiter, after, max| list_page(&keys, prefix, delimiter, after, max);
+        // The whole bucket, one level.
+        assert_eq!(
+            page("", "/", "", 1000),
+            Page {
+                objects: s(&["S.packet", "S.packet.trace", "a.b", "b"]),
+                prefixes: s(&["a/", "c/"]),
+                next: None
+            }
+        );
+        // Pages of three, then two: the token is the last key covered, so the common
+        // prefix `a/` is not listed twice.
+        let first = page("", "/", "", 3);
+        assert_eq!(
+            (first.objects, first.prefixes),
+            (s(&["S.packet", "S.packet.trace", "a.b"]), s(&[]))
+        );
+        assert_eq!(first.next.as_deref(), Some("a.b"));
+        let second = page("", "/", "a.b", 2);
+        assert_eq!((second.objects, second.prefixes), (s(&["b"]), s(&["a/"])));
+        assert_eq!(second.next.as_deref(), Some("b"));
+        let third = page("", "/", "b", 2);
+        assert_eq!(
+            (third.objects, third.prefixes, third.next),
+            (s(&[]), s(&["c/"]), None)
+        );
+        // A prefix; no delimiter lists every key under it.
+        assert_eq!(page("a/", "", "", 1000).objects, s(&["a/x", "a/y/z"]));
+        assert_eq!(page("a/", "/", "", 1000).prefixes, s(&["a/y/"]));
+        // What s3fs asks to tell a file from a directory: nothing.
+        assert_eq!(
+            page("S.packet/", "/", "", 1000),
+            Page {
+                objects: vec![],
+                prefixes: vec![],
+                next: None
+            }
+        );
+        // max-keys=0 lists nothing and is not truncated.
+        assert_eq!(page("", "/", "", 0).next, None);
+    }
 }

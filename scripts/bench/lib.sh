@@ -2,6 +2,12 @@
 # untimed steps the timer runs (remounts before cold runs) can use them.
 # Needs bin, dir, mnt and ratarmount in the environment.
 
+# need_ratarmount [MODULE]: ratarmount from PyPI into $venv when missing,
+# and the Python package MODULE with it (s3fs: fsspec's S3) when asked.
+need_ratarmount() {
+  [ -x "$venv/bin/ratarmount" ] || { log "installing ratarmount into $venv"; python3 -m venv "$venv" && "$venv/bin/pip" install -q ratarmount; }
+  [ $# = 0 ] || "$venv/bin/python3" -c "import $1" 2>/dev/null || { log "installing $1 into $venv"; "$venv/bin/pip" install -q "$1"; }
+}
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 unmount() { "$bin" umount "$1" >/dev/null 2>&1 || fusermount3 -u "$1" 2>/dev/null || fusermount -u "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true; }
 # mount_as TOOL NAME: mounts corpus NAME with TOOL at $mnt/TOOL, prints the root to use.

@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # make bench-remote: remote packets (issue 25) on corpus S behind a stand-in
-# object store (sessionfs-bench serve: S3's reads and multipart uploads,
-# 10 ms to first byte, 1 Gbit/s each way; and raw loopback), against what a
-# user does instead: download the packet (8 ranged GETs of 8 MiB at a time,
-# as `aws s3 cp`) and mount it; seal to a file and upload it whole.
-# Results in .bench/remote.jsonl, a markdown table on stdout.
+# object store (sessionfs-bench serve: S3's reads, listings and multipart
+# uploads, 10 ms to first byte, 1 Gbit/s each way; and raw loopback),
+# against what a user does instead: download the packet (8 ranged GETs of
+# 8 MiB at a time, as `aws s3 cp`) and mount it; mount the object with
+# ratarmount through fsspec's S3 (s3fs); mount the bucket with mountpoint-s3
+# and `sessionfs mount` the packet file in it; seal to a file and upload it
+# whole. Results in .bench/remote.jsonl, a markdown table on stdout.
 set -euo pipefail
 . "$(dirname "$0")/config.sh"; . "$(dirname "$0")/lib.sh"
 cd "$root"; d=$dir/remote; s3=$d/bench; mkdir -p "$s3" "$mnt/remote"; m=$mnt/remote
 out=$dir/remote.jsonl; rm -f "$out"; export SESSIONFS_MAX_BYTES=64GiB SESSIONFS_MAX_ENTRIES=1000000
 [ -d "$S" ] || "$tool" corpus --kind s --count "$s_files" --out "$S"
+# The peers that mount the bucket, installed when missing: s3fs beside
+# ratarmount in .bench/venv; mount-s3 (bench/peers/mount-s3, mountpoint-s3's
+# file system: see its Cargo.toml) built into .bench/mount-s3, 20 minutes
+# on 2 cores the first time. A peer that does not install is left out.
+need_ratarmount s3fs; mounts3=$root/.bench/mount-s3/bin/mount-s3 mp=$mnt/remote-s3; mkdir -p "$mp"
+dpkg -s cmake libclang-dev libfuse-dev >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends cmake libclang-dev libfuse-dev >/dev/null; }
+[ -x "$mounts3" ] || CARGO_TARGET_DIR=$root/.bench/mount-s3-target cargo install -q --locked --root "$root/.bench/mount-s3" --path bench/peers/mount-s3 \
+  || log "mount-s3 did not build: no mountpoint-s3 rows"
 # A turn's changes: 1% of the files, in 10 runs of neighbours (a turn edits
 # a few places), one line appended to each.
 change() { (cd "$1" && find . -path ./.git -prune -o -type f -print | sort | awk -v n="$2" 'NR % int(n / 10) < n / 1000') | while read -r f; do echo "// turn 2" >>"$1/$f"; done; }
@@ -25,7 +35,7 @@ turn S0 S "git status --short >/dev/null"
 turn S S2 "change . $s_files"
 first=$(cd "$S" && find . -path ./.git -prune -o -type f -print | sort | sed -n 1p)
 pids=()
-trap 'unmount $m; kill "${pids[@]}" 2>/dev/null || true' EXIT
+trap 'unmount $m; unmount $mp; kill "${pids[@]}" 2>/dev/null || true' EXIT
 start() { # LATENCY_MS MBIT NAME: a server, its port in $d/NAME.port
   rm -f "$d/$3.port"; "$tool" serve --root "$d" --latency-ms "$1" --mbit "$2" --port-file "$d/$3.port" >/dev/null 2>&1 &
   pids+=($!); while [ ! -s "$d/$3.port" ]; do sleep 0.05; done
@@ -38,7 +48,15 @@ cold() { unmount "$m"; rm -rf "$d/upper" "$d/cache" "$d/dl.packet"; drop_caches;
 rmount() { "$bin" mount "$1" "$m" --upper "$d/upper" --part workspace --cache "$d/cache" "${@:2}" >"$d/mount.json"; }
 M() { "$tool" measure --out "$out" --runs "$runs" --warmup 0 "$@"; }
 R() { "$tool" record --out "$out" "$@"; }
-export -f unmount rmount cold drop_caches; export bin d m
+# ratarmount stays in the foreground (it will not daemonize with s3fs's
+# threads running) and is up when its mount point is. Its index goes to
+# $XDG_CACHE_HOME/ratarmount (here $d/xdg), which ratcold removes: each run
+# builds it.
+ratmount() { XDG_CACHE_HOME=$d/xdg "$ratarmount" -f s3://bench/S.packet "$m" >"$d/ratarmount.log" 2>&1 & until mountpoint -q "$m"; do kill -0 $! 2>/dev/null || return 1; sleep 0.01; done; }
+ratcold() { cold; rm -rf "$d/xdg/ratarmount"; mkdir -p "$d/xdg"; }
+mps3() { "$mounts3" bench "$mp" --endpoint-url "$AWS_ENDPOINT_URL" --force-path-style --read-only >/dev/null; }
+mpcold() { cold; unmount "$mp"; }
+export -f unmount rmount cold drop_caches ratmount ratcold mps3 mpcold; export bin d m mp ratarmount mounts3
 for net in "shaped:$shaped" "loopback:$raw"; do
   n=${net%%:*} p=${net#*:}; export AWS_ENDPOINT_URL=http://127.0.0.1:$p
   M --name "resume S, $n" --tool "sessionfs mount" --prepare cold --cleanup "unmount $m" \
@@ -48,17 +66,34 @@ for net in "shaped:$shaped" "loopback:$raw"; do
   M --name "resume S, $n" --tool "GET the manifest (digest)" --prepare cold --cmd "$bin digest s3://bench/S.packet >/dev/null"
 done
 export AWS_ENDPOINT_URL=http://127.0.0.1:$shaped
+# The peers that mount the bucket, shaped: ratarmount s3:// (s3fs), and
+# mount-s3 with `sessionfs mount` of the packet file through it.
+M --name "resume S, shaped" --tool "ratarmount s3:// (s3fs; builds its index)" --prepare ratcold --cleanup "unmount $m" \
+  --cmd "ratmount && head -c1 $m/workspace/$first >/dev/null"
+[ ! -x "$mounts3" ] || M --name "resume S, shaped" --tool "mount-s3, then sessionfs mount of the file" --prepare mpcold --cleanup mpcold \
+  --cmd "mps3 && rmount $mp/S.packet && head -c1 $m/$first >/dev/null"
 # Read amplification: grep -r over the whole tree, cold, default block.
 cold; rmount s3://bench/S.packet --prefetch none; reset "$shaped"
 t0=$(date +%s.%N); grep -rq zzzz-no-such-word "$m" || true; R --name "grep -r S, shaped" --tool "sessionfs mount (seconds)" --value "$(seconds_since "$t0")"
 content=$(find "$m" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
-R --name "grep -r S, shaped" --tool "bytes fetched / bytes read" --unit x --value "$(echo "scale=4; $(stats "$shaped" bytes) / $content" | bc)"
+fetched() { R --name "grep -r S, shaped" --tool "$1" --unit "${3:-x}" --value "$(echo "scale=4; $2 / ${4:-$content}" | bc)"; } # TOOL BYTES [UNIT PER]
+fetched "bytes fetched / bytes read" "$(stats "$shaped" bytes)"
 # The same with the whole packet prefetched in the background.
 cold; rmount s3://bench/S.packet --prefetch all
 t0=$(date +%s.%N); grep -rq zzzz-no-such-word "$m" || true; R --name "grep -r S, shaped" --tool "sessionfs mount --prefetch all (seconds)" --value "$(seconds_since "$t0")"
 # What a user does instead: download, mount, grep.
 cold; t0=$(date +%s.%N); "$tool" download "http://127.0.0.1:$shaped/bench/S.packet" "$d/dl.packet"; rmount "$d/dl.packet"; grep -rq zzzz-no-such-word "$m" || true
 R --name "grep -r S, shaped" --tool "download, mount, grep (seconds)" --value "$(seconds_since "$t0")"
+# The peers, from nothing to the end of grep (their mount included), and
+# what they fetched: ratarmount's mount alone reads every header for its index.
+ratcold; reset "$shaped"; t0=$(date +%s.%N); ratmount; b=$(stats "$shaped" bytes); grep -rq zzzz-no-such-word "$m/workspace" || true
+R --name "grep -r S, shaped" --tool "ratarmount s3://: mount, grep (seconds)" --value "$(seconds_since "$t0")"
+fetched "ratarmount s3://: MiB fetched by the mount" "$b" MiB 1048576; fetched "ratarmount s3://: bytes fetched / bytes read" "$(stats "$shaped" bytes)"
+if [ -x "$mounts3" ]; then
+  mpcold; reset "$shaped"; t0=$(date +%s.%N); mps3; rmount "$mp/S.packet"; grep -rq zzzz-no-such-word "$m" || true
+  R --name "grep -r S, shaped" --tool "mount-s3 + sessionfs mount: mount, grep (seconds)" --value "$(seconds_since "$t0")"
+  fetched "mount-s3 + sessionfs mount: bytes fetched / bytes read" "$(stats "$shaped" bytes)"; mpcold
+fi
 # The first git status after resuming.
 cold; rmount s3://bench/S.packet --prefetch none; reset "$shaped"; git -C "$m" status --short >/dev/null
 R --name "first git status, shaped" --tool "requests" --unit n --value "$(stats "$shaped" requests)"

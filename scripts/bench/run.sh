@@ -10,6 +10,9 @@
 set -euo pipefail
 # shellcheck source=config.sh
 . "$(dirname "$0")/config.sh"
+lib=$root/scripts/bench/lib.sh
+# shellcheck source=lib.sh
+. "$lib"
 cd "$root"
 mkdir -p "$dir"
 # BENCH_RESUME=1 keeps the results of an interrupted run and measures only
@@ -47,10 +50,7 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-if [ ! -x "$venv/bin/ratarmount" ]; then
-  log "installing ratarmount into $venv"
-  python3 -m venv "$venv" && "$venv/bin/pip" install -q ratarmount
-fi
+need_ratarmount
 
 # -- corpora -----------------------------------------------------------------
 corpus() { # KIND COUNT DIR [extra]
@@ -78,9 +78,6 @@ images S "$S"; images M "$M"; images B "$B"
 # -- mounting the peers ----------------------------------------------------------
 mkdir -p "$mnt"/{sessionfs,squashfuse_ll,fuse-overlayfs,ratarmount,archivemount}
 export bin dir mnt ratarmount
-lib=$root/scripts/bench/lib.sh
-# shellcheck source=lib.sh
-. "$lib"
 for t in sessionfs squashfuse_ll fuse-overlayfs ratarmount archivemount; do unmount "$mnt/$t"; done
 # ratarmount's index, made once untimed so that "cached index" means it.
 [ -f "$dir/S.tar.index.sqlite" ] || { mount_as ratarmount S >/dev/null && unmount_as ratarmount; }
