@@ -94,6 +94,20 @@ if [ -x "$mounts3" ]; then
   R --name "grep -r S, shaped" --tool "mount-s3 + sessionfs mount: mount, grep (seconds)" --value "$(seconds_since "$t0")"
   fetched "mount-s3 + sessionfs mount: bytes fetched / bytes read" "$(stats "$shaped" bytes)"; mpcold
 fi
+# --prefetch: the next turn reads again what the last one read (turn 2 of
+# S read 1,000 files, which S2.packet.trace names). Mount S2 cold, let the
+# agent start (1 s: a harness's start and its first model call; or none),
+# then read those files; timed from the first read.
+(cd "$S" && find . -path ./.git -prune -o -type f -print | sort | awk -v n="$s_files" 'NR % int(n / 10) < n / 1000') >"$d/replay.list"
+for i in $(seq "$runs"); do
+  for start in 1 0; do
+    for pf in none trace all; do
+      cold; rmount s3://bench/S2.packet --prefetch "$pf"; sleep "$start"
+      t0=$(date +%s.%N); (cd "$m" && xargs -a "$d/replay.list" -d '\n' cat >/dev/null)
+      R --name "the last turn's reads again, ${start} s after the mount, shaped" --tool "--prefetch $pf (seconds)" --value "$(seconds_since "$t0")"
+    done
+  done
+done
 # The first git status after resuming.
 cold; rmount s3://bench/S.packet --prefetch none; reset "$shaped"; git -C "$m" status --short >/dev/null
 R --name "first git status, shaped" --tool "requests" --unit n --value "$(stats "$shaped" requests)"
