@@ -10,7 +10,7 @@
 set -euo pipefail
 . "$(dirname "$0")/config.sh"; . "$(dirname "$0")/lib.sh"
 cd "$root"; d=$dir/remote; s3=$d/bench; mkdir -p "$s3" "$mnt/remote"; m=$mnt/remote
-out=$dir/remote.jsonl; rm -f "$out"; export SESSIONFS_MAX_BYTES=64GiB SESSIONFS_MAX_ENTRIES=1000000
+out=$dir/remote.jsonl; rm -f "$out"; peers=${BENCH_PEERS:-1}; export SESSIONFS_MAX_BYTES=64GiB SESSIONFS_MAX_ENTRIES=1000000
 [ -d "$S" ] || "$tool" corpus --kind s --count "$s_files" --out "$S"
 # The peers that mount the bucket, installed when missing: s3fs beside
 # ratarmount in .bench/venv; mount-s3 (bench/peers/mount-s3, mountpoint-s3's
@@ -67,10 +67,11 @@ for net in "shaped:$shaped" "loopback:$raw"; do
 done
 export AWS_ENDPOINT_URL=http://127.0.0.1:$shaped
 # The peers that mount the bucket, shaped: ratarmount s3:// (s3fs), and
-# mount-s3 with `sessionfs mount` of the packet file through it.
-M --name "resume S, shaped" --tool "ratarmount s3:// (s3fs; builds its index)" --prepare ratcold --cleanup "unmount $m" \
+# mount-s3 with `sessionfs mount` of the packet file through it
+# (BENCH_PEERS=0 leaves them out: 7 minutes).
+[ "$peers" = 0 ] || M --name "resume S, shaped" --tool "ratarmount s3:// (s3fs; builds its index)" --prepare ratcold --cleanup "unmount $m" \
   --cmd "ratmount && head -c1 $m/workspace/$first >/dev/null"
-[ ! -x "$mounts3" ] || M --name "resume S, shaped" --tool "mount-s3, then sessionfs mount of the file" --prepare mpcold --cleanup mpcold \
+[ "$peers" = 0 ] || [ ! -x "$mounts3" ] || M --name "resume S, shaped" --tool "mount-s3, then sessionfs mount of the file" --prepare mpcold --cleanup mpcold \
   --cmd "mps3 && rmount $mp/S.packet && head -c1 $m/$first >/dev/null"
 # Read amplification: grep -r over the whole tree, cold, default block.
 cold; rmount s3://bench/S.packet --prefetch none; reset "$shaped"
@@ -86,10 +87,12 @@ cold; t0=$(date +%s.%N); "$tool" download "http://127.0.0.1:$shaped/bench/S.pack
 R --name "grep -r S, shaped" --tool "download, mount, grep (seconds)" --value "$(seconds_since "$t0")"
 # The peers, from nothing to the end of grep (their mount included), and
 # what they fetched: ratarmount's mount alone reads every header for its index.
-ratcold; reset "$shaped"; t0=$(date +%s.%N); ratmount; b=$(stats "$shaped" bytes); grep -rq zzzz-no-such-word "$m/workspace" || true
-R --name "grep -r S, shaped" --tool "ratarmount s3://: mount, grep (seconds)" --value "$(seconds_since "$t0")"
-fetched "ratarmount s3://: MiB fetched by the mount" "$b" MiB 1048576; fetched "ratarmount s3://: bytes fetched / bytes read" "$(stats "$shaped" bytes)"
-if [ -x "$mounts3" ]; then
+if [ "$peers" = 1 ]; then
+  ratcold; reset "$shaped"; t0=$(date +%s.%N); ratmount; b=$(stats "$shaped" bytes); grep -rq zzzz-no-such-word "$m/workspace" || true
+  R --name "grep -r S, shaped" --tool "ratarmount s3://: mount, grep (seconds)" --value "$(seconds_since "$t0")"
+  fetched "ratarmount s3://: MiB fetched by the mount" "$b" MiB 1048576; fetched "ratarmount s3://: bytes fetched / bytes read" "$(stats "$shaped" bytes)"
+fi
+if [ "$peers" = 1 ] && [ -x "$mounts3" ]; then
   mpcold; reset "$shaped"; t0=$(date +%s.%N); mps3; rmount "$mp/S.packet"; grep -rq zzzz-no-such-word "$m" || true
   R --name "grep -r S, shaped" --tool "mount-s3 + sessionfs mount: mount, grep (seconds)" --value "$(seconds_since "$t0")"
   fetched "mount-s3 + sessionfs mount: bytes fetched / bytes read" "$(stats "$shaped" bytes)"; mpcold
@@ -104,7 +107,7 @@ for i in $(seq "$runs"); do
     for pf in none trace all; do
       cold; rmount s3://bench/S2.packet --prefetch "$pf"; sleep "$start"
       t0=$(date +%s.%N); (cd "$m" && xargs -a "$d/replay.list" -d '\n' cat >/dev/null)
-      R --name "the last turn's reads again, ${start} s after the mount, shaped" --tool "--prefetch $pf (seconds)" --value "$(seconds_since "$t0")"
+      R --name "the last turn's reads again, ${start} s after the mount, shaped" --tool "sessionfs mount --prefetch $pf (seconds)" --value "$(seconds_since "$t0")"
     done
   done
 done

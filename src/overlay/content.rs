@@ -547,10 +547,30 @@ impl Verifier {
         let csize = chunk_size(f);
         let cstart = k * csize;
         let cend = (cstart + csize).min(f.size);
+        let base = packet.content_offset(i as usize);
+        if packet.spool().is_some() {
+            // A remote packet: its spool's units are these chunks (a small
+            // file, or one chunk of a larger one), and each was hashed
+            // against the manifest before it reached the spool, which
+            // nothing else writes. So they are not hashed a second time.
+            packet
+                .ensure(base + cstart..base + cend)
+                .map_err(|e| Error::packet_io(packet, e))?;
+            if pos < take_end {
+                let at = out.len();
+                out.resize(at + (take_end - pos) as usize, 0);
+                if let Err(e) = packet.read_content_at(i as usize, pos, &mut out[at..]) {
+                    out.truncate(at);
+                    return Err(Error::packet_io(packet, e));
+                }
+            }
+            self.mark_seen(self.base[i as usize] + k, seen);
+            self.chunks.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         // A large chunk is asked for in pieces, all at once (the disk serves
         // several requests sooner than one large one), and hashed piece by
         // piece as they arrive.
-        let base = packet.content_offset(i as usize);
         let len = cend - cstart;
         if len > VERIFY_PIECE {
             let mut at = 0;

@@ -17,18 +17,19 @@
 //!    on its own, then refused ([`Error::Corrupt`]).
 //!
 //! So no byte reaches the spool without matching the manifest, and the
-//! layer above reads the spool as it reads a local packet (and verifies
-//! again, as it does there). The spool is an unlinked file in the cache's
-//! directory: a killed daemon leaves nothing of it.
+//! layer above reads the spool as it reads a local packet, but does not
+//! hash it again: its chunks are these units, and the spool is written by
+//! nothing else. The spool is an unlinked file in the cache's directory: a
+//! killed daemon leaves nothing of it.
 //!
 //! A reader moving forward gets read-ahead: the units after it are fetched
-//! on background threads, in a window of twice what it has read moving
-//! forward (from one block up to [`MAX_WINDOW`]). A reader that says what
-//! it will read (a seal: [`Spool::fetch_ahead`], [`Spool::ensure_planned`])
-//! gets exactly that, in larger requests, and no read-ahead. Fetched bytes are held in
-//! memory only between the response and the spool, and all fetches
-//! together hold at most the memory budget: a read waits for room,
-//! read-ahead that finds none is skipped.
+//! on background threads, in a window of twice what its stream has read
+//! (from one block up to [`MAX_WINDOW`]). A reader that says what it will
+//! read (a seal: [`Spool::fetch_ahead`], [`Spool::ensure_planned`]) gets
+//! exactly that, in larger requests, and no read-ahead. Fetched bytes are
+//! held in memory only between the response and the spool, and all
+//! fetches together hold at most the memory budget: a read waits for
+//! room, read-ahead that finds none is skipped.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -236,9 +237,14 @@ struct Stream {
     window: u64,
     /// Units before this one have been handed out to read-ahead.
     ahead_to: usize,
-    /// Where the reader started moving forward: the window is twice what
-    /// it has read since.
-    from: u64,
+    /// The stream's first unit: a read of a unit from here to `ahead_to`
+    /// (in any order: a directory's files are read in hash order) goes on
+    /// with it.
+    from: usize,
+    /// Bytes of the units read in the stream: the window is twice that.
+    read: u64,
+    /// The last unit read (its reads are counted once).
+    last: usize,
 }
 
 /// A request for a read-ahead thread: fill `unit`, the request extending
@@ -581,11 +587,12 @@ impl Spool {
     }
 
     /// After a read that ended in unit `u`: if the reader is moving
-    /// forward, hands the units ahead of it (within its window: twice what
-    /// it has read moving forward, from one block up to [`MAX_WINDOW`]) to
-    /// the background threads. Growing with what was read, not with each
-    /// read, keeps a reader of a few small files in a row (an agent's
-    /// edits copying them up) from fetching megabytes it never reads.
+    /// forward, or reading within what its stream covers, hands the units
+    /// ahead of it (within its window: twice what the stream has read,
+    /// from one block up to [`MAX_WINDOW`]) to the background threads.
+    /// Growing with what was read, not with each read, keeps a reader of a
+    /// few small files in a row (an agent's edits copying them up) from
+    /// fetching megabytes it never reads.
     fn read_ahead(&self, u: usize) {
         let unit = &self.units[u];
         let chunked = self.units.get(u + 1).is_some_and(|n| n.group == unit.group)
@@ -599,16 +606,21 @@ impl Spool {
         let s = streams.get(&key).copied();
         let first = self.options.block.max(unit.len);
         let mut s = match s {
-            // (Readers of small files share one stream: one behind where
-            // it started starts it again.)
-            Some(s) if forward && s.ahead_to > u && unit.start >= s.from => Stream {
-                window: (2 * (unit.end() - s.from)).clamp(first, MAX_WINDOW.max(first)),
-                ..s
-            },
+            Some(s) if (s.from..s.ahead_to).contains(&u) => {
+                let read = s.read + if u == s.last { 0 } else { unit.len };
+                Stream {
+                    window: (2 * read).clamp(first, MAX_WINDOW.max(first)),
+                    read,
+                    last: u,
+                    ..s
+                }
+            }
             _ if forward => Stream {
                 window: first,
                 ahead_to: u + 1,
-                from: unit.start,
+                from: u,
+                read: unit.len,
+                last: u,
             },
             _ => {
                 streams.pop(&key);
