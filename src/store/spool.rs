@@ -347,6 +347,32 @@ impl Spool {
         self.filled[u / 64].fetch_or(1 << (u % 64), Ordering::AcqRel);
     }
 
+    /// Offers the bytes of the unit that starts at `start` from a copy the
+    /// caller holds (what a seal just uploaded, from its upper directory):
+    /// hashed, and written to the spool and queued for the cache if they
+    /// match the manifest. Returns whether the unit is filled now.
+    pub fn supply(&self, start: u64, bytes: &[u8]) -> bool {
+        let u = self.units.partition_point(|w| w.start < start);
+        let Some(w) = self
+            .units
+            .get(u)
+            .filter(|w| w.start == start && w.len == bytes.len() as u64)
+        else {
+            return false;
+        };
+        if self.is_filled(u) {
+            return true;
+        }
+        if sha2::Sha256::digest(bytes).as_slice() != w.hash || self.put(u, bytes).is_err() {
+            return false;
+        }
+        if self.cache.is_some() {
+            self.to_cache.state.lock().units.push_back(u);
+            self.to_cache.more.notify_one();
+        }
+        true
+    }
+
     /// Writes bytes that are not part of any unit (the manifest member,
     /// fetched when the packet was opened) into the spool.
     pub fn put_raw(&self, bytes: &[u8], at: u64) -> std::io::Result<()> {

@@ -66,6 +66,7 @@ impl Overlay {
         if !same || packet.digest != written.1 {
             return Err(refuse("replaced"));
         }
+        self.warm_uploaded(&packet, items);
         let digest = packet.digest;
         let (renumbered, mut given) = plan_numbers(items);
         // The new lower view, built before the record: nothing after the
@@ -568,6 +569,46 @@ fn renumbered_names(items: &[Item], renumbered: &HashSet<usize>) -> Vec<(Ino, St
 }
 
 impl Overlay {
+    /// Hands what this turn changed (the content the seal took from the
+    /// upper directory, still there) to the spool of the packet it
+    /// uploaded, which checks it against the manifest and adds it to the
+    /// cache: after the rebase, reading it costs no request, as reading
+    /// what the parent had costs none (the cache has that).
+    fn warm_uploaded(&self, packet: &crate::packet::reader::Packet, items: &[Item]) {
+        use std::os::unix::fs::FileExt;
+        let Some(spool) = packet.spool() else { return };
+        let entries = &packet.manifest.entries;
+        let mut buf = Vec::new();
+        for it in items {
+            let ItemKind::File(f) = &it.kind else {
+                continue;
+            };
+            let Source::Upper(id) = f.from else { continue };
+            let Ok(i) = entries.binary_search_by(|e| e.path.as_bytes().cmp(it.path.as_bytes()))
+            else {
+                continue;
+            };
+            let (Some(meta), Ok(file)) = (entries[i].file(), self.upper.data(id)) else {
+                continue;
+            };
+            let start = packet.content_offset(i);
+            let unit = if meta.chunks.is_empty() {
+                meta.size
+            } else {
+                crate::packet::format::CHUNK_SIZE
+            };
+            let mut at = 0;
+            while at < meta.size {
+                let n = unit.min(meta.size - at);
+                buf.resize(n as usize, 0);
+                if file.read_exact_at(&mut buf, at).is_err() || !spool.supply(start + at, &buf) {
+                    break;
+                }
+                at += n;
+            }
+        }
+    }
+
     /// The packet a seal just uploaded, opened as a remote mount opens
     /// one: through a spool, with the cache and fetch settings of the
     /// packet served now when it is remote (else the defaults).
