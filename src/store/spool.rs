@@ -25,8 +25,8 @@
 //! A reader moving forward gets read-ahead: the units after it are fetched
 //! on background threads, in a window of twice what its stream has read
 //! (from one block up to [`MAX_WINDOW`]). A reader that says what it will
-//! read (a seal: [`Spool::fetch_ahead`], [`Spool::ensure_planned`]) gets
-//! exactly that, in larger requests, and no read-ahead. Fetched bytes are
+//! read (a seal: [`Spool::ensure_planned`]) gets exactly that, in larger
+//! requests, and no read-ahead. Fetched bytes are
 //! held in memory only between the response and the spool, and all
 //! fetches together hold at most the memory budget: a read waits for
 //! room, read-ahead that finds none is skipped.
@@ -225,7 +225,7 @@ pub struct Spool {
     /// block of small files is hundreds of entries).
     to_cache: Arc<ToCache>,
     /// Work for the read-ahead threads.
-    background: Mutex<Option<mpsc::Sender<Ahead>>>,
+    background: Mutex<Option<mpsc::Sender<usize>>>,
     stopped: AtomicBool,
     /// What it has done.
     pub stats: SpoolStats,
@@ -245,14 +245,6 @@ struct Stream {
     read: u64,
     /// The last unit read (its reads are counted once).
     last: usize,
-}
-
-/// A request for a read-ahead thread: fill `unit`, the request extending
-/// over units of `bounds` within `block` bytes.
-struct Ahead {
-    unit: usize,
-    bounds: Range<usize>,
-    block: u64,
 }
 
 /// Streams whose read-ahead state is kept (a reader per file; 64 readers
@@ -414,11 +406,12 @@ impl Spool {
         Ok(())
     }
 
-    /// [`Spool::ensure`] for a reader that announces what it will read
-    /// ([`Spool::fetch_ahead`]) and reads nothing else, a seal writing the
-    /// packet in order: a miss brings only units of `range`, and nothing
-    /// is read ahead (a seal reads runs of the parent between the runs the
-    /// store copies, and read-ahead would fetch the copied runs too).
+    /// [`Spool::ensure`] for a reader that knows what it reads, a seal
+    /// writing the packet in order, which asks for each run of the parent
+    /// it needs whole: a miss brings only units of `range`, in requests of
+    /// up to 4 MiB, and nothing is read ahead (a seal reads runs of the
+    /// parent between the runs the store copies, and read-ahead would fetch
+    /// the copied runs too).
     pub fn ensure_planned(&self, range: Range<u64>) -> Result<()> {
         let units = self.units_of(&range);
         let block = self.options.block.max(PREFETCH_BLOCK);
@@ -663,19 +656,14 @@ impl Spool {
         {
             end += 1;
         }
-        self.hand_out(
-            s.ahead_to.max(u + 1)..end,
-            0..self.units.len(),
-            self.options.block,
-        );
+        self.hand_out(s.ahead_to.max(u + 1)..end);
         s.ahead_to = end;
         streams.put(key, s);
     }
 
     /// Hands `units` that are not filled to the read-ahead threads, a
-    /// request's worth (`block`) at a time, each request kept within
-    /// `bounds`.
-    fn hand_out(&self, units: Range<usize>, bounds: Range<usize>, block: u64) {
+    /// request's worth (a block) at a time.
+    fn hand_out(&self, units: Range<usize>) {
         let Some(tx) = self.background.lock().clone() else {
             return;
         };
@@ -685,31 +673,16 @@ impl Spool {
                 continue;
             }
             let w = &self.units[v];
-            if request_start.is_none_or(|rs| w.end() - rs > block) {
+            if request_start.is_none_or(|rs| w.end() - rs > self.options.block) {
                 request_start = Some(w.start);
-                let bounds = bounds.clone();
-                let _ = tx.send(Ahead {
-                    unit: v,
-                    bounds,
-                    block,
-                });
+                let _ = tx.send(v);
             }
         }
     }
 
-    /// Hands the units that `range` touches and that are not filled to the
-    /// read-ahead threads, without waiting, in requests of up to 4 MiB kept
-    /// within `range`: for a reader that knows what it will read next (a seal
-    /// writing the packet in order, with [`Spool::ensure_planned`]).
-    pub fn fetch_ahead(&self, range: Range<u64>) {
-        let units = self.units_of(&range);
-        let block = self.options.block.max(PREFETCH_BLOCK);
-        self.hand_out(units.clone(), units, block);
-    }
-
     /// Starts the background threads: read-ahead, and `--prefetch all`.
     fn start_background(self: &Arc<Spool>) -> std::io::Result<()> {
-        let (tx, rx) = mpsc::channel::<Ahead>();
+        let (tx, rx) = mpsc::channel::<usize>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..BACKGROUND_THREADS {
             let (weak, rx) = (Arc::downgrade(self), rx.clone());
@@ -723,9 +696,10 @@ impl Spool {
                             return;
                         }
                         match next {
-                            Ok(a) => {
-                                if let Err(e) = spool.fill(a.unit, false, a.block, &a.bounds) {
-                                    tracing::debug!(unit = a.unit, error = %e, "fetching ahead failed; left to the reader");
+                            Ok(u) => {
+                                let (block, all) = (spool.options.block, 0..spool.units.len());
+                                if let Err(e) = spool.fill(u, false, block, &all) {
+                                    tracing::debug!(unit = u, error = %e, "fetching ahead failed; left to the reader");
                                 }
                             }
                             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -1082,21 +1056,32 @@ mod tests {
             spooled(&s, a.start..b.end()),
             bytes[a.start as usize..b.end() as usize]
         );
-        // Announced ranges are fetched in the background within their
-        // bounds too.
+        // A second run: one more request, nothing from before.
         let (c, d) = (s.units()[10].clone(), s.units()[12].clone());
-        s.fetch_ahead(c.start..d.end());
-        let t0 = std::time::Instant::now();
-        while !(10..=12).all(|v| s.is_filled(v)) {
-            assert!(t0.elapsed() < Duration::from_secs(10), "not fetched ahead");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        s.ensure_planned(c.start..d.end()).unwrap();
         std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(requests.load(Ordering::Relaxed), 2);
         assert!(!s.is_filled(9) && !s.is_filled(13));
         assert_eq!(
             s.stats.fetched_bytes.load(Ordering::Relaxed),
             (b.end() - a.start) + (d.end() - c.start)
         );
+    }
+
+    #[test]
+    fn read_ahead_grows_with_what_was_read_not_with_each_read() {
+        let (s, _, _, _) = spool(None, 1512);
+        for u in 0..10 {
+            let w = s.units()[u].clone();
+            s.ensure(w.start..w.end()).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let filled = (0..41).filter(|&v| s.is_filled(v)).count();
+        // Read ahead by about twice the 10,000 bytes read (13 more units
+        // with their headers); a window doubled at each of the 10 reads
+        // would have reached all 40 small units.
+        assert!(filled > 10, "no read-ahead: {filled}");
+        assert!(filled <= 10 + 14, "{filled} units filled");
     }
 
     #[test]
