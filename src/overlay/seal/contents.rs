@@ -4,8 +4,8 @@
 
 use super::*;
 
-/// Lower files closer than this in a remote parent are announced to its
-/// spool as one run (what lies between is member headers).
+/// Lower files closer than this in the parent are read as one run (what
+/// lies between is member headers): one request of a remote parent's spool.
 const RUN_GAP: u64 = 64 << 10;
 
 /// The merged view's files as a content source for the writer.
