@@ -240,6 +240,8 @@ fn a_remote_mount_serves_the_packet_fetching_only_what_is_read() {
         n(&r, "fetches")
     );
     assert_eq!(n(&r, "filled_units"), n(&r, "units"));
+    // Every byte served was verified (by the spool, once).
+    assert_eq!(m.status()["verified_bytes"].as_u64(), Some(content));
 
     // Changes, sealed here, equal the offline seal of the same upper
     // directory over the local packet.

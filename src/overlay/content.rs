@@ -566,6 +566,8 @@ impl Verifier {
             }
             self.mark_seen(self.base[i as usize] + k, seen);
             self.chunks.fetch_add(1, Ordering::Relaxed);
+            // (Verified bytes, as `status` counts them: the spool hashed them.)
+            self.hashed.fetch_add(cend - cstart, Ordering::Relaxed);
             return Ok(());
         }
         // A large chunk is asked for in pieces, all at once (the disk serves

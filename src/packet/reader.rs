@@ -270,8 +270,8 @@ impl Packet {
         }
     }
 
-    /// [`Packet::ensure`] for a reader that announces its reads to the
-    /// spool and reads only those (a seal: [`Spool::ensure_planned`]).
+    /// [`Packet::ensure`] for a reader that asks for whole runs it will
+    /// read and nothing around them (a seal: [`Spool::ensure_planned`]).
     ///
     /// [`Spool::ensure_planned`]: crate::store::spool::Spool::ensure_planned
     pub fn ensure_planned(&self, range: Range<u64>) -> io::Result<()> {
