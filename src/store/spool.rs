@@ -339,30 +339,16 @@ impl Spool {
         self.filled[u / 64].fetch_or(1 << (u % 64), Ordering::AcqRel);
     }
 
-    /// Offers the bytes of the unit that starts at `start` from a copy the
-    /// caller holds (what a seal just uploaded, from its upper directory):
-    /// hashed, and written to the spool and queued for the cache if they
-    /// match the manifest. Returns whether the unit is filled now.
-    pub fn supply(&self, start: u64, bytes: &[u8]) -> bool {
-        let u = self.units.partition_point(|w| w.start < start);
-        let Some(w) = self
-            .units
-            .get(u)
-            .filter(|w| w.start == start && w.len == bytes.len() as u64)
-        else {
+    /// Offers the bytes of unit `u` from a copy the caller holds (what a
+    /// seal just uploaded, from its upper directory): hashed, and written
+    /// to the spool and queued for the cache if they match the manifest.
+    /// Returns whether the unit is filled now.
+    pub fn supply(&self, u: usize, bytes: &[u8]) -> bool {
+        let Some(w) = self.units.get(u).filter(|w| w.len == bytes.len() as u64) else {
             return false;
         };
-        if self.is_filled(u) {
-            return true;
-        }
-        if sha2::Sha256::digest(bytes).as_slice() != w.hash || self.put(u, bytes).is_err() {
-            return false;
-        }
-        if self.cache.is_some() {
-            self.to_cache.state.lock().units.push_back(u);
-            self.to_cache.more.notify_one();
-        }
-        true
+        self.is_filled(u)
+            || (sha2::Sha256::digest(bytes).as_slice() == w.hash && self.put_new(u, bytes).is_ok())
     }
 
     /// Writes bytes that are not part of any unit (the manifest member,
@@ -419,7 +405,7 @@ impl Spool {
     }
 
     /// The units `range` touches.
-    fn units_of(&self, range: &Range<u64>) -> Range<usize> {
+    pub fn units_of(&self, range: &Range<u64>) -> Range<usize> {
         let first = self.units.partition_point(|u| u.end() <= range.start);
         let end = first + self.units[first..].partition_point(|u| u.start < range.end);
         first..end
@@ -525,12 +511,8 @@ impl Spool {
                     continue;
                 }
             }
-            self.put(v, bytes)?;
-            if self.cache.is_some() {
-                self.to_cache.state.lock().units.push_back(v);
-            }
+            self.put_new(v, bytes)?;
         }
-        self.to_cache.more.notify_one();
         result
     }
 
@@ -555,6 +537,17 @@ impl Spool {
                 reason: format!("cannot write the mount's spool file: {e}"),
             })?;
         self.set_filled(u);
+        Ok(())
+    }
+
+    /// [`Spool::put`] of bytes that did not come from the cache: they are
+    /// queued for the cache's writer thread too.
+    fn put_new(&self, u: usize, bytes: &[u8]) -> Result<()> {
+        self.put(u, bytes)?;
+        if self.cache.is_some() {
+            self.to_cache.state.lock().units.push_back(u);
+            self.to_cache.more.notify_one();
+        }
         Ok(())
     }
 

@@ -591,20 +591,15 @@ impl Overlay {
             let (Some(meta), Ok(file)) = (entries[i].file(), self.upper.data(id)) else {
                 continue;
             };
+            // The spool's units of this file's content (one, or one per chunk).
             let start = packet.content_offset(i);
-            let unit = if meta.chunks.is_empty() {
-                meta.size
-            } else {
-                crate::packet::format::CHUNK_SIZE
-            };
-            let mut at = 0;
-            while at < meta.size {
-                let n = unit.min(meta.size - at);
-                buf.resize(n as usize, 0);
-                if file.read_exact_at(&mut buf, at).is_err() || !spool.supply(start + at, &buf) {
+            for u in spool.units_of(&(start..start + meta.size)) {
+                let w = &spool.units()[u];
+                buf.resize(w.len as usize, 0);
+                if file.read_exact_at(&mut buf, w.start - start).is_err() || !spool.supply(u, &buf)
+                {
                     break;
                 }
-                at += n;
             }
         }
     }
