@@ -99,6 +99,21 @@ impl RemoteArgs {
             })
     }
 
+    /// How remote packets are read ([`Packet::open_remote`]): the
+    /// environment's store settings, the cache (opened), the spool's
+    /// options.
+    ///
+    /// [`Packet::open_remote`]: crate::packet::reader::Packet::open_remote
+    pub fn reading(&self) -> Result<crate::packet::backing::RemoteReading, CliError> {
+        let spool = self.spool_options()?;
+        let settings = crate::store::Settings::from_env().map_err(CliError::usage)?;
+        Ok(crate::packet::backing::RemoteReading {
+            settings,
+            cache: Some(self.cache()?),
+            spool,
+        })
+    }
+
     /// The spool's options.
     pub fn spool_options(&self) -> Result<crate::store::spool::SpoolOptions, CliError> {
         if !(4096..=(64 << 20)).contains(&self.block_size) {

@@ -406,7 +406,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         // A mount's seal: the same code as an offline one.
         move |overlay, req, notify| {
             control::Reply::from_value(
-                super::seal::handle(overlay, req, &roots, Some(notify))
+                super::seal::handle(overlay, req, &roots, &a.remote, Some(notify))
                     .unwrap_or_else(|e| e.to_value()),
             )
         },

@@ -164,7 +164,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
                 part,
             },
         )?;
-        return handle(&overlay, &req, &load_roots(upper), None).map(Output::raw);
+        return handle(&overlay, &req, &load_roots(upper), &a.remote, None).map(Output::raw);
     }
     let mp = a.mountpoint.unwrap_or_default();
     for path in std::iter::once(&req.output)
@@ -189,23 +189,34 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
 
 /// Seals `overlay` per `req` and returns the result object: used by the
 /// daemon for a mount's seal request, and offline. `roots` gives the
-/// absolute spellings of each part's mounted root, for symlink rebasing.
+/// absolute spellings of each part's mounted root, for symlink rebasing;
+/// `reading`, how the mount reads remote packets (for a rebase onto an
+/// upload).
 pub fn handle(
     overlay: &Overlay,
     req: &SealRequest,
     roots: &HashMap<Part, Vec<String>>,
+    reading: &super::args::RemoteArgs,
     notify: Option<control::Notify>,
 ) -> std::result::Result<Value, CliError> {
     let started = std::time::Instant::now();
     tracing::info!(output = %req.output.display(), rebase = req.rebase, "seal requested");
     // A mount's daemon uploads with the AWS configuration it was started
-    // with.
-    let remote =
-        super::location::output(&req.output, "seal -o")?.map(|(location, settings)| RemoteSeal {
+    // with, and moves onto the upload (`--rebase`) as it reads a remote
+    // packet: through its cache, with its fetch settings.
+    let remote = match super::location::output(&req.output, "seal -o")? {
+        Some((location, settings)) => Some(RemoteSeal {
             location,
             settings,
             parent: parent_object(),
-        });
+            reading: if req.rebase {
+                Some(reading.reading()?)
+            } else {
+                None
+            },
+        }),
+        None => None,
+    };
     check_destinations(overlay, req, remote.is_some())?;
     // What the turn read, before a rebase moves the view onto the new
     // packet (and starts the next turn's trace).
