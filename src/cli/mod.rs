@@ -26,9 +26,20 @@ use error::{CliError, exit};
 
 const AFTER_HELP: &str = "\
 Every command prints exactly one JSON object on stdout (`schema` names its \
-version) and logs to stderr. Exit codes: 0 ok, 1 internal error, 2 usage, \
-3 invalid or tampered packet, 4 unsupported packet version, 5 limit \
-exceeded, 6 I/O error, 7 refused input, 8 mount failed.
+version) and logs to stderr.
+
+Exit codes (docs/CLI.md gives the error kinds of each):
+  0              success
+  1              internal error (a bug; please report it)
+  2              bad usage: unknown flag, missing or bad argument, bad pattern
+  3              invalid or tampered packet, or not the digest asked for
+  4              the packet's schema version is not supported
+  5              a limit was exceeded
+  6              the operating system refused an operation (I/O)
+  7              the input or destination was refused
+  8              a mount could not be made or reached
+  9              a remote packet (s3://, http(s)://) could not be read or written
+  129, 130, 143  stopped by SIGHUP, SIGINT or SIGTERM (128 + the signal)
 
 Examples:
   sessionfs pack --workspace ./repo -o session.packet
