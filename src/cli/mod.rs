@@ -137,6 +137,9 @@ fn unprinted(e: &std::io::Error) -> u8 {
 /// Runs the CLI and returns the exit code.
 pub fn main() -> ExitCode {
     crate::sys::fit_malloc_to_address_space();
+    if args_put_data_on_stdout() {
+        stdout_is_data();
+    }
     let matches = match Cli::command().try_get_matches() {
         Ok(m) => m,
         Err(e) => return clap_error(e),
@@ -325,7 +328,30 @@ fn usage_message(rendered: &str) -> String {
     }
 }
 
+/// Whether stdout carries the command's data (`unpack --tar -`): its
+/// result object, or its error, is then the last line on stderr.
+static STDOUT_IS_DATA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says that stdout carries the command's data, from now on (see
+/// [`STDOUT_IS_DATA`]).
+pub fn stdout_is_data() {
+    STDOUT_IS_DATA.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether the arguments ask for the data on stdout (`--tar -`), known
+/// before they are parsed: a usage error of such a run goes to stderr too.
+fn args_put_data_on_stdout() -> bool {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    args.windows(2).any(|w| w[0] == "--tar" && w[1] == "-") || args.iter().any(|a| a == "--tar=-")
+}
+
 fn print_json(v: &Value) -> std::io::Result<()> {
+    if STDOUT_IS_DATA.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut out = std::io::stderr().lock();
+        serde_json::to_writer(&mut out, v)?;
+        writeln!(out)?;
+        return out.flush();
+    }
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, v)?;
     writeln!(out)?;
