@@ -183,7 +183,9 @@ fn prefetch_trace(p: &Packet, location: &Location) {
                         return Err(format!("{len} bytes, more than a trace holds"));
                     }
                     let mut buf = vec![0; len as usize];
-                    object.read_exact_at(&mut buf, 0).map_err(|e| e.to_string())?;
+                    object
+                        .read_exact_at(&mut buf, 0, object.deadline())
+                        .map_err(|e| e.to_string())?;
                     Ok(buf)
                 });
             let trace = match fetched.map(|b| Trace::parse(&b)) {

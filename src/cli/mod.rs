@@ -12,7 +12,7 @@ mod pack;
 mod progress;
 mod seal;
 mod status;
-pub(crate) mod umount;
+mod umount;
 mod unpack;
 mod verify;
 

@@ -66,7 +66,7 @@ impl Source for dyn crate::store::ReadAt + '_ {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64, _file_len: u64) -> Result<()> {
-        Ok(self.read_exact_at(buf, offset)?)
+        Ok(self.read_exact_at(buf, offset, self.deadline())?)
     }
 }
 

@@ -518,7 +518,7 @@ impl Spool {
 
     /// One ranged GET into `buf`, counted.
     fn fetch(&self, buf: &mut [u8], at: u64, foreground: bool) -> Result<()> {
-        self.remote.read_exact_at(buf, at)?;
+        self.remote.read_exact_at(buf, at, self.remote.deadline())?;
         let n = buf.len() as u64;
         self.stats.fetched_bytes.fetch_add(n, Ordering::Relaxed);
         self.stats.fetches.fetch_add(1, Ordering::Relaxed);
@@ -932,7 +932,12 @@ mod tests {
         fn etag(&self) -> Option<&str> {
             None
         }
-        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        fn read_exact_at(
+            &self,
+            buf: &mut [u8],
+            offset: u64,
+            _: crate::store::Deadline,
+        ) -> Result<()> {
             self.requests.fetch_add(1, Ordering::Relaxed);
             let at = offset as usize;
             buf.copy_from_slice(&self.bytes[at..at + buf.len()]);
