@@ -2,7 +2,7 @@
 //! agents, served through FUSE with a copy-on-write upper directory.
 //!
 //! Layers depend one way: `packet` <- `output` <- `source` <- `overlay` <-
-//! `fuse` <- `cli` (`restore` beside `source`; `kind`, `sys`, `barrier` and
+//! `fuse` <- `daemon` <- `cli` (`restore` beside `source`; `kind`, `sys`, `barrier` and
 //! `interrupt` usable from any). See `docs/ARCHITECTURE.md`.
 
 #![forbid(unsafe_code)]
@@ -10,6 +10,7 @@
 
 pub(crate) mod barrier;
 pub mod cli;
+pub(crate) mod daemon;
 pub(crate) mod fuse;
 pub(crate) mod harness;
 pub(crate) mod interrupt;
@@ -21,6 +22,7 @@ pub(crate) mod restore;
 pub(crate) mod source;
 pub(crate) mod store;
 pub(crate) mod sys;
+pub(crate) mod tar_out;
 
 /// The library's surface outside the crate: what the integration tests,
 /// the fuzz targets and the benchmark driver use, and nothing else (the

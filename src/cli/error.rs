@@ -286,6 +286,30 @@ impl From<crate::overlay::Error> for CliError {
     }
 }
 
+impl From<crate::daemon::Error> for CliError {
+    fn from(e: crate::daemon::Error) -> CliError {
+        use crate::daemon::Error;
+        match e {
+            Error::Overlay(e) => e.into(),
+            Error::Usage(message) => CliError::usage(message),
+            Error::Failed {
+                kind,
+                class,
+                message,
+                path,
+                hint,
+            } => {
+                let path = path.map(|p| crate::packet::path::shown_path(&p));
+                let e = CliError::new(Some(class), kind, message, path);
+                match hint {
+                    Some(h) => e.with_hint(h),
+                    None => e,
+                }
+            }
+        }
+    }
+}
+
 impl From<crate::restore::Error> for CliError {
     fn from(e: crate::restore::Error) -> CliError {
         CliError::new(

@@ -4,7 +4,6 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -141,7 +140,7 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
         // A FUSE mount whose daemon died answers ENOTCONN, or
         // ECONNABORTED once the kernel has aborted the connection.
         let dead = matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED));
-        if dead && super::umount::is_sessionfs_mount(&at) {
+        if dead && crate::sys::is_sessionfs_mount(&at) {
             mount_error(
                 ErrorKind::AlreadyMounted,
                 format!(
@@ -161,7 +160,7 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
             mp,
         ));
     }
-    if super::umount::is_sessionfs_mount(mp) {
+    if crate::sys::is_sessionfs_mount(mp) {
         return Err(mount_error(
             ErrorKind::AlreadyMounted,
             format!(
@@ -314,7 +313,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
             Some(shown.clone()),
         ));
     }
-    wait_for_upper(&a.upper)?;
+    crate::daemon::wait_for_upper(&a.upper)?;
     let uid = a.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let gid = a.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw());
     // An upper directory this mount makes is removed if the mount fails:
@@ -365,7 +364,7 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     // Recorded in the upper directory too, so an offline seal rebases the same links.
     // And which daemon holds it at which mountpoint, for a mount of the
     // same directory to name them (see wait_for_upper).
-    super::seal::MountInfo {
+    crate::overlay::mount_info::MountInfo {
         roots: roots.clone(),
         mountpoint: Some(a.mountpoint.clone()),
         pid: Some(std::process::id()),
@@ -406,8 +405,15 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         // A mount's seal: the same code as an offline one.
         move |overlay, req, notify| {
             control::Reply::from_value(
-                super::seal::handle(overlay, req, &roots, Some(notify))
-                    .unwrap_or_else(|e| e.to_value()),
+                crate::daemon::seal::handle(
+                    overlay,
+                    req,
+                    &roots,
+                    &|| a.remote.reading(),
+                    Some(notify),
+                    &|_| {},
+                )
+                .unwrap_or_else(|e| CliError::from(e).to_value()),
             )
         },
     );
@@ -476,73 +482,6 @@ fn mount_failed(e: &std::io::Error, mp: &Path) -> CliError {
         mp,
     )
     .with_hint(hint)
-}
-
-/// How long a mount waits for the process holding its upper directory's
-/// lock when that process serves no mount: a daemon whose mount was taken
-/// away (`fusermount3 -u`, `umount`, a pod's teardown) lets the lock go as
-/// it exits, some milliseconds later. (docs/CLI.md says 5 s.)
-const LOCK_WAIT: Duration = Duration::from_secs(5);
-
-/// Waits until nothing holds the lock on upper directory `upper`, for at
-/// most [`LOCK_WAIT`]: refuses at once when the holder is a daemon still
-/// serving a mount (named with its pid, from `mount.json`), and after the
-/// wait when the lock is still held.
-pub(super) fn wait_for_upper(upper: &Path) -> Result<(), CliError> {
-    let start = Instant::now();
-    let refuse = |message: String, hint: String| {
-        CliError::new(
-            Some(ErrorClass::Refused),
-            ErrorKind::UpperRefused,
-            message,
-            Some(crate::packet::path::shown_path(upper)),
-        )
-        .with_hint(hint)
-    };
-    loop {
-        if super::umount::lock_free(upper) {
-            return Ok(());
-        }
-        let holder = super::umount::lock_holder(upper);
-        let info = super::seal::MountInfo::load(upper);
-        // The daemon mount.json names, if it is the holder (or the holder
-        // cannot be told) and its mount is still there.
-        let serving = info.and_then(|i| {
-            let (mp, pid) = (i.mountpoint?, i.pid?);
-            let holds = holder.is_none_or(|h| h == pid) && !super::umount::exited(pid as i32);
-            (holds && super::umount::is_sessionfs_mount(&mp)).then_some((mp, pid))
-        });
-        if let Some((mp, pid)) = serving {
-            return Err(refuse(
-                format!(
-                    "{}: in use by the sessionfs mount at {} (daemon pid {pid})",
-                    upper.display(),
-                    mp.display()
-                ),
-                format!(
-                    "unmount it first (`sessionfs umount {}`), or mount another upper directory",
-                    mp.display()
-                ),
-            ));
-        }
-        if start.elapsed() >= LOCK_WAIT {
-            let who = match holder {
-                Some(pid) => format!("process {pid}"),
-                None => "another process".to_owned(),
-            };
-            return Err(refuse(
-                format!(
-                    "{}: locked by {who}, which serves no mount here, and still after {} s",
-                    upper.display(),
-                    LOCK_WAIT.as_secs()
-                ),
-                "an offline `sessionfs seal` of it, or a mount in another mount namespace, holds \
-                 it: wait for it to end (or end it), then try again"
-                    .to_owned(),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Starts this same command as a daemon (new process group, stderr to the

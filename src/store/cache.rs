@@ -67,10 +67,6 @@ use sha2::Digest as _;
 
 use crate::sys::file_type;
 
-/// The cache's size bound unless `--cache-size` says otherwise (the CLI's
-/// default, `10GiB`, is this).
-pub const DEFAULT_SIZE: u64 = 10 << 30;
-
 /// An eviction runs each time this process has added this fraction of the
 /// bound (as 1/N) since the last one.
 pub const EVICT_EVERY: u64 = 16;

@@ -12,6 +12,7 @@
 
 pub mod aws;
 pub mod cache;
+pub mod deadline;
 pub mod error;
 pub mod remote;
 pub mod spool;
@@ -21,6 +22,7 @@ pub mod upload;
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
+pub use deadline::Deadline;
 pub use error::{Error, Result};
 pub use remote::{Remote, Settings};
 pub use upload::{Completion, CopySource, Upload};
@@ -218,10 +220,18 @@ pub trait ReadAt: Send + Sync {
     /// pinned to it.
     fn etag(&self) -> Option<&str>;
 
+    /// A deadline for a new operation on this object, as its settings
+    /// bound one ([`Deadline::for_operation`]): for a caller whose read is
+    /// an operation of its own.
+    fn deadline(&self) -> Deadline {
+        Deadline::for_operation(&Settings::default())
+    }
+
     /// Fills `buf` with the bytes at `offset..offset + buf.len()`, which
-    /// must lie within [`ReadAt::len`]. Retries transient failures within
-    /// the time bound of the settings.
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// must lie within [`ReadAt::len`]. Retries transient failures until
+    /// `deadline`: the caller's, which may cover more than this read (a
+    /// read of a mount that fetches and refetches several ranges).
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64, deadline: Deadline) -> Result<()>;
 
     /// The location, as shown in errors and results.
     fn shown(&self) -> &str;

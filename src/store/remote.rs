@@ -10,9 +10,10 @@
 use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::aws::{CredentialSource, S3Config};
+use super::deadline::Deadline;
 use super::error::{Error, Result};
 use super::{Location, ReadAt};
 
@@ -254,23 +255,30 @@ impl Client {
     }
 
     /// Runs `attempt` (given the time it may take) until it succeeds,
-    /// fails for good, or the attempts or the time bound of the settings
-    /// run out; then fails as [`Error::Unavailable`], saying that it could
-    /// not `what()` ("read bytes 0..512", "upload part 3").
+    /// fails for good, or the attempts or the operation's `deadline` run
+    /// out; then fails as [`Error::Unavailable`], saying that it could
+    /// not `what()` ("read bytes 0..512", "upload part 3"). Each attempt
+    /// may take what is left of the deadline, at most
+    /// [`Settings::request_timeout`]; a credential renewal comes out of
+    /// the same deadline.
     pub(crate) fn retrying<T>(
         &self,
+        deadline: Deadline,
         what: impl Fn() -> String,
         mut attempt: impl FnMut(Duration) -> std::result::Result<T, Failure>,
     ) -> Result<T> {
-        let began = Instant::now();
         let mut wait = self.settings.backoff;
         let mut attempts = 0;
         let mut renewed = false;
+        let mut last = String::new();
         loop {
+            let left = deadline.remaining();
+            if left.is_zero() {
+                return Err(self.gave_up(&what, attempts, deadline, last));
+            }
             attempts += 1;
-            let left = self.settings.read_timeout.saturating_sub(began.elapsed());
             self.requests.fetch_add(1, Ordering::Relaxed);
-            let last = match attempt(left.min(self.settings.request_timeout)) {
+            last = match attempt(left.min(self.settings.request_timeout)) {
                 Ok(f) => return Ok(f),
                 Err(Failure::Fatal(e)) => return Err(e),
                 Err(Failure::Retry(why)) => why,
@@ -278,7 +286,7 @@ impl Client {
                 // at once another attempt.
                 Err(Failure::Expired { code, .. }) if !renewed => {
                     renewed = true;
-                    self.renew(&code)?;
+                    self.renew(&code, deadline)?;
                     continue;
                 }
                 Err(Failure::Expired { status, code }) => {
@@ -290,20 +298,37 @@ impl Client {
                 }
             };
             let pause = jitter(wait);
-            if attempts >= self.settings.max_attempts
-                || began.elapsed() + pause >= self.settings.read_timeout
-            {
-                return Err(Error::Unavailable {
-                    location: self.shown.clone(),
-                    what: what(),
-                    attempts,
-                    elapsed: began.elapsed(),
-                    last,
-                });
+            if attempts >= self.settings.max_attempts || pause >= deadline.remaining() {
+                return Err(self.gave_up(&what, attempts, deadline, last));
             }
             tracing::debug!(location = %self.shown, what = %what(), attempts, why = %last, ?pause, "retrying");
             std::thread::sleep(pause);
             wait = (wait * 2).min(self.settings.max_backoff);
+        }
+    }
+
+    /// The error of an operation that ran out of attempts or time.
+    fn gave_up(
+        &self,
+        what: &dyn Fn() -> String,
+        attempts: u32,
+        deadline: Deadline,
+        last: String,
+    ) -> Error {
+        let last = if last.is_empty() {
+            format!(
+                "the operation's time bound of {:.1?} ran out before a request could be made",
+                deadline.bound()
+            )
+        } else {
+            last
+        };
+        Error::Unavailable {
+            location: self.shown.clone(),
+            what: what(),
+            attempts,
+            elapsed: deadline.elapsed(),
+            last,
         }
     }
 
@@ -416,7 +441,7 @@ impl Client {
     /// (`code`), with those their source gives now: the environment and
     /// the profile files read again (a sidecar may have rewritten them),
     /// a web identity token (which the pod rotates) exchanged again.
-    fn renew(&self, code: &str) -> Result<()> {
+    fn renew(&self, code: &str, _deadline: Deadline) -> Result<()> {
         let Target::S3 { credentials, .. } = &self.target else {
             return Ok(());
         };
@@ -442,7 +467,8 @@ impl Remote {
             etag: None,
             head: Vec::new(),
         };
-        let first = remote.fetch(0, first_bytes.max(1), true)?;
+        let deadline = Deadline::for_operation(settings);
+        let first = remote.fetch(0, first_bytes.max(1), true, deadline)?;
         remote.len = first.total;
         // A weak ETag (`W/"…"`) never satisfies If-Match, which compares
         // strongly: such an object is pinned by its length only.
@@ -458,9 +484,10 @@ impl Remote {
     }
 
     /// Bytes `start..end` (clamped to the object on the first request),
-    /// retried within the settings' bounds.
-    fn fetch(&self, start: u64, end: u64, first: bool) -> Result<Fetched> {
+    /// retried within `deadline`.
+    fn fetch(&self, start: u64, end: u64, first: bool, deadline: Deadline) -> Result<Fetched> {
         self.client.retrying(
+            deadline,
             || format!("read bytes {start}..{end}"),
             |timeout| self.attempt(start, end, first, timeout),
         )
@@ -606,7 +633,11 @@ impl ReadAt for Remote {
         self.etag.as_deref()
     }
 
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+    fn deadline(&self) -> Deadline {
+        Deadline::for_operation(&self.client.settings)
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64, deadline: Deadline) -> Result<()> {
         let end = offset
             .checked_add(buf.len() as u64)
             .filter(|&e| e <= self.len)
@@ -633,7 +664,7 @@ impl ReadAt for Remote {
         if rest.is_empty() {
             return Ok(());
         }
-        let f = self.fetch(start, end, false)?;
+        let f = self.fetch(start, end, false, deadline)?;
         rest.copy_from_slice(&f.bytes);
         Ok(())
     }

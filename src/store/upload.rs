@@ -23,6 +23,7 @@ use std::io::Read;
 use std::ops::Range;
 use std::time::Duration;
 
+use super::deadline::Deadline;
 use super::error::{Error, Result};
 use super::remote::{Client, Creds, Failure, PRESIGN_FOR, Target};
 use super::{Location, Settings};
@@ -87,6 +88,7 @@ impl Upload {
         let (bucket, key, creds) = s3_target(&client)?;
         use rusty_s3::S3Action;
         let id = client.retrying(
+            Deadline::for_operation(settings),
             || "start the upload".into(),
             |timeout| {
                 let url = bucket
@@ -118,6 +120,7 @@ impl Upload {
         let (bucket, key, creds) = s3_target(&self.client)?;
         use rusty_s3::S3Action;
         self.client.retrying(
+            Deadline::for_operation(&self.client.settings),
             || format!("upload part {number} ({} bytes)", bytes.len()),
             |timeout| {
                 let url = bucket
@@ -156,6 +159,7 @@ impl Upload {
         ];
         use rusty_s3::S3Action;
         self.client.retrying(
+            Deadline::for_operation(&self.client.settings),
             || {
                 format!(
                     "copy part {number} from bytes {}..{} of s3://{}/{}",
@@ -204,6 +208,7 @@ impl Upload {
         use rusty_s3::S3Action;
         let mut tried = false;
         self.client.retrying(
+            Deadline::for_operation(&self.client.settings),
             || format!("complete the upload of {} parts", etags.len()),
             |timeout| {
                 let retried = std::mem::replace(&mut tried, true);
@@ -246,10 +251,10 @@ impl Upload {
     /// [`ABORT_WITHIN`], an upload already gone counting as aborted.
     pub fn abort(&self) -> Result<()> {
         let (bucket, key, creds) = s3_target(&self.client)?;
-        let mut client = self.client.clone();
-        client.settings.read_timeout = client.settings.read_timeout.min(ABORT_WITHIN);
+        let client = &self.client;
         use rusty_s3::S3Action;
         client.retrying(
+            Deadline::for_operation(&client.settings).within(ABORT_WITHIN),
             || "abort the upload".into(),
             |timeout| {
                 let url = bucket
