@@ -405,8 +405,15 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         // A mount's seal: the same code as an offline one.
         move |overlay, req, notify| {
             control::Reply::from_value(
-                crate::daemon::seal::handle(overlay, req, &roots, Some(notify), &|_| {})
-                    .unwrap_or_else(|e| CliError::from(e).to_value()),
+                crate::daemon::seal::handle(
+                    overlay,
+                    req,
+                    &roots,
+                    &|| a.remote.reading(),
+                    Some(notify),
+                    &|_| {},
+                )
+                .unwrap_or_else(|e| CliError::from(e).to_value()),
             )
         },
     );
