@@ -54,7 +54,8 @@ pub struct RemoteArgs {
     /// The cache's size bound; least recently used content goes first.
     #[arg(long, value_name = "SIZE", default_value = "10GiB", value_parser = parse_size)]
     pub cache_size: u64,
-    /// Bytes of fetches in flight at most (read-ahead included).
+    /// Bytes of buffers a remote packet's fetches hold at most (read-ahead
+    /// and prefetch included, which hold at most half); at least 16MiB.
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
     pub max_memory: u64,
     /// Small files are fetched in requests of up to this many bytes.
@@ -97,7 +98,7 @@ impl RemoteArgs {
         }
         let spool = crate::store::spool::SpoolOptions {
             block: self.block_size,
-            max_memory: self.max_memory.max(1 << 20),
+            max_memory: self.max_memory.max(crate::store::spool::MIN_MAX_MEMORY),
             prefetch: match self.prefetch {
                 PrefetchArg::None => crate::store::spool::Prefetch::None,
                 PrefetchArg::Trace => crate::store::spool::Prefetch::Trace,
