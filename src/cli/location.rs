@@ -11,9 +11,12 @@ use crate::store::{Location, ReadAt, Settings};
 
 pub use crate::store::FIRST_FETCH;
 
-/// A packet argument, parsed; a usage error names what is wrong.
+/// A packet argument, parsed; `invalid_location` (a usage error) names
+/// what is wrong.
 pub fn parse(packet: &Path) -> Result<Location, CliError> {
-    Location::parse(packet.as_os_str()).map_err(CliError::usage)
+    Location::parse(packet.as_os_str()).map_err(|message| {
+        CliError::new(None, crate::kind::ErrorKind::InvalidLocation, message, None)
+    })
 }
 
 /// An output argument (`pack -o`, `seal -o`): a local path, or an
