@@ -370,6 +370,13 @@ fn damaged_cache_entries_and_corrupted_responses_are_never_served() {
     // A corrupted response is fetched again; the reader sees good bytes.
     let fresh = t.join("fresh-cache");
     let m = mount_remote(&loc, t, "mnt2", &fresh, proxy.port, &[]);
+    // The next request is the read's once the mount has asked for its
+    // trace (in the background).
+    let t0 = Instant::now();
+    while !proxy.requests().iter().any(|r| r.contains(".trace")) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no trace request");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // (Past the member's header, which the response brings first.)
     proxy.inject([Fault::Corrupt(4096)]);
     assert_eq!(
