@@ -70,6 +70,9 @@ enum Command {
     Umount(umount::Args),
     Status(status::Args),
     Seal(seal::Args),
+    /// A mount's daemon, started by `mount` (internal).
+    #[command(hide = true)]
+    Daemon(mount::DaemonArgs),
 }
 
 /// What a subcommand returns: its one result object, or word that it has
@@ -156,7 +159,7 @@ pub fn main() -> ExitCode {
     // (a thread started before would take them, see crate::fuse::daemon).
     let pooled = !matches!(
         cli.command,
-        Command::Umount(_) | Command::Status(_) | Command::Mount(_)
+        Command::Umount(_) | Command::Status(_) | Command::Mount(_) | Command::Daemon(_)
     );
     if pooled && let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
         return report(CliError::new(
@@ -180,6 +183,7 @@ pub fn main() -> ExitCode {
         Command::Umount(a) => umount::run(a),
         Command::Status(a) => status::run(a),
         Command::Seal(a) => seal::run(a),
+        Command::Daemon(a) => mount::run_daemon(a),
     };
     match result {
         Ok(out) => {
@@ -314,14 +318,24 @@ fn usage_message(rendered: &str) -> String {
     }
 }
 
-fn print_json(v: &Value) -> std::io::Result<()> {
+pub(crate) fn print_json(v: &Value) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, v)?;
     writeln!(out)?;
     out.flush()
 }
 
+/// `-v` as given: a mount passes it on to the daemon it starts.
+static VERBOSE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The `-v` flags of this run, for a process it starts.
+pub(crate) fn verbose_args() -> Vec<std::ffi::OsString> {
+    let n = VERBOSE.load(std::sync::atomic::Ordering::Relaxed);
+    (0..n).map(|_| "-v".into()).collect()
+}
+
 fn init_logging(verbose: u8) {
+    VERBOSE.store(verbose, std::sync::atomic::Ordering::Relaxed);
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => "warn",
