@@ -31,6 +31,9 @@ kinds! {
     Usage = "usage",
     /// A pattern that is refused (it could match nothing).
     BadPattern = "bad_pattern",
+    /// A remote location that is malformed or would not be taken
+    /// literally (`.`, `..` or an empty segment in a key or URL path).
+    InvalidLocation = "invalid_location",
     /// Not a packet at all.
     NotAPacket = "not_a_packet",
     /// The packet has no manifest first.

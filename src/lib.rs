@@ -22,6 +22,7 @@ pub(crate) mod restore;
 pub(crate) mod source;
 pub(crate) mod store;
 pub(crate) mod sys;
+pub(crate) mod tar_out;
 
 /// The library's surface outside the crate: what the integration tests,
 /// the fuzz targets and the benchmark driver use, and nothing else (the

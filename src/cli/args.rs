@@ -83,33 +83,21 @@ pub enum PrefetchArg {
 }
 
 impl RemoteArgs {
-    /// The cache, opened (made if needed).
-    pub fn cache(&self) -> Result<std::sync::Arc<crate::store::cache::Cache>, CliError> {
-        let dir = self
-            .cache
-            .clone()
-            .unwrap_or_else(crate::store::cache::default_dir);
-        crate::store::cache::Cache::open(&dir, self.cache_size)
-            .map(std::sync::Arc::new)
-            .map_err(|e| {
-                CliError::new(
-                    Some(crate::packet::error::ErrorClass::Refused),
-                    crate::kind::ErrorKind::TargetUnusable,
-                    format!("--cache {}: {e}", dir.display()),
-                    Some(crate::packet::path::shown_path(&dir)),
-                )
-            })
-    }
-
-    /// The spool's options.
-    pub fn spool_options(&self) -> Result<crate::store::spool::SpoolOptions, CliError> {
+    /// How remote packets are read ([`Packet::open_remote`]): the
+    /// environment's store settings, the cache (opened, made if needed),
+    /// the spool's options. A daemon asks for it when a seal moves its
+    /// mount onto an upload, hence the daemon layer's error.
+    ///
+    /// [`Packet::open_remote`]: crate::packet::reader::Packet::open_remote
+    pub fn reading(&self) -> Result<crate::packet::backing::RemoteReading, crate::daemon::Error> {
+        use crate::daemon::Error;
         if !(4096..=(64 << 20)).contains(&self.block_size) {
-            return Err(CliError::usage(format!(
+            return Err(Error::Usage(format!(
                 "--block-size {} is out of range: 4KiB to 64MiB",
                 self.block_size
             )));
         }
-        Ok(crate::store::spool::SpoolOptions {
+        let spool = crate::store::spool::SpoolOptions {
             block: self.block_size,
             max_memory: self.max_memory.max(1 << 20),
             prefetch: match self.prefetch {
@@ -117,6 +105,24 @@ impl RemoteArgs {
                 PrefetchArg::Trace => crate::store::spool::Prefetch::Trace,
                 PrefetchArg::All => crate::store::spool::Prefetch::All,
             },
+        };
+        let settings = crate::store::Settings::from_env().map_err(Error::Usage)?;
+        let dir = self
+            .cache
+            .clone()
+            .unwrap_or_else(crate::store::cache::default_dir);
+        let cache = crate::store::cache::Cache::open(&dir, self.cache_size).map_err(|e| {
+            Error::failed(
+                crate::kind::ErrorKind::TargetUnusable,
+                crate::packet::error::ErrorClass::Refused,
+                format!("--cache {}: {e}", dir.display()),
+                &dir,
+            )
+        })?;
+        Ok(crate::packet::backing::RemoteReading {
+            settings,
+            cache: Some(std::sync::Arc::new(cache)),
+            spool,
         })
     }
 }

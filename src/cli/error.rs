@@ -84,6 +84,9 @@ fn kind_hint(kind: ErrorKind) -> Option<&'static str> {
         ErrorKind::RemoteChanged => {
             "the object was replaced while it was read: run the command again; name packets by their digest (…/sha256-<hex>.packet) so that a key never changes"
         }
+        ErrorKind::InvalidLocation => {
+            "give s3://BUCKET/KEY with the key exactly as stored, or an http(s) URL of the object itself: keys and URL paths are taken literally (no `.`, `..` or empty segments)"
+        }
         ErrorKind::RemoteConfig => {
             "set the AWS configuration the message names (docs/remote.md lists what is read: AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_S3, …)"
         }

@@ -546,8 +546,15 @@ fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
         // A mount's seal: the same code as an offline one.
         move |overlay, req, notify| {
             control::Reply::from_value(
-                crate::daemon::seal::handle(overlay, req, &roots, Some(notify), &|_| {})
-                    .unwrap_or_else(|e| CliError::from(e).to_value()),
+                crate::daemon::seal::handle(
+                    overlay,
+                    req,
+                    &roots,
+                    &|| a.remote.reading(),
+                    Some(notify),
+                    &|_| {},
+                )
+                .unwrap_or_else(|e| CliError::from(e).to_value()),
             )
         },
     );

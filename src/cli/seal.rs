@@ -148,7 +148,14 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         )?;
         let bar = super::progress::Progress::bytes("sealing", 0);
         let roots = MountInfo::roots_of(upper);
-        let sealed = crate::daemon::seal::handle(&overlay, &req, &roots, None, &|n| bar.add(n));
+        let sealed = crate::daemon::seal::handle(
+            &overlay,
+            &req,
+            &roots,
+            &|| a.remote.reading(),
+            None,
+            &|n| bar.add(n),
+        );
         drop(bar);
         return Ok(Output::raw(sealed?));
     }

@@ -16,6 +16,7 @@ use crate::fuse::control::{self, SealRequest};
 use crate::kind::ErrorKind;
 use crate::overlay::Overlay;
 use crate::overlay::seal::{RemoteSeal, SealOptions, SealOutcome};
+use crate::packet::backing::RemoteReading;
 use crate::packet::error::ErrorClass;
 use crate::packet::format::Limits;
 use crate::packet::path::Part;
@@ -61,23 +62,30 @@ pub fn remote_output(output: &Path) -> Result<Option<(Location, Settings)>, Erro
 /// absolute spellings of each part's mounted root, for symlink rebasing;
 /// `bytes` is told of the bytes written as they go (an offline seal's
 /// progress bar), and a daemon's client, `notify`, of their count when it
-/// asked for progress.
+/// asked for progress. `reading` gives how the mount reads remote packets,
+/// asked for when the seal moves it onto an upload (`--rebase`).
 pub fn handle(
     overlay: &Overlay,
     req: &SealRequest,
     roots: &HashMap<Part, Vec<String>>,
+    reading: &dyn Fn() -> Result<RemoteReading, Error>,
     notify: Option<control::Notify>,
     bytes: &(dyn Fn(u64) + Sync),
 ) -> Result<Value, Error> {
     let started = std::time::Instant::now();
     tracing::info!(output = %req.output.display(), rebase = req.rebase, "seal requested");
     // A mount's daemon uploads with the AWS configuration it was started
-    // with.
-    let remote = remote_output(&req.output)?.map(|(location, settings)| RemoteSeal {
-        location,
-        settings,
-        parent: parent_object(),
-    });
+    // with, and moves onto the upload (`--rebase`) as it reads a remote
+    // packet: through its cache, with its fetch settings.
+    let remote = match remote_output(&req.output)? {
+        Some((location, settings)) => Some(RemoteSeal {
+            location,
+            settings,
+            parent: parent_object(),
+            reading: if req.rebase { Some(reading()?) } else { None },
+        }),
+        None => None,
+    };
     check_destinations(overlay, req, remote.is_some())?;
     // What the turn read, before a rebase moves the view onto the new
     // packet (and starts the next turn's trace).

@@ -11,6 +11,7 @@ use nix::sys::signal::{SigSet, Signal};
 use super::control::{self, Reply, Request, SealRequest};
 use super::fs::SessionFs;
 use crate::overlay::{Overlay, Stale};
+use crate::packet::backing::Backing;
 use crate::packet::error::ErrorKind;
 
 /// How to serve.
@@ -263,9 +264,7 @@ pub fn serve(
     control::drain(std::time::Duration::from_secs(5));
     // A remote packet's last fetches go into the node's cache (the overlay
     // is not dropped: see `forget` above).
-    if let Some(spool) = overlay.lower().packet.spool() {
-        spool.finish();
-    }
+    overlay.lower().packet.backing().finish();
     if let Err(e) = overlay.fsyncdir() {
         tracing::warn!(error = %e, "cannot sync the journal at exit");
     }
@@ -446,11 +445,10 @@ fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
     let abs = crate::sys::absolute;
     control::Status {
         mountpoint: abs(mountpoint),
-        packet: if o.lower().packet.spool().is_some() {
+        packet: match o.lower().packet.backing() {
+            Backing::File(_) => abs(o.lower().packet.path()),
             // A remote location, as shown.
-            o.lower().packet.path().to_owned()
-        } else {
-            abs(o.lower().packet.path())
+            Backing::Spool(_) => o.lower().packet.path().to_owned(),
         },
         digest: o.lower().packet.digest.to_string(),
         upper: abs(o.upper_dir()),
@@ -463,7 +461,7 @@ fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
         copy_ups: s.copy_ups.load(Ordering::Relaxed),
         verified_bytes: o.verified_bytes(),
         read_inodes: s.read_inodes.lock().clone(),
-        remote: o.lower().packet.spool().map(|s| Box::new(s.report())),
+        remote: o.lower().packet.backing().report().map(Box::new),
         secrets: o
             .secrets()
             .iter()

@@ -308,9 +308,52 @@ impl Spool {
         (self.cache.clone(), self.options)
     }
 
-    /// The spool file: the object's bytes where filled, zeros elsewhere.
-    pub fn file(&self) -> &File {
-        &self.file
+    /// Fills `buf` with the object's bytes at `at`, as a mount reads
+    /// ([`Spool::ensure`] first): content from the spool, verified; bytes
+    /// outside units (member headers and padding, which no mount reads)
+    /// fetched as they are, for the packet layer to check.
+    pub fn read_exact_at(&self, buf: &mut [u8], at: u64) -> Result<()> {
+        let range = at..at + buf.len() as u64;
+        self.ensure(range.clone())?;
+        self.read_filled(buf, range)
+    }
+
+    /// [`Spool::read_exact_at`] for a planned reader
+    /// ([`Spool::ensure_planned`]).
+    pub fn read_planned_at(&self, buf: &mut [u8], at: u64) -> Result<()> {
+        let range = at..at + buf.len() as u64;
+        self.ensure_planned(range.clone())?;
+        self.read_filled(buf, range)
+    }
+
+    /// Reads `range` (into `buf`) once its units are filled: their bytes
+    /// from the spool file, the bytes between them from the object.
+    fn read_filled(&self, buf: &mut [u8], range: Range<u64>) -> Result<()> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        self.file
+            .read_exact_at(buf, range.start)
+            .map_err(|e| Error::Config {
+                location: self.remote.shown().into(),
+                reason: format!("cannot read the mount's spool file: {e}"),
+            })?;
+        let mut pos = range.start;
+        let units = self.units_of(&range);
+        let ends = self.units[units]
+            .iter()
+            .map(|u| (u.start, u.end()))
+            .chain(std::iter::once((range.end, range.end)));
+        for (start, end) in ends {
+            let gap = pos..start.min(range.end);
+            if !gap.is_empty() {
+                let at = (gap.start - range.start) as usize;
+                let n = (gap.end - gap.start) as usize;
+                self.fetch(&mut buf[at..at + n], gap.start, true)?;
+            }
+            pos = pos.max(end);
+        }
+        Ok(())
     }
 
     /// Where the object is (for a seal's server-side copies: its bucket
@@ -999,7 +1042,7 @@ mod tests {
 
     fn spooled(s: &Spool, range: Range<u64>) -> Vec<u8> {
         let mut buf = vec![0; (range.end - range.start) as usize];
-        s.file().read_exact_at(&mut buf, range.start).unwrap();
+        s.file.read_exact_at(&mut buf, range.start).unwrap();
         buf
     }
 

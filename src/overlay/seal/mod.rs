@@ -97,6 +97,10 @@ pub struct RemoteSeal {
     /// checked first), and no `--file-sha256` is asked (that needs every
     /// byte here).
     pub parent: Option<Location>,
+    /// With `--rebase`: how the mount reads the uploaded packet it moves
+    /// onto (its own cache and fetch settings); without, `None` (no cache
+    /// is opened for a seal that does not read it).
+    pub reading: Option<crate::packet::backing::RemoteReading>,
 }
 
 impl SealOptions {
@@ -550,7 +554,7 @@ fn commit_packet(
 /// log says why.
 fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option<CopySource> {
     use crate::store::ReadAt;
-    let mounted = lower.remote().map(|spool| spool.location());
+    let mounted = lower.packet.backing().spool().map(|spool| spool.location());
     let Some(Location::S3 { bucket, key }) = mounted.or(remote.parent.as_ref()) else {
         return None;
     };
@@ -564,7 +568,7 @@ fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option
     if opts.file_sha256 {
         return skip("--file-sha256 needs every byte here");
     }
-    let etag = match lower.remote() {
+    let etag = match lower.packet.backing().spool() {
         Some(spool) => spool.remote().etag().map(str::to_owned),
         None => {
             let parent = remote.parent.as_ref()?;
