@@ -132,6 +132,39 @@ fn booby_trap(cache: &Path, secret: &Path, fifo_of: &[u8], owner: Option<u32>) {
     }
 }
 
+/// A packet in the store, a root-only directory beside it
+/// ([`secret_dir`]) and the cache directory `cache` (the user's, `0700`),
+/// trapped ([`booby_trap`]) with a FIFO at the entry of `src/f00.rs`.
+struct Trapped {
+    tmp: tempfile::TempDir,
+    ws: PathBuf,
+    port: u16,
+    loc: String,
+    secret: PathBuf,
+    cache: PathBuf,
+    /// The bytes whose entry is a FIFO.
+    fifo_of: Vec<u8>,
+}
+
+fn trapped(owner: Option<u32>) -> Trapped {
+    let (tmp, ws, port, loc) = packet_in_store();
+    let secret = secret_dir(tmp.path(), &ws);
+    let cache = tmp.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    chmod(&cache, 0o700);
+    let fifo_of = std::fs::read(ws.join("src/f00.rs")).unwrap();
+    booby_trap(&cache, &secret, &fifo_of, owner);
+    Trapped {
+        tmp,
+        ws,
+        port,
+        loc,
+        secret,
+        cache,
+        fifo_of,
+    }
+}
+
 /// Reads every file of `ws` through `mnt` on a thread of its own, and
 /// asserts it matches, within `bound`: a read that blocks fails the test
 /// instead of hanging it.
@@ -168,14 +201,17 @@ fn a_cache_directory_another_user_prepared_is_refused_at_mount() {
         eprintln!("skipped: needs root (the other user's directory is made with chown)");
         return;
     }
-    let (tmp, ws, port, loc) = packet_in_store();
+    let Trapped {
+        tmp,
+        port,
+        loc,
+        secret,
+        cache,
+        fifo_of,
+        ..
+    } = trapped(Some(NOBODY));
     let t = tmp.path();
-    let secret = secret_dir(t, &ws);
-    let cache = t.join("cache");
-    std::fs::create_dir(&cache).unwrap();
-    let small = std::fs::read(ws.join("src/f00.rs")).unwrap();
-    booby_trap(&cache, &secret, &small, Some(NOBODY));
-    let fifo_shard = format!("v1/objects/{}", &hex(&small)[..2]);
+    let fifo_shard = format!("v1/objects/{}", &hex(&fifo_of)[..2]);
     for d in ["", "v1", "v1/objects", "v1/tmp", &fifo_shard] {
         give(&cache.join(d), NOBODY);
         chmod(&cache.join(d), 0o777);
@@ -239,14 +275,16 @@ fn symlinks_and_fifos_in_the_cache_are_removed_and_reads_go_on() {
     if !fuse_available() {
         return;
     }
-    let (tmp, ws, port, loc) = packet_in_store();
+    let Trapped {
+        tmp,
+        ws,
+        port,
+        loc,
+        secret,
+        cache,
+        ..
+    } = trapped(is_root().then_some(NOBODY));
     let t = tmp.path();
-    let secret = secret_dir(t, &ws);
-    let cache = t.join("cache");
-    std::fs::create_dir(&cache).unwrap();
-    chmod(&cache, 0o700);
-    let small = std::fs::read(ws.join("src/f00.rs")).unwrap();
-    booby_trap(&cache, &secret, &small, is_root().then_some(NOBODY));
     let secret_before = snapshot(&secret);
     let proxy = Proxy::start(port);
     let env = s3::env(proxy.port);
