@@ -5,7 +5,7 @@
 //! `fuse` <- `daemon` <- `cli` (`restore` beside `source`; `kind`, `sys`, `barrier` and
 //! `interrupt` usable from any). See `docs/ARCHITECTURE.md`.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub(crate) mod barrier;
@@ -44,6 +44,7 @@ pub mod api {
     pub use crate::packet::reader::Packet;
     pub use crate::packet::verify::verify;
     pub use crate::restore::{UnpackOptions, unpack};
-    pub use crate::source::pack::{PackOptions, pack};
+    pub use crate::source::pack::{Input, PackOptions, pack};
+    pub use crate::source::tar::TarIn;
     pub use crate::sys::{fallbacks_forced, is_fuse_path};
 }

@@ -833,3 +833,42 @@ fn a_slow_link_serves_at_its_pace_and_times_out_in_bound() {
         std::fs::read(ws.join("data/big.bin")).unwrap()
     );
 }
+
+/// The daemon gets its options on a pipe, not in its arguments: a
+/// presigned URL's signature and credential (and a session token) stay
+/// out of `/proc/PID/cmdline`, which every user on the node can read, and
+/// `ps` shows the location without its query. (Before, the daemon was
+/// started with the user's own arguments: its command line held the URL
+/// whole.)
+#[test]
+fn a_presigned_mounts_daemon_keeps_the_signature_off_its_command_line() {
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, moto, b, ws, _) = start("t.packet");
+    let t = tmp.path();
+    let proxy = Proxy::start(moto.port);
+    let url = s3::Moto::presigned_get(proxy.port, &b, "t.packet");
+    assert!(url.contains("X-Amz-Signature"), "{url}");
+    let m = Mounted::new(
+        Path::new(&url),
+        &t.join("mnt"),
+        &t.join("up"),
+        &[
+            "--part",
+            "workspace",
+            "--cache",
+            t.join("cache").to_str().unwrap(),
+        ],
+    );
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", m.pid())).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(!cmdline.contains("X-Amz-"), "{cmdline}");
+    assert!(
+        cmdline.contains(&format!("/{b}/t.packet?…")),
+        "ps shows the location without its query: {cmdline}"
+    );
+    // And the mount serves what the URL names.
+    assert_eq!(snapshot(&m.mnt), snapshot(&ws));
+    m.umount();
+}

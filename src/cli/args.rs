@@ -6,7 +6,7 @@ use crate::packet::format::Limits;
 use super::error::CliError;
 
 /// The three limits, by flag or environment variable.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Limits")]
 pub struct LimitArgs {
     /// Most content bytes in a packet (suffixes KiB, MiB, GiB, TiB; ceiling 1 TiB).
@@ -43,7 +43,7 @@ impl LimitArgs {
 
 /// How remote packets are fetched and cached (docs/remote.md): taken by
 /// every command that reads a packet; used when the packet is remote.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Remote packets")]
 pub struct RemoteArgs {
     /// The node-wide content cache, shared by every mount and command
@@ -71,7 +71,9 @@ pub struct RemoteArgs {
 }
 
 /// `--prefetch`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize,
+)]
 pub enum PrefetchArg {
     /// Nothing before it is read.
     None,

@@ -4,6 +4,7 @@
 
 pub mod ops;
 pub mod s3;
+pub mod trees;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
