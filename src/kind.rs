@@ -31,6 +31,9 @@ kinds! {
     Usage = "usage",
     /// A pattern that is refused (it could match nothing).
     BadPattern = "bad_pattern",
+    /// A remote location that is malformed or would not be taken
+    /// literally (`.`, `..` or an empty segment in a key or URL path).
+    InvalidLocation = "invalid_location",
     /// Not a packet at all.
     NotAPacket = "not_a_packet",
     /// The packet has no manifest first.
@@ -111,6 +114,9 @@ kinds! {
     NonUtf8Target = "non_utf8_target",
     /// A symlink leaving its part, refused.
     ExternalSymlink = "external_symlink",
+    /// A tar stream `pack` does not take (damaged, cut short, or holding
+    /// what a tree cannot: absolute names, `..`, a name twice).
+    BadTar = "bad_tar",
     /// A credential store that packing must not take.
     CredentialStore = "credential_store",
     /// One part inside the other in a way pack will not take.

@@ -2,14 +2,15 @@
 //! agents, served through FUSE with a copy-on-write upper directory.
 //!
 //! Layers depend one way: `packet` <- `output` <- `source` <- `overlay` <-
-//! `fuse` <- `cli` (`restore` beside `source`; `kind`, `sys`, `barrier` and
+//! `fuse` <- `daemon` <- `cli` (`restore` beside `source`; `kind`, `sys`, `barrier` and
 //! `interrupt` usable from any). See `docs/ARCHITECTURE.md`.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub(crate) mod barrier;
 pub mod cli;
+pub(crate) mod daemon;
 pub(crate) mod fuse;
 pub(crate) mod harness;
 pub(crate) mod interrupt;
@@ -21,6 +22,7 @@ pub(crate) mod restore;
 pub(crate) mod source;
 pub(crate) mod store;
 pub(crate) mod sys;
+pub(crate) mod tar_out;
 
 /// The library's surface outside the crate: what the integration tests,
 /// the fuzz targets and the benchmark driver use, and nothing else (the
@@ -32,9 +34,9 @@ pub mod api {
     pub use crate::overlay::ino::{ROOT, candidate};
     pub use crate::overlay::seal::{SealOptions, SealOutcome};
     pub use crate::overlay::{Caller, Error, Kind, Options, Overlay, SetAttr, SetTime};
-    pub use crate::packet::digest::Sha256;
+    pub use crate::packet::digest::{Sha256, chunk_list_hash};
     pub use crate::packet::format::{
-        HarnessKind, Limits, MAX_FILE_SIZE, MAX_MTIME_NS, chunk_count,
+        HarnessKind, Limits, MAX_FILE_SIZE, MAX_MTIME_NS, Version, chunk_count,
     };
     pub use crate::packet::layout::{Layout, manifest_header};
     pub use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
@@ -42,6 +44,7 @@ pub mod api {
     pub use crate::packet::reader::Packet;
     pub use crate::packet::verify::verify;
     pub use crate::restore::{UnpackOptions, unpack};
-    pub use crate::source::pack::{PackOptions, pack};
+    pub use crate::source::pack::{Input, PackOptions, pack};
+    pub use crate::source::tar::TarIn;
     pub use crate::sys::{fallbacks_forced, is_fuse_path};
 }

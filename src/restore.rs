@@ -134,25 +134,58 @@ pub struct UnpackOutcome {
     pub into: String,
 }
 
+/// The checks made of the manifest before a byte of content is read,
+/// for a restore to a tree or to a tar stream: the digest, the part
+/// (returned: the entry that becomes the root, `""` for the packet's
+/// root), and with `strict`, that no symlink leaves it.
+pub fn preflight<B: Source>(
+    packet: &Packet<B>,
+    digest: Option<&Digest>,
+    part: Option<Part>,
+    strict: bool,
+) -> Result<&'static str, Error> {
+    packet.check_digest(digest)?;
+    let root_name = part.map_or("", Part::as_str);
+    if let Some(part) = part
+        && !packet.manifest.has_part(part)
+    {
+        return Err(Error::PartMissing {
+            path: crate::packet::path::shown_path(packet.path()),
+            part,
+        });
+    }
+    if strict {
+        resolve::check_no_escapes(&packet.manifest, root_name)?;
+    }
+    Ok(root_name)
+}
+
+/// Where entry `path` goes beneath the root `root` (`""` for the packet's
+/// root): `None` when it is not restored, `Some("")` for the root itself.
+pub fn rel<'p>(root: &str, path: &'p str) -> Option<&'p str> {
+    if root.is_empty() {
+        return Some(path);
+    }
+    let rest = path.strip_prefix(root)?;
+    if rest.is_empty() {
+        Some("")
+    } else {
+        rest.strip_prefix('/')
+    }
+}
+
 /// Restores `packet` per `opts`. On error the target is as it was.
 pub fn unpack<B: Source + Sync>(
     packet: &Packet<B>,
     opts: &UnpackOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<UnpackOutcome, Error> {
-    packet.check_digest(opts.digest.as_ref())?;
-    let root_name = opts.part.map_or("", Part::as_str);
-    if let Some(part) = opts.part {
-        if !packet.manifest.has_part(part) {
-            return Err(Error::PartMissing {
-                path: crate::packet::path::shown_path(packet.path()),
-                part,
-            });
-        }
-    }
-    if opts.strict_symlinks {
-        resolve::check_no_escapes(&packet.manifest, root_name)?;
-    }
+    let root_name = preflight(
+        packet,
+        opts.digest.as_ref(),
+        opts.part,
+        opts.strict_symlinks,
+    )?;
     let into = &lexical_target(&opts.into);
     let exists = check_target(into)?;
     let shown = crate::packet::path::shown_path(into);
@@ -533,15 +566,7 @@ impl<B: Source + Sync> Restorer<'_, B> {
     /// Where entry `path` goes, relative to the staging directory; `None`
     /// when it is not restored; `Some("")` for the root itself.
     fn rel<'p>(&self, path: &'p str) -> Option<&'p str> {
-        if self.root_name.is_empty() {
-            return Some(path);
-        }
-        let rest = path.strip_prefix(self.root_name)?;
-        if rest.is_empty() {
-            Some("")
-        } else {
-            rest.strip_prefix('/')
-        }
+        rel(self.root_name, path)
     }
 
     fn restore(&self, progress: &(dyn Fn(u64) + Sync)) -> Result<UnpackOutcome, Error> {

@@ -78,3 +78,50 @@ fn every_kind_the_table_of_cli_md_lists_is_an_error_kind() {
         "docs/CLI.md lists kinds the code lacks: {unknown:?}"
     );
 }
+
+/// The exit codes docs/CLI.md's table has, as its first column gives them
+/// (`129, 130, 143` is one row).
+fn documented_codes() -> Vec<String> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CLI.md")).unwrap();
+    let table = doc.split("## Exit codes").nth(1).unwrap();
+    let table = table
+        .split("\n\n")
+        .find(|block| block.trim_start().starts_with("| code"))
+        .unwrap();
+    table
+        .lines()
+        .skip(2)
+        .filter_map(|row| row.split('|').nth(1).map(|c| c.trim().to_owned()))
+        .collect()
+}
+
+/// `sessionfs --help` lists every exit code docs/CLI.md has, and no other:
+/// one line each, the code (or codes) first. (Issue 35: 9 was missing.)
+#[test]
+fn help_lists_every_exit_code_of_cli_md() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sessionfs"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let block = help
+        .split("Exit codes")
+        .nth(1)
+        .expect("--help has an exit-code list")
+        .split("\n\n")
+        .next()
+        .unwrap();
+    // Each line: two spaces, the code cell, two or more spaces, its meaning.
+    let listed: Vec<String> = block
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let l = l.trim_start();
+            let end = l.find("  ").expect("a meaning after the code");
+            assert!(!l[end..].trim().is_empty(), "{l:?} has no meaning");
+            l[..end].to_owned()
+        })
+        .collect();
+    assert_eq!(listed, documented_codes(), "--help:\n{help}");
+}

@@ -259,8 +259,8 @@ fn missing_credentials_bucket_and_key_are_clear_errors() {
     let r = remote(proxy.port, &["inspect", &format!("s3://{b}/k")], &[]);
     let e = r.fails(9, "remote_denied");
     says(e, "SignatureDoesNotMatch");
-    // A malformed location is a usage error.
-    run(["inspect", "s3://bucket-only"]).fails(2, "usage");
+    // A malformed location is a usage error of its own kind.
+    run(["inspect", "s3://bucket-only"]).fails(2, "invalid_location");
 }
 
 /// A presigned URL reads like the object it signs; its query (the

@@ -13,7 +13,9 @@
 //! `aws s3 cp` does.
 //!
 //! Also the part of S3's API a seal uploads with (path-style
-//! `/BUCKET/KEY`, signatures not checked): `CreateMultipartUpload`,
+//! `/BUCKET/KEY`, the key percent-decoded once as S3 does; signatures not
+//! checked; XML documents through instant-xml, the crate rusty-s3 reads
+//! them with): `CreateMultipartUpload`,
 //! `UploadPart`, `UploadPartCopy` with a range and
 //! `x-amz-copy-source-if-match`, `CompleteMultipartUpload` with
 //! `If-None-Match: *`, `AbortMultipartUpload`; request bodies are paced by
@@ -35,6 +37,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use instant_xml::{FromXml, ToXml};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 
 /// How the store is shaped.
 #[derive(Clone, Copy)]
@@ -217,7 +222,8 @@ impl Server {
             let (path, query) = target.split_once('?').unwrap_or((target, ""));
             let req = Request {
                 method: method.to_owned(),
-                path: path.to_owned(),
+                // The key, as S3 reads it: decoded once.
+                path: percent_decode(path),
                 query: query.to_owned(),
                 headers,
                 body,
@@ -462,50 +468,43 @@ impl Server {
             .unwrap_or(MAX_KEYS)
             .min(MAX_KEYS);
         let page = list_page(&keys, &prefix, &delimiter, &after, max);
-        // With `encoding-type=url` the names go percent-encoded (which is
-        // also valid XML text), else XML-escaped.
+        // With `encoding-type=url` the names go percent-encoded, then (as
+        // every text) XML-escaped.
         let url = req.param("encoding-type") == Some("url");
-        let name = |s: &str| if url { percent_encode(s) } else { xml(s) };
-        let mut body = format!(
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>{bucket}</Name><Prefix>{}</Prefix><KeyCount>{}</KeyCount><MaxKeys>{max}</MaxKeys><IsTruncated>{}</IsTruncated>",
-            name(&prefix),
-            page.objects.len() + page.prefixes.len(),
-            page.next.is_some()
-        );
-        if !delimiter.is_empty() {
-            body += &format!("<Delimiter>{}</Delimiter>", name(&delimiter));
-        }
-        if url {
-            body += "<EncodingType>url</EncodingType>";
-        }
-        if let Some(t) = &token {
-            body += &format!("<ContinuationToken>{}</ContinuationToken>", xml(t));
-        }
-        if let Some(t) = &page.next {
-            body += &format!("<NextContinuationToken>{}</NextContinuationToken>", xml(t));
-        }
-        for key in &page.objects {
+        let name = |s: &str| if url { percent_encode(s) } else { s.to_owned() };
+        let contents = page
+            .objects
+            .iter()
             // A key listed but gone (an upload completing) is left out.
-            let Some(o) = self.open_object(&format!("/{bucket}/{key}")) else {
-                continue;
-            };
-            body += &format!(
-                "<Contents><Key>{}</Key><LastModified>{}</LastModified><ETag>{}</ETag><Size>{}</Size><StorageClass>STANDARD</StorageClass></Contents>",
-                name(key),
-                iso_date(o.modified),
-                xml(&o.etag),
-                o.len
-            );
-        }
-        for p in &page.prefixes {
-            body += &format!(
-                "<CommonPrefixes><Prefix>{}</Prefix></CommonPrefixes>",
-                name(p)
-            );
-        }
-        body += "</ListBucketResult>";
-        head(out, "200 OK", body.len() as u64, &[])?;
-        out.write_all(body.as_bytes())
+            .filter_map(|key| {
+                let o = self.open_object(&format!("/{bucket}/{key}"))?;
+                Some(Contents {
+                    key: name(key),
+                    last_modified: iso_date(o.modified),
+                    etag: o.etag,
+                    size: o.len,
+                    storage_class: "STANDARD",
+                })
+            })
+            .collect();
+        let result = ListBucketResult {
+            name: bucket,
+            prefix: name(&prefix),
+            key_count: page.objects.len() + page.prefixes.len(),
+            max_keys: max,
+            is_truncated: page.next.is_some(),
+            delimiter: (!delimiter.is_empty()).then(|| name(&delimiter)),
+            encoding_type: url.then_some("url"),
+            continuation_token: token,
+            next_continuation_token: page.next,
+            contents,
+            common_prefixes: page
+                .prefixes
+                .iter()
+                .map(|p| CommonPrefixes { prefix: name(p) })
+                .collect(),
+        };
+        xml_response(out, "200 OK", &result)
     }
 
     /// `CreateMultipartUpload`.
@@ -514,12 +513,14 @@ impl Server {
         std::thread::sleep(self.shape.latency);
         let id = format!("up{}", self.next_upload.fetch_add(1, Ordering::Relaxed));
         std::fs::create_dir_all(self.upload_dir(&id))?;
-        let body = format!(
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><InitiateMultipartUploadResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Bucket>b</Bucket><Key>{}</Key><UploadId>{id}</UploadId></InitiateMultipartUploadResult>",
-            req.path
-        );
-        head(out, "200 OK", body.len() as u64, &[])?;
-        out.write_all(body.as_bytes())
+        let path = req.path.trim_start_matches('/');
+        let (bucket, key) = path.split_once('/').unwrap_or((path, ""));
+        let result = InitiateMultipartUploadResult {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            upload_id: id,
+        };
+        xml_response(out, "200 OK", &result)
     }
 
     /// `UploadPart`, or `UploadPartCopy` with `x-amz-copy-source`.
@@ -542,8 +543,9 @@ impl Server {
             let etag = format!("\"p{n}-{len}\"");
             return head(out, "200 OK", 0, &[format!("ETag: {etag}")]);
         };
-        let src = source.split('?').next().unwrap_or("");
-        let Some(object) = self.open_object(src) else {
+        // `/BUCKET/KEY`, URL-encoded (a `?versionId=` would follow).
+        let src = percent_decode(source.split('?').next().unwrap_or(""));
+        let Some(object) = self.open_object(&src) else {
             return error(out, "404 Not Found", "NoSuchKey");
         };
         if req
@@ -560,12 +562,11 @@ impl Server {
         };
         // A copy inside the store: a reference, no bytes moved.
         write_extents(&part.with_extension("ext"), &object.slice(a, b))?;
-        let body = format!(
-            "<CopyPartResult><ETag>\"c{n}-{}\"</ETag><LastModified>2026-01-01T00:00:00.000Z</LastModified></CopyPartResult>",
-            b - a
-        );
-        head(out, "200 OK", body.len() as u64, &[])?;
-        out.write_all(body.as_bytes())
+        let result = CopyPartResult {
+            etag: format!("\"c{n}-{}\"", b - a),
+            last_modified: iso_date(object.modified),
+        };
+        xml_response(out, "200 OK", &result)
     }
 
     /// `CompleteMultipartUpload`: the parts the body lists, in order,
@@ -584,31 +585,159 @@ impl Server {
         if req.header("if-none-match") == Some("*") && self.open_object(&req.path).is_some() {
             return error(out, "412 Precondition Failed", "PreconditionFailed");
         }
-        let text = String::from_utf8_lossy(&req.body);
+        let parts = std::str::from_utf8(&req.body)
+            .ok()
+            .and_then(|text| instant_xml::from_str::<CompleteMultipartUpload>(text).ok());
+        let Some(parts) = parts else {
+            return error(out, "400 Bad Request", "MalformedXML");
+        };
         let mut extents = Vec::new();
-        for p in text.split("<PartNumber>").skip(1) {
-            let n: u32 = p
-                .split("</PartNumber>")
-                .next()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            extents.extend(read_extents(&dir.join(format!("{n:05}.ext")))?);
+        for p in parts.parts {
+            extents.extend(read_extents(
+                &dir.join(format!("{:05}.ext", p.part_number)),
+            )?);
         }
         // The parts' files stay where they are: the object refers to them.
         write_extents(&self.root.join(".extents").join(name), &extents)?;
-        let body =
-            "<CompleteMultipartUploadResult><ETag>\"done\"</ETag></CompleteMultipartUploadResult>";
-        head(out, "200 OK", body.len() as u64, &[])?;
-        out.write_all(body.as_bytes())
+        let (bucket, key) = name.split_once('/').unwrap_or((name, ""));
+        let result = CompleteMultipartUploadResult {
+            bucket,
+            key,
+            etag: "\"done\"",
+        };
+        xml_response(out, "200 OK", &result)
     }
 }
 
 /// An S3 error response.
 fn error(out: &mut TcpStream, status: &str, code: &str) -> std::io::Result<()> {
     eprintln!("serve: {status} {code}");
-    let body = format!("<Error><Code>{code}</Code></Error>");
+    xml_response(out, status, &ErrorBody { code })
+}
+
+/// The namespace of S3's XML documents (errors aside).
+const S3_NS: &str = "http://s3.amazonaws.com/doc/2006-03-01/";
+
+/// A response whose body is `doc` as XML, after the declaration S3 sends.
+fn xml_response(out: &mut TcpStream, status: &str, doc: &impl ToXml) -> std::io::Result<()> {
+    let body = xml_document(doc)?;
     head(out, status, body.len() as u64, &[])?;
     out.write_all(body.as_bytes())
+}
+
+fn xml_document(doc: &impl ToXml) -> std::io::Result<String> {
+    let xml = instant_xml::to_string(doc).map_err(std::io::Error::other)?;
+    Ok(format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?>{xml}"))
+}
+
+// The documents, as AWS's API reference spells them (and in its
+// namespace); texts are escaped by instant-xml.
+
+/// `ListObjectsV2`'s answer.
+#[derive(ToXml)]
+#[xml(rename = "ListBucketResult", ns(S3_NS))]
+struct ListBucketResult<'a> {
+    #[xml(rename = "Name")]
+    name: &'a str,
+    #[xml(rename = "Prefix")]
+    prefix: String,
+    #[xml(rename = "KeyCount")]
+    key_count: usize,
+    #[xml(rename = "MaxKeys")]
+    max_keys: usize,
+    #[xml(rename = "IsTruncated")]
+    is_truncated: bool,
+    #[xml(rename = "Delimiter")]
+    delimiter: Option<String>,
+    #[xml(rename = "EncodingType")]
+    encoding_type: Option<&'static str>,
+    #[xml(rename = "ContinuationToken")]
+    continuation_token: Option<String>,
+    #[xml(rename = "NextContinuationToken")]
+    next_continuation_token: Option<String>,
+    contents: Vec<Contents>,
+    common_prefixes: Vec<CommonPrefixes>,
+}
+
+#[derive(ToXml)]
+#[xml(rename = "Contents", ns(S3_NS))]
+struct Contents {
+    #[xml(rename = "Key")]
+    key: String,
+    #[xml(rename = "LastModified")]
+    last_modified: String,
+    #[xml(rename = "ETag")]
+    etag: String,
+    #[xml(rename = "Size")]
+    size: u64,
+    #[xml(rename = "StorageClass")]
+    storage_class: &'static str,
+}
+
+#[derive(ToXml)]
+#[xml(rename = "CommonPrefixes", ns(S3_NS))]
+struct CommonPrefixes {
+    #[xml(rename = "Prefix")]
+    prefix: String,
+}
+
+/// `CreateMultipartUpload`'s answer (read by [`upload`] too).
+#[derive(ToXml, FromXml)]
+#[xml(rename = "InitiateMultipartUploadResult", ns(S3_NS))]
+struct InitiateMultipartUploadResult {
+    #[xml(rename = "Bucket")]
+    bucket: String,
+    #[xml(rename = "Key")]
+    key: String,
+    #[xml(rename = "UploadId")]
+    upload_id: String,
+}
+
+/// `UploadPartCopy`'s answer.
+#[derive(ToXml)]
+#[xml(rename = "CopyPartResult", ns(S3_NS))]
+struct CopyPartResult {
+    #[xml(rename = "ETag")]
+    etag: String,
+    #[xml(rename = "LastModified")]
+    last_modified: String,
+}
+
+/// `CompleteMultipartUpload`'s request body (as rusty-s3 and [`upload`]
+/// send it, without a namespace; the ETags are not checked).
+#[derive(ToXml, FromXml)]
+#[xml(rename = "CompleteMultipartUpload")]
+struct CompleteMultipartUpload {
+    parts: Vec<Part>,
+}
+
+#[derive(ToXml, FromXml)]
+#[xml(rename = "Part")]
+struct Part {
+    #[xml(rename = "PartNumber")]
+    part_number: u32,
+    #[xml(rename = "ETag")]
+    etag: Option<String>,
+}
+
+/// `CompleteMultipartUpload`'s answer.
+#[derive(ToXml)]
+#[xml(rename = "CompleteMultipartUploadResult", ns(S3_NS))]
+struct CompleteMultipartUploadResult<'a> {
+    #[xml(rename = "Bucket")]
+    bucket: &'a str,
+    #[xml(rename = "Key")]
+    key: &'a str,
+    #[xml(rename = "ETag")]
+    etag: &'a str,
+}
+
+/// An error's body.
+#[derive(ToXml)]
+#[xml(rename = "Error")]
+struct ErrorBody<'a> {
+    #[xml(rename = "Code")]
+    code: &'a str,
 }
 
 /// S3's most keys in one page of a listing (and its default).
@@ -695,96 +824,47 @@ fn list_page(
     page
 }
 
-/// `%XX` escapes decoded (as UTF-8, lossily).
+/// `%XX` escapes decoded (as UTF-8, lossily); a `%` not followed by two
+/// hex digits stays as it is.
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = (b[i] == b'%')
-            .then(|| s.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match hex {
-            Some(v) => {
-                out.push(v);
-                i += 3;
-            }
-            None => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
+
+/// What S3's `encoding-type=url` leaves as it is: the unreserved
+/// characters of RFC 3986 and `/`.
+const URL_KEEPS: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
 
 /// Every byte but the unreserved ones and `/` as `%XX` (S3's
 /// `encoding-type=url`).
 fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|c| match c {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (c as char).to_string()
-            }
-            _ => format!("%{c:02X}"),
-        })
-        .collect()
+    utf8_percent_encode(s, URL_KEEPS).to_string()
 }
 
-/// `s` as XML text.
-fn xml(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+/// Seconds since the epoch as a timestamp (the epoch itself for one past
+/// what jiff holds, the year 9999).
+fn timestamp(secs: u64) -> jiff::Timestamp {
+    i64::try_from(secs)
+        .ok()
+        .and_then(|s| jiff::Timestamp::from_second(s).ok())
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
 }
 
-/// Seconds since the epoch as UTC: year, month, day, hour, minute,
-/// second and the day of the week (0: Sunday).
-fn civil(secs: u64) -> [u64; 7] {
-    let (days, s) = (secs / 86_400, secs % 86_400);
-    // Days to a date in the proleptic Gregorian calendar, counted from
-    // 0000-03-01 in eras of 400 years (146,097 days): H. Hinnant's
-    // `civil_from_days`.
-    let z = days + 719_468;
-    let (era, doe) = (z / 146_097, z % 146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    // 1970-01-01 was a Thursday.
-    [
-        year,
-        month,
-        day,
-        s / 3600,
-        s / 60 % 60,
-        s % 60,
-        (days + 4) % 7,
-    ]
-}
-
-/// An HTTP date (`Last-Modified`): `Sun, 06 Dec 2026 14:11:45 GMT`.
+/// An HTTP date (RFC 9110, `Last-Modified`): `Sun, 06 Dec 2026 14:11:45 GMT`.
 fn http_date(secs: u64) -> String {
-    const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let [y, mo, d, h, mi, s, wd] = civil(secs);
-    format!(
-        "{}, {d:02} {} {y} {h:02}:{mi:02}:{s:02} GMT",
-        DAYS[wd as usize],
-        MONTHS[mo as usize - 1]
-    )
+    jiff::fmt::rfc2822::DateTimePrinter::new()
+        .timestamp_to_rfc9110_string(&timestamp(secs))
+        .unwrap_or_default()
 }
 
-/// An ISO 8601 time (a listing's `LastModified`): `2026-12-06T14:11:45.000Z`.
+/// An ISO 8601 time in UTC (a listing's `LastModified`):
+/// `2026-12-06T14:11:45.000Z`.
 fn iso_date(secs: u64) -> String {
-    let [y, mo, d, h, mi, s, _] = civil(secs);
-    format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.000Z")
+    jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%S.000Z", timestamp(secs)).unwrap_or_default()
 }
 
 fn head(out: &mut TcpStream, status: &str, len: u64, extra: &[String]) -> std::io::Result<()> {
@@ -922,13 +1002,11 @@ pub fn upload(file: &Path, url: &str, threads: usize, part: u64) -> std::io::Res
     let (addr, key) = rest.split_once('/').unwrap_or((rest, ""));
     let path = format!("/{key}");
     let (status, body) = request(addr, "POST", &format!("{path}?uploads"), b"")?;
-    let text = String::from_utf8_lossy(&body);
-    let id = text
-        .split("<UploadId>")
-        .nth(1)
-        .and_then(|r| r.split("</UploadId>").next())
+    let id = std::str::from_utf8(&body)
+        .ok()
+        .and_then(|text| instant_xml::from_str::<InitiateMultipartUploadResult>(text).ok())
         .ok_or_else(|| std::io::Error::other(format!("no upload id: {status}")))?
-        .to_owned();
+        .upload_id;
     let f = std::fs::File::open(file)?;
     let len = f.metadata()?.len();
     let count = len.div_ceil(part).max(1);
@@ -961,10 +1039,14 @@ pub fn upload(file: &Path, url: &str, threads: usize, part: u64) -> std::io::Res
                 .unwrap_or_else(|_| Err(std::io::Error::other("panic")))
         })
     })?;
-    let parts: String = (1..=count)
-        .map(|n| format!("<Part><PartNumber>{n}</PartNumber><ETag>\"x\"</ETag></Part>"))
+    let parts = (1..=count)
+        .map(|n| Part {
+            part_number: n as u32,
+            etag: Some("\"x\"".into()),
+        })
         .collect();
-    let xml = format!("<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>");
+    let xml = instant_xml::to_string(&CompleteMultipartUpload { parts })
+        .map_err(std::io::Error::other)?;
     let (status, _) = request(
         addr,
         "POST",
@@ -1017,6 +1099,82 @@ mod tests {
                 "{secs}"
             );
         }
+    }
+
+    /// The documents read as S3's do, by the client sessionfs uses: a
+    /// listing (names escaped, or percent-encoded with
+    /// `encoding-type=url`), an upload's id; a completion as rusty-s3 and
+    /// the upload peer send it is read.
+    #[test]
+    fn xml_documents_read_as_s3s() {
+        let odd = ["a&b<c>\"d'.packet", "dir/ü x+y%2F.packet"];
+        for url in [false, true] {
+            let name = |s: &str| if url { percent_encode(s) } else { s.to_owned() };
+            let doc = ListBucketResult {
+                name: "bkt",
+                prefix: name(""),
+                key_count: 3,
+                max_keys: 1000,
+                is_truncated: true,
+                delimiter: Some(name("/")),
+                encoding_type: url.then_some("url"),
+                continuation_token: None,
+                next_continuation_token: Some("a&b".into()),
+                contents: odd
+                    .iter()
+                    .map(|k| Contents {
+                        key: name(k),
+                        last_modified: iso_date(0),
+                        etag: "\"e1\"".into(),
+                        size: 7,
+                        storage_class: "STANDARD",
+                    })
+                    .collect(),
+                common_prefixes: vec![CommonPrefixes {
+                    prefix: name("p&q/"),
+                }],
+            };
+            let xml = xml_document(&doc).unwrap();
+            assert_eq!(xml.matches("xmlns=").count(), 1, "{xml}");
+            let parsed = rusty_s3::actions::ListObjectsV2::parse_response(&xml).unwrap();
+            let keys: Vec<&str> = parsed.contents.iter().map(|c| c.key.as_str()).collect();
+            assert_eq!(keys, odd, "{xml}");
+            assert_eq!(parsed.contents[0].etag, "\"e1\"");
+            assert_eq!(parsed.contents[0].last_modified, "1970-01-01T00:00:00.000Z");
+            assert_eq!(parsed.common_prefixes[0].prefix, "p&q/");
+            assert_eq!(parsed.next_continuation_token.as_deref(), Some("a&b"));
+        }
+        let xml = xml_document(&InitiateMultipartUploadResult {
+            bucket: "bkt".into(),
+            key: "a&b".into(),
+            upload_id: "up7".into(),
+        })
+        .unwrap();
+        let parsed = rusty_s3::actions::CreateMultipartUpload::parse_response(&xml).unwrap();
+        assert_eq!(parsed.upload_id(), "up7");
+        // rusty-s3's body (its own test's), and the upload peer's.
+        let sent = "<CompleteMultipartUpload><Part><ETag>123456789</ETag><PartNumber>1</PartNumber></Part><Part><ETag>abcdef</ETag><PartNumber>2</PartNumber></Part></CompleteMultipartUpload>";
+        let ours = instant_xml::to_string(&CompleteMultipartUpload {
+            parts: (1..=3)
+                .map(|n| Part {
+                    part_number: n,
+                    etag: Some("\"x\"".into()),
+                })
+                .collect(),
+        })
+        .unwrap();
+        for (body, want) in [(sent, vec![1, 2]), (&ours, vec![1, 2, 3])] {
+            let got: CompleteMultipartUpload = instant_xml::from_str(body).unwrap();
+            let numbers: Vec<u32> = got.parts.iter().map(|p| p.part_number).collect();
+            assert_eq!(numbers, want, "{body}");
+        }
+        // A copy's ETag, quoted and escaped as AWS sends it.
+        let xml = xml_document(&CopyPartResult {
+            etag: "\"c1-5\"".into(),
+            last_modified: iso_date(0),
+        })
+        .unwrap();
+        assert!(xml.contains("<ETag>&quot;c1-5&quot;</ETag>"), "{xml}");
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! Arguments shared by several subcommands.
 
 use crate::packet::digest::Digest;
-use crate::packet::format::Limits;
+use crate::packet::format::{Limits, Version};
 
 use super::error::CliError;
 
 /// The three limits, by flag or environment variable.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Limits")]
 pub struct LimitArgs {
     /// Most content bytes in a packet (suffixes KiB, MiB, GiB, TiB; ceiling 1 TiB).
@@ -41,9 +41,29 @@ impl LimitArgs {
     }
 }
 
+/// What packets a writer (`pack`, `seal`) writes: one definition, so that
+/// the two take the same flag and a seal requested of a daemon carries it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WriteArgs {
+    /// The packet format version to write: 2 (a file over 4 MiB is
+    /// identified by its chunk hashes, so a seal that keeps some of its
+    /// chunks never reads them), or 1 (every file also carries the SHA-256
+    /// of its whole content, for readers from before version 2).
+    #[arg(long, value_name = "N", default_value = "2", value_parser = parse_version)]
+    pub packet_version: Version,
+}
+
+/// Parses a packet format version number (`1`, `2`).
+pub fn parse_version(s: &str) -> Result<Version, String> {
+    Version::ALL
+        .into_iter()
+        .find(|v| v.number().to_string() == s.trim())
+        .ok_or_else(|| format!("`{s}` is not a packet version this sessionfs writes: 1 or 2"))
+}
+
 /// How remote packets are fetched and cached (docs/remote.md): taken by
 /// every command that reads a packet; used when the packet is remote.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Remote packets")]
 pub struct RemoteArgs {
     /// The node-wide content cache, shared by every mount and command
@@ -54,7 +74,8 @@ pub struct RemoteArgs {
     /// The cache's size bound; least recently used content goes first.
     #[arg(long, value_name = "SIZE", default_value = "10GiB", value_parser = parse_size)]
     pub cache_size: u64,
-    /// Bytes of fetches in flight at most (read-ahead included).
+    /// Bytes of buffers a remote packet's fetches hold at most (read-ahead
+    /// and prefetch included, which hold at most half); at least 16MiB.
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
     pub max_memory: u64,
     /// Small files are fetched in requests of up to this many bytes.
@@ -70,7 +91,9 @@ pub struct RemoteArgs {
 }
 
 /// `--prefetch`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize,
+)]
 pub enum PrefetchArg {
     /// Nothing before it is read.
     None,
@@ -81,40 +104,46 @@ pub enum PrefetchArg {
 }
 
 impl RemoteArgs {
-    /// The cache, opened (made if needed).
-    pub fn cache(&self) -> Result<std::sync::Arc<crate::store::cache::Cache>, CliError> {
-        let dir = self
-            .cache
-            .clone()
-            .unwrap_or_else(crate::store::cache::default_dir);
-        crate::store::cache::Cache::open(&dir, self.cache_size)
-            .map(std::sync::Arc::new)
-            .map_err(|e| {
-                CliError::new(
-                    Some(crate::packet::error::ErrorClass::Refused),
-                    crate::kind::ErrorKind::TargetUnusable,
-                    format!("--cache {}: {e}", dir.display()),
-                    Some(crate::packet::path::shown_path(&dir)),
-                )
-            })
-    }
-
-    /// The spool's options.
-    pub fn spool_options(&self) -> Result<crate::store::spool::SpoolOptions, CliError> {
+    /// How remote packets are read ([`Packet::open_remote`]): the
+    /// environment's store settings, the cache (opened, made if needed),
+    /// the spool's options. A daemon asks for it when a seal moves its
+    /// mount onto an upload, hence the daemon layer's error.
+    ///
+    /// [`Packet::open_remote`]: crate::packet::reader::Packet::open_remote
+    pub fn reading(&self) -> Result<crate::packet::backing::RemoteReading, crate::daemon::Error> {
+        use crate::daemon::Error;
         if !(4096..=(64 << 20)).contains(&self.block_size) {
-            return Err(CliError::usage(format!(
+            return Err(Error::Usage(format!(
                 "--block-size {} is out of range: 4KiB to 64MiB",
                 self.block_size
             )));
         }
-        Ok(crate::store::spool::SpoolOptions {
+        let spool = crate::store::spool::SpoolOptions {
             block: self.block_size,
-            max_memory: self.max_memory.max(1 << 20),
+            max_memory: self.max_memory.max(crate::store::spool::MIN_MAX_MEMORY),
             prefetch: match self.prefetch {
                 PrefetchArg::None => crate::store::spool::Prefetch::None,
                 PrefetchArg::Trace => crate::store::spool::Prefetch::Trace,
                 PrefetchArg::All => crate::store::spool::Prefetch::All,
             },
+        };
+        let settings = crate::store::Settings::from_env().map_err(Error::Usage)?;
+        let dir = self
+            .cache
+            .clone()
+            .unwrap_or_else(crate::store::cache::default_dir);
+        let cache = crate::store::cache::Cache::open(&dir, self.cache_size).map_err(|e| {
+            Error::failed(
+                crate::kind::ErrorKind::TargetUnusable,
+                crate::packet::error::ErrorClass::Refused,
+                format!("--cache {}: {e}", dir.display()),
+                &dir,
+            )
+        })?;
+        Ok(crate::packet::backing::RemoteReading {
+            settings,
+            cache: Some(std::sync::Arc::new(cache)),
+            spool,
         })
     }
 }

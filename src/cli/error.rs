@@ -84,6 +84,9 @@ fn kind_hint(kind: ErrorKind) -> Option<&'static str> {
         ErrorKind::RemoteChanged => {
             "the object was replaced while it was read: run the command again; name packets by their digest (…/sha256-<hex>.packet) so that a key never changes"
         }
+        ErrorKind::InvalidLocation => {
+            "give s3://BUCKET/KEY with the key exactly as stored, or an http(s) URL of the object itself: keys and URL paths are taken literally (no `.`, `..` or empty segments)"
+        }
         ErrorKind::RemoteConfig => {
             "set the AWS configuration the message names (docs/remote.md lists what is read: AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_S3, …)"
         }
@@ -280,6 +283,30 @@ impl From<crate::overlay::Error> for CliError {
     fn from(e: crate::overlay::Error) -> CliError {
         let path = e.path().map(str::to_owned);
         CliError::new(Some(e.class()), e.kind(), chain(&e), path)
+    }
+}
+
+impl From<crate::daemon::Error> for CliError {
+    fn from(e: crate::daemon::Error) -> CliError {
+        use crate::daemon::Error;
+        match e {
+            Error::Overlay(e) => e.into(),
+            Error::Usage(message) => CliError::usage(message),
+            Error::Failed {
+                kind,
+                class,
+                message,
+                path,
+                hint,
+            } => {
+                let path = path.map(|p| crate::packet::path::shown_path(&p));
+                let e = CliError::new(Some(class), kind, message, path);
+                match hint {
+                    Some(h) => e.with_hint(h),
+                    None => e,
+                }
+            }
+        }
     }
 }
 

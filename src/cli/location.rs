@@ -11,9 +11,12 @@ use crate::store::{Location, ReadAt, Settings};
 
 pub use crate::store::FIRST_FETCH;
 
-/// A packet argument, parsed; a usage error names what is wrong.
+/// A packet argument, parsed; `invalid_location` (a usage error) names
+/// what is wrong.
 pub fn parse(packet: &Path) -> Result<Location, CliError> {
-    Location::parse(packet.as_os_str()).map_err(CliError::usage)
+    Location::parse(packet.as_os_str()).map_err(|message| {
+        CliError::new(None, crate::kind::ErrorKind::InvalidLocation, message, None)
+    })
 }
 
 /// An output argument (`pack -o`, `seal -o`): a local path, or an
@@ -106,8 +109,9 @@ pub fn open_packet(packet: &Path, limits: &Limits) -> Result<(Opened, String), C
 
 /// Opens the packet at `packet` for a mount or an offline seal: a local
 /// file as [`Packet::open`] does, a remote object with its content read
-/// through a spool and the node-wide cache (`remote`); also returns the
-/// location as shown.
+/// through a spool and the node-wide cache, as `remote` says
+/// ([`Packet::open_remote`], the one opener); also returns the location as
+/// shown.
 pub fn open_lower(
     packet: &Path,
     limits: &Limits,
@@ -118,96 +122,9 @@ pub fn open_lower(
     let at = at_shown::<crate::packet::Error>(&shown);
     let p = match &location {
         Location::Local(p) => Packet::open(p, limits).map_err(at)?,
-        loc => {
-            let options = remote.spool_options()?;
-            let cache = remote.cache()?;
-            let object: Box<dyn ReadAt> = Box::new(open_object(loc, &shown)?);
-            let t = std::time::Instant::now();
-            let spool_dir = cache.tmp_dir();
-            let p = Packet::remote(object, loc, limits, Some(cache), &spool_dir, options)
-                .map_err(at)?;
-            tracing::debug!(location = %shown, elapsed = ?t.elapsed(), "remote packet opened");
-            if options.prefetch == crate::store::spool::Prefetch::Trace {
-                prefetch_trace(&p, loc);
-            }
-            p
-        }
+        loc => Packet::open_remote(loc, limits, &remote.reading()?).map_err(at)?,
     };
     Ok((p, shown))
-}
-
-/// Where the trace sidecar of the packet at `location` is: `KEY.trace`
-/// beside an S3 object, `PATH.trace` beside an URL's path (none for an
-/// URL with a query: a presigned URL's signature covers its path).
-fn trace_location(location: &Location) -> Option<Location> {
-    match location {
-        Location::Local(p) => {
-            let mut name = p.as_os_str().to_owned();
-            name.push(".trace");
-            Some(Location::Local(name.into()))
-        }
-        Location::S3 { bucket, key } => Some(Location::S3 {
-            bucket: bucket.clone(),
-            key: format!("{key}.trace"),
-        }),
-        Location::Http(u) if u.query().is_none() => {
-            let mut u = u.clone();
-            u.set_path(&format!("{}.trace", u.path()));
-            Some(Location::Http(u))
-        }
-        Location::Http(_) => None,
-    }
-}
-
-/// `--prefetch trace`: fetches the trace sidecar beside the remote packet
-/// `p` (at `location`) on a thread of its own (the mount does not wait for
-/// it), and has the spool prefetch the units it names, in its order. A
-/// sidecar that is not there, or not a trace, prefetches nothing.
-fn prefetch_trace(p: &Packet, location: &Location) {
-    let (Some(spool), Some(at)) = (p.spool().cloned(), trace_location(location)) else {
-        return;
-    };
-    let manifest = p.manifest.clone();
-    let spawned = std::thread::Builder::new()
-        .name("trace".into())
-        .spawn(move || {
-            use crate::packet::trace::{MAX_TRACE_BYTES, Trace};
-            let fetched = Settings::from_env()
-                .map_err(|e| e.to_string())
-                .and_then(|s| {
-                    crate::store::open_remote(&at, &s, MAX_TRACE_BYTES).map_err(|e| e.to_string())
-                })
-                .and_then(|object| {
-                    let len = object.len();
-                    if len > MAX_TRACE_BYTES {
-                        return Err(format!("{len} bytes, more than a trace holds"));
-                    }
-                    let mut buf = vec![0; len as usize];
-                    object
-                        .read_exact_at(&mut buf, 0, object.deadline())
-                        .map_err(|e| e.to_string())?;
-                    Ok(buf)
-                });
-            let trace = match fetched.map(|b| Trace::parse(&b)) {
-                Ok(Some(t)) => t,
-                Ok(None) => {
-                    tracing::warn!(trace = at.shown(), "not a trace; prefetching nothing");
-                    return;
-                }
-                Err(e) => {
-                    tracing::debug!(trace = at.shown(), error = %e, "no trace; prefetching nothing");
-                    return;
-                }
-            };
-            let units = trace.units(&manifest, spool.units());
-            tracing::debug!(trace = at.shown(), units = units.len(), "prefetching what the last turn read");
-            if let Err(e) = spool.prefetch(units) {
-                tracing::warn!(error = %e, "cannot start the prefetch");
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start fetching the trace");
-    }
 }
 
 /// Opens a remote object with the settings of the environment.

@@ -12,7 +12,7 @@ mod pack;
 mod progress;
 mod seal;
 mod status;
-pub(crate) mod umount;
+mod umount;
 mod unpack;
 mod verify;
 
@@ -26,9 +26,20 @@ use error::{CliError, exit};
 
 const AFTER_HELP: &str = "\
 Every command prints exactly one JSON object on stdout (`schema` names its \
-version) and logs to stderr. Exit codes: 0 ok, 1 internal error, 2 usage, \
-3 invalid or tampered packet, 4 unsupported packet version, 5 limit \
-exceeded, 6 I/O error, 7 refused input, 8 mount failed.
+version) and logs to stderr.
+
+Exit codes (docs/CLI.md gives the error kinds of each):
+  0              success
+  1              internal error (a bug; please report it)
+  2              bad usage: unknown flag, missing or bad argument, bad pattern
+  3              invalid or tampered packet, or not the digest asked for
+  4              the packet's schema version is not supported
+  5              a limit was exceeded
+  6              the operating system refused an operation (I/O)
+  7              the input or destination was refused
+  8              a mount could not be made or reached
+  9              a remote packet (s3://, http(s)://) could not be read or written
+  129, 130, 143  stopped by SIGHUP, SIGINT or SIGTERM (128 + the signal)
 
 Examples:
   sessionfs pack --workspace ./repo -o session.packet
@@ -70,6 +81,9 @@ enum Command {
     Umount(umount::Args),
     Status(status::Args),
     Seal(seal::Args),
+    /// A mount's daemon, started by `mount` (internal).
+    #[command(hide = true)]
+    Daemon(mount::DaemonArgs),
 }
 
 /// What a subcommand returns: its one result object, or word that it has
@@ -126,6 +140,9 @@ fn unprinted(e: &std::io::Error) -> u8 {
 /// Runs the CLI and returns the exit code.
 pub fn main() -> ExitCode {
     crate::sys::fit_malloc_to_address_space();
+    if args_put_data_on_stdout() {
+        stdout_is_data();
+    }
     let matches = match Cli::command().try_get_matches() {
         Ok(m) => m,
         Err(e) => return clap_error(e),
@@ -156,7 +173,7 @@ pub fn main() -> ExitCode {
     // (a thread started before would take them, see crate::fuse::daemon).
     let pooled = !matches!(
         cli.command,
-        Command::Umount(_) | Command::Status(_) | Command::Mount(_)
+        Command::Umount(_) | Command::Status(_) | Command::Mount(_) | Command::Daemon(_)
     );
     if pooled && let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
         return report(CliError::new(
@@ -180,6 +197,7 @@ pub fn main() -> ExitCode {
         Command::Umount(a) => umount::run(a),
         Command::Status(a) => status::run(a),
         Command::Seal(a) => seal::run(a),
+        Command::Daemon(a) => mount::run_daemon(a),
     };
     match result {
         Ok(out) => {
@@ -314,14 +332,47 @@ fn usage_message(rendered: &str) -> String {
     }
 }
 
-fn print_json(v: &Value) -> std::io::Result<()> {
+/// Whether stdout carries the command's data (`unpack --tar -`): its
+/// result object, or its error, is then the last line on stderr.
+static STDOUT_IS_DATA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says that stdout carries the command's data, from now on (see
+/// [`STDOUT_IS_DATA`]).
+pub fn stdout_is_data() {
+    STDOUT_IS_DATA.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether the arguments ask for the data on stdout (`--tar -`), known
+/// before they are parsed: a usage error of such a run goes to stderr too.
+fn args_put_data_on_stdout() -> bool {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    args.windows(2).any(|w| w[0] == "--tar" && w[1] == "-") || args.iter().any(|a| a == "--tar=-")
+}
+
+pub(crate) fn print_json(v: &Value) -> std::io::Result<()> {
+    if STDOUT_IS_DATA.load(std::sync::atomic::Ordering::SeqCst) {
+        let mut out = std::io::stderr().lock();
+        serde_json::to_writer(&mut out, v)?;
+        writeln!(out)?;
+        return out.flush();
+    }
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, v)?;
     writeln!(out)?;
     out.flush()
 }
 
+/// `-v` as given: a mount passes it on to the daemon it starts.
+static VERBOSE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The `-v` flags of this run, for a process it starts.
+pub(crate) fn verbose_args() -> Vec<std::ffi::OsString> {
+    let n = VERBOSE.load(std::sync::atomic::Ordering::Relaxed);
+    (0..n).map(|_| "-v".into()).collect()
+}
+
 fn init_logging(verbose: u8) {
+    VERBOSE.store(verbose, std::sync::atomic::Ordering::Relaxed);
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => "warn",

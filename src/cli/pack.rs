@@ -9,7 +9,8 @@ use super::args::{LimitArgs, file_mode_from_umask, parse_size};
 use super::error::CliError;
 use super::progress::Progress;
 use crate::packet::format::HarnessKind;
-use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
+use crate::source::pack::{Input, PackOptions, PackOutcome, PackProgress, pack};
+use crate::source::tar::TarIn;
 
 /// Pack a workspace, and optionally an agent harness's home, into one
 /// deterministic packet.
@@ -28,23 +29,47 @@ use crate::source::pack::{PackOptions, PackOutcome, PackProgress, pack};
 ///   sessionfs pack --workspace ./repo --reject-external-symlinks -o s.packet
 ///   sessionfs pack --workspace ./repo --hold-memory 64MiB -o s.packet   # a tight pod
 ///   sessionfs pack --workspace ./repo --file-sha256 -o s.packet   # for a whole-file checksum
+///   sessionfs pack --workspace ./repo --packet-version 1 -o s.packet   # for older readers
 ///   sessionfs pack --workspace ./repo -o s3://bucket/sessions/s.packet   # upload as it writes
 ///   sessionfs pack --workspace ./big -o s.packet --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs pack --workspace ./deep -o s.packet --max-path-bytes 8192
+///   sessionfs pack --workspace-tar ws.tar -o s.packet   # a tar, never extracted
+///   sessionfs pack --workspace-tar - -o s.packet < ws.tar   # or from a pipe (spooled)
+///   sessionfs pack --workspace ./repo --harness-tar home.tar --harness-kind codex -o s.packet
 #[derive(clap::Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
     /// The workspace directory (becomes `workspace/`).
-    #[arg(long, value_name = "DIR")]
-    workspace: PathBuf,
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "workspace_tar",
+        conflicts_with = "workspace_tar"
+    )]
+    workspace: Option<PathBuf>,
+    /// The workspace as a tar stream (a file, or `-` for standard input),
+    /// read as the tree without extracting it, under the rules a directory
+    /// gets; a stream from a pipe is spooled to a temporary file in
+    /// $TMPDIR (see docs/CLI.md).
+    #[arg(long, value_name = "IN")]
+    workspace_tar: Option<PathBuf>,
     /// The harness's home directory (becomes `harness/`). Needs
     /// `--harness-kind`: the kind decides which credential files are left
     /// out, so it is never guessed.
-    #[arg(long, value_name = "DIR", requires = "harness_kind")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires = "harness_kind",
+        conflicts_with = "harness_tar"
+    )]
     harness: Option<PathBuf>,
-    /// What kind of harness `--harness` is; selects its credential
-    /// exclusions (`generic`: the workspace's rules only).
-    #[arg(long, value_name = "KIND", requires = "harness", value_enum)]
+    /// The harness's home as a tar stream (a file, or `-`), as
+    /// `--workspace-tar` reads one. Needs `--harness-kind`.
+    #[arg(long, value_name = "IN", requires = "harness_kind")]
+    harness_tar: Option<PathBuf>,
+    /// What kind of harness `--harness` (or `--harness-tar`) is; selects
+    /// its credential exclusions (`generic`: the workspace's rules only).
+    #[arg(long, value_name = "KIND", value_enum)]
     harness_kind: Option<KindArg>,
     /// Where to write the packet: a file, or `s3://BUCKET/KEY` to upload
     /// it as it is written (multipart; nothing is replaced there: see
@@ -80,6 +105,8 @@ pub struct Args {
     /// byte; this is for transports that check whole files.
     #[arg(long)]
     file_sha256: bool,
+    #[command(flatten)]
+    write: super::args::WriteArgs,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -118,9 +145,31 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let kind = a
         .harness_kind
         .map_or(HarnessKind::Generic, HarnessKind::from);
+    if a.harness_kind.is_some() && a.harness.is_none() && a.harness_tar.is_none() {
+        return Err(CliError::usage(
+            "--harness-kind names the kind of --harness (or --harness-tar), which is not given",
+        ));
+    }
+    let stdin = |p: &Option<PathBuf>| p.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    if stdin(&a.workspace_tar) && stdin(&a.harness_tar) {
+        return Err(CliError::usage(
+            "--workspace-tar - and --harness-tar - cannot both read standard input; give one \
+             of them as a file",
+        ));
+    }
+    let workspace = match (a.workspace, a.workspace_tar) {
+        (Some(dir), _) => Input::Dir(dir),
+        (None, Some(tar)) => Input::Tar(TarIn::from_arg(&tar)),
+        (None, None) => return Err(CliError::usage("--workspace or --workspace-tar is needed")),
+    };
+    let harness = match (a.harness, a.harness_tar) {
+        (Some(dir), _) => Some(Input::Dir(dir)),
+        (None, Some(tar)) => Some(Input::Tar(TarIn::from_arg(&tar))),
+        (None, None) => None,
+    };
     let opts = PackOptions {
-        workspace: a.workspace,
-        harness: a.harness.map(|h| (h, kind)),
+        workspace,
+        harness: harness.map(|h| (h, kind)),
         output: a.output.clone(),
         remote,
         zero_mtimes: a.zero_mtimes,
@@ -131,6 +180,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         mode: file_mode_from_umask(),
         hold_memory: a.hold_memory,
         file_sha256: a.file_sha256,
+        version: a.write.packet_version,
         barrier: crate::barrier::from_env(),
     };
     let progress = Progress::bytes("packing", 0);

@@ -22,7 +22,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<Output, CliError> {
     let req = control::Request::Status;
-    let asked = super::umount::ask(
+    let asked = crate::daemon::client::ask(
         &a.mountpoint,
         &req,
         Some(Duration::from_secs(10)),
@@ -31,6 +31,6 @@ pub fn run(a: Args) -> Result<Output, CliError> {
     match asked {
         Ok(r @ control::Reply::Status(_)) => Ok(Output::raw(r.into_value())),
         Ok(r) => Err(super::error::unexpected_reply(r)),
-        Err(e) => Err(super::umount::unreachable(&a.mountpoint, &e)),
+        Err(e) => Err(crate::daemon::client::unreachable(&a.mountpoint, &e).into()),
     }
 }

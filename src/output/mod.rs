@@ -84,6 +84,9 @@ pub struct Output {
     /// The temporary file is removed if the process is interrupted (until
     /// it is in place).
     pending: Option<crate::interrupt::Pending>,
+    /// Why what is at `dest` may not be replaced, if it may not
+    /// ([`refuse_replacing`] for a packet).
+    replaceable: fn(&Path) -> Option<String>,
 }
 
 impl Drop for Output {
@@ -128,6 +131,16 @@ pub fn temp_prefix(name: &str) -> String {
 impl Output {
     /// Creates the temporary file (`.<name>.<random>.tmp`, mode 0600).
     pub fn create(dest: &Path) -> Result<Output> {
+        Output::create_replacing(dest, refuse_replacing)
+    }
+
+    /// [`Output::create`] for a file that is not a packet: `replaceable`
+    /// says why what is at `dest` may not be replaced (judged again at the
+    /// commit), as [`refuse_replacing`] does for a packet.
+    pub fn create_replacing(
+        dest: &Path,
+        replaceable: fn(&Path) -> Option<String>,
+    ) -> Result<Output> {
         // Found now, not at the rename after all the work.
         if let Some(why) = names_a_directory(dest) {
             return Err(unusable(dest, why));
@@ -197,6 +210,7 @@ impl Output {
             dest: dest.to_owned(),
             existed: std::fs::symlink_metadata(dest).is_ok(),
             placed: false,
+            replaceable,
         })
     }
 
@@ -293,10 +307,10 @@ impl Output {
         // Judged again at the last moment: something put at the output
         // while the packet was written is not replaced unless it may be
         // (nothing, an older packet, an empty file, a symlink).
-        if let Some(reason) = refuse_replacing(&dest) {
+        if let Some(reason) = (self.replaceable)(&dest) {
             return Err(unusable(
                 &dest,
-                format!("{reason} (put there while the packet was written)"),
+                format!("{reason} (put there while it was written)"),
             ));
         }
         let to = Path::new(dest.file_name().unwrap_or_default());
@@ -396,6 +410,13 @@ pub fn refuse_replacing(dest: &Path) -> Option<String> {
         }
     };
     refuse_replacing_unless(dest, packet, "packet")
+}
+
+/// [`refuse_replacing`] for `unpack --tar FILE`: what it may replace is
+/// an older tar (ustar or GNU magic in its first header), not a notes file.
+pub fn refuse_replacing_tar(dest: &Path) -> Option<String> {
+    let tar = |head: &[u8]| head.len() == BLOCK as usize && head[257..262] == *b"ustar";
+    refuse_replacing_unless(dest, tar, "tar stream")
 }
 
 /// [`refuse_replacing`] for a seal's receipt: what it may replace is an
@@ -734,7 +755,7 @@ impl WriteStats {
 /// The error (and log line) for content read again that does not match
 /// (the manifest's hash, or the first read's fingerprint), bytes
 /// `start..end` of the file at `path`.
-fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
+pub(crate) fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
     tracing::error!(
         path,
         start,

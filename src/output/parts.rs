@@ -504,6 +504,7 @@ mod tests {
             kind: EntryKind::Dir,
         };
         let parent = Manifest {
+            version: Default::default(),
             harness: None,
             entries: vec![
                 dir.clone(),
@@ -515,6 +516,7 @@ mod tests {
         };
         // b changed, c unchanged, an entry inserted before d.
         let new = Manifest {
+            version: Default::default(),
             harness: None,
             entries: vec![
                 dir,

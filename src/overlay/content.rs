@@ -21,46 +21,23 @@
 //! without the identity moving again.
 
 use std::ops::Range;
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::{Error, Result};
 use super::index::Idx;
 use sha2::Digest as _;
 
+use crate::packet::backing::Stamp;
 use crate::packet::digest::Sha256;
 use crate::packet::format::CHUNK_SIZE;
 use crate::packet::manifest::{EntryKind, FileMeta, Manifest};
 use crate::packet::reader::Packet;
 
-/// What identifies the packet file's content at open time.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Identity {
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
+/// What identifies the packet file's content (see [`Stamp`]).
+type Identity = Stamp;
 
 fn identity(p: &Packet) -> std::io::Result<Identity> {
-    // A remote packet's spool is this daemon's own file, written as it
-    // fills: its times move with every fetch, and say nothing of the
-    // object (pinned by its ETag in the store layer).
-    if p.spool().is_some() {
-        return Ok(Identity {
-            len: p.len(),
-            mtime: (0, 0),
-            ctime: (0, 0),
-        });
-    }
-    Ok(identity_of(&p.file().metadata()?))
-}
-
-fn identity_of(m: &std::fs::Metadata) -> Identity {
-    Identity {
-        len: m.len(),
-        mtime: (m.mtime(), m.mtime_nsec()),
-        ctime: (m.ctime(), m.ctime_nsec()),
-    }
+    p.backing().stamp(p.len())
 }
 
 /// The identity the verified bits hold for, and how many times they were
@@ -187,10 +164,11 @@ impl Verifier {
     /// Whether the packet was opened as the file `committed`, unmodified
     /// (see `crate::output::Committed::is`), as its stat at open shows.
     pub fn opened_as(&self, packet: &Packet, committed: &crate::output::Committed) -> bool {
-        packet
-            .file()
-            .metadata()
-            .is_ok_and(|m| committed.is(&m) && identity_of(&m) == self.trusted.read().identity)
+        let Some(file) = packet.backing().local() else {
+            return false;
+        };
+        file.metadata()
+            .is_ok_and(|m| committed.is(&m) && Stamp::of(&m) == self.trusted.read().identity)
     }
 
     /// Marks every chunk verified: for a packet this daemon just wrote from
@@ -356,10 +334,11 @@ impl Verifier {
     /// content: always for a file without chunks (its one chunk is the
     /// whole), else once [`Self::mark_whole`] said so. Verifying every
     /// chunk does not prove it: a manifest may pair right chunk hashes
-    /// with a wrong whole hash, and a packet holding it is invalid.
+    /// with a wrong whole hash, and a packet holding it is invalid. (A
+    /// `/2` packet has no such hash: always.)
     pub fn whole_checked(&self, packet: &Packet, i: Idx) -> bool {
         match packet.manifest.entries[i as usize].file() {
-            Some(f) if !f.chunks.is_empty() => {
+            Some(f) if !f.chunks.is_empty() && packet.manifest.version.whole_file_hash(f.size) => {
                 self.is_verified(self.base[i as usize] + chunks_of(f.size, true))
             }
             _ => true,
@@ -548,13 +527,14 @@ impl Verifier {
         let cstart = k * csize;
         let cend = (cstart + csize).min(f.size);
         let base = packet.content_offset(i as usize);
-        if packet.spool().is_some() {
+        if packet.backing().verifies_content() {
             // A remote packet: its spool's units are these chunks (a small
             // file, or one chunk of a larger one), and each was hashed
             // against the manifest before it reached the spool, which
             // nothing else writes. So they are not hashed a second time.
             packet
-                .ensure(base + cstart..base + cend)
+                .backing()
+                .fill(base + cstart..base + cend)
                 .map_err(|e| Error::packet_io(packet, e))?;
             if pos < take_end {
                 let at = out.len();
@@ -578,7 +558,9 @@ impl Verifier {
             let mut at = 0;
             while at < len {
                 let n = VERIFY_PIECE.min(len - at);
-                crate::sys::will_need(packet.file(), base + cstart + at, n);
+                packet
+                    .backing()
+                    .will_need(base + cstart + at..base + cstart + at + n);
                 at += n;
             }
         }
@@ -647,7 +629,9 @@ fn prefetch_after(packet: &Packet, i: Idx, k: u64) {
     let next = (k + 1) * csize;
     if next < f.size {
         let at = packet.content_offset(i as usize) + next;
-        crate::sys::will_need(packet.file(), at, csize.min(f.size - next));
+        packet
+            .backing()
+            .will_need(at..at + csize.min(f.size - next));
     }
 }
 

@@ -14,6 +14,7 @@ pub mod index;
 pub mod ino;
 pub mod journal;
 pub mod listing;
+pub mod mount_info;
 pub mod node;
 pub mod seal;
 pub mod secret;

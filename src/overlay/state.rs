@@ -54,26 +54,11 @@ pub type Ordered = Arc<[(u64, Idx)]>;
 pub const ORDERED_DIRS: usize = 64;
 
 impl Lower {
-    /// For a remote packet: its spool, which knows the object's location,
-    /// its pinned ETag ([`crate::store::ReadAt::etag`] of
-    /// [`Spool::remote`](crate::store::spool::Spool::remote)) and fetches
-    /// and verifies its content on demand.
-    pub fn remote(&self) -> Option<&std::sync::Arc<crate::store::spool::Spool>> {
-        self.packet.spool()
-    }
-
     /// Whether `path` names the packet file this layer reads: the open
     /// file, by device and inode, not the path it was opened by (the
-    /// daemon may have been started elsewhere).
+    /// daemon may have been started elsewhere); never a remote packet.
     pub fn serves(&self, path: &std::path::Path) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        if self.packet.spool().is_some() {
-            // A remote packet: no local path names it.
-            return false;
-        }
-        let id = |m: std::fs::Metadata| (m.dev(), m.ino());
-        let served = self.packet.file().metadata().map(id).ok();
-        served.is_some() && std::fs::metadata(path).map(id).ok() == served
+        self.packet.backing().serves(path)
     }
 
     /// The children of lower directory `dir` after position `after`, in

@@ -171,7 +171,7 @@ pub fn write_entry_headers(e: &Entry, out: &mut Vec<u8>) {
 
 /// A header with every normalized field set: ownership 0, no user or group
 /// names, device numbers 0, ustar magic.
-fn base_header(ty: EntryType, mode: u32, size: u64, mtime: u64) -> Header {
+pub fn base_header(ty: EntryType, mode: u32, size: u64, mtime: u64) -> Header {
     let mut h = Header::new_ustar();
     h.set_entry_type(ty);
     h.set_mode(mode);
@@ -186,7 +186,7 @@ fn base_header(ty: EntryType, mode: u32, size: u64, mtime: u64) -> Header {
     h
 }
 
-fn set_name(h: &mut Header, name: &[u8], prefix: &[u8]) {
+pub fn set_name(h: &mut Header, name: &[u8], prefix: &[u8]) {
     if let Some(u) = h.as_ustar_mut() {
         u.name[..name.len()].copy_from_slice(name);
         u.prefix[..prefix.len()].copy_from_slice(prefix);
@@ -208,7 +208,7 @@ pub fn ustar_split(path: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 /// The first `max` bytes of `s`, cut back to a UTF-8 character boundary.
-fn truncate_utf8(s: &[u8], max: usize) -> &[u8] {
+pub fn truncate_utf8(s: &[u8], max: usize) -> &[u8] {
     if s.len() <= max {
         return s;
     }
@@ -222,7 +222,7 @@ fn truncate_utf8(s: &[u8], max: usize) -> &[u8] {
 
 /// Appends one PAX record, `"<len> <key>=<value>\n"`, where `<len>` counts
 /// the whole record including its own digits.
-fn push_record(out: &mut Vec<u8>, key: &str, value: &[u8]) {
+pub fn push_record(out: &mut Vec<u8>, key: &str, value: &[u8]) {
     let rest = key.len() + value.len() + 3; // space, '=', newline
     let mut digits = 1;
     while rest + digits >= 10usize.pow(digits as u32) {

@@ -12,6 +12,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::backing::Backing;
 use super::digest::{ContentHasher, Digest, Sha256};
 use super::error::{Error, LimitKind, Result};
 use super::format::{BLOCK, CHUNK_SIZE, END_BLOCKS, Limits, MANIFEST_NAME, pad_to_block};
@@ -159,10 +160,12 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64, file_len: u64) -> Res
 /// An open packet whose manifest passed the strict checks and whose length
 /// matches the layout. Content is checked by [`Packet::check_batch`] (all of
 /// it, by `verify` and `unpack`) or lazily by a mount. Its bytes are a
-/// local file, or (`B = Box<dyn ReadAt>`) a remote object of the store.
-pub struct Packet<B = File> {
-    file: B,
-    path: PathBuf,
+/// [`Backing`] (a local file, or the spool of a remote object whose
+/// content is read by a mount or a seal), or (`B = Box<dyn ReadAt>`) a
+/// remote object of the store, read member by member.
+pub struct Packet<B = Backing> {
+    pub(super) file: B,
+    pub(super) path: PathBuf,
     /// The parsed manifest.
     pub manifest: Manifest,
     /// Its digest.
@@ -173,10 +176,6 @@ pub struct Packet<B = File> {
     /// ([`NO_PARENT`](super::manifest::NO_PARENT) for a part root), found
     /// while validating; a mount's index takes it (leaving it empty).
     pub parents: Vec<u32>,
-    /// For a remote packet read by a mount ([`Packet::remote`]): the spool
-    /// `file` is, filled on demand. Every read of content goes through
-    /// [`Packet::ensure`] first.
-    spool: Option<std::sync::Arc<crate::store::spool::Spool>>,
 }
 
 /// One piece of what [`Packet::check_batch`] reports to its sink.
@@ -242,88 +241,30 @@ impl Packet {
 
     /// Like [`Packet::open`], for a file already open.
     pub fn from_file(file: File, path: &Path, limits: &Limits) -> Result<Packet> {
-        Packet::from_source(file, path, limits)
-    }
-
-    /// The packet file.
-    pub fn file(&self) -> &File {
-        &self.file
-    }
-
-    /// Reads `buf.len()` bytes of entry `i`'s content at `offset` within the
-    /// file, without checking them (callers verify chunks themselves).
-    pub fn read_content_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let at = self.content_offset(i) + offset;
-        self.ensure(at..at + buf.len() as u64)?;
-        self.file.read_exact_at(buf, at)
-    }
-
-    /// Makes the content bytes in `range` of the file readable from
-    /// [`Packet::file`]: nothing to do for a local packet; for a remote one,
-    /// the units of content the range touches are fetched (or taken from
-    /// the cache) and verified into the spool. A failure is an I/O error
-    /// whose inner error is the store's ([`crate::store::Error`]).
-    pub fn ensure(&self, range: Range<u64>) -> io::Result<()> {
-        match &self.spool {
-            Some(s) if !range.is_empty() => s.ensure(range).map_err(io::Error::other),
-            _ => Ok(()),
-        }
-    }
-
-    /// [`Packet::ensure`] for a reader that asks for whole runs it will
-    /// read and nothing around them (a seal: [`Spool::ensure_planned`]).
-    ///
-    /// [`Spool::ensure_planned`]: crate::store::spool::Spool::ensure_planned
-    pub fn ensure_planned(&self, range: Range<u64>) -> io::Result<()> {
-        match &self.spool {
-            Some(s) if !range.is_empty() => s.ensure_planned(range).map_err(io::Error::other),
-            _ => Ok(()),
-        }
-    }
-
-    /// The spool of a remote packet read by a mount.
-    pub fn spool(&self) -> Option<&std::sync::Arc<crate::store::spool::Spool>> {
-        self.spool.as_ref()
-    }
-
-    /// A remote packet as a mount reads it: its manifest member is read and
-    /// checked from `remote` (at `location`, shown in errors and results), and its
-    /// content is read through a spool in `spool_dir`, filled on demand
-    /// from `cache` and `remote` and verified unit by unit (see
-    /// [`crate::store::spool`]). The spool holds content only: nothing
-    /// reads a mounted packet's headers.
-    pub fn remote(
-        remote: Box<dyn crate::store::ReadAt>,
-        location: &crate::store::Location,
-        limits: &Limits,
-        cache: Option<std::sync::Arc<crate::store::cache::Cache>>,
-        spool_dir: &Path,
-        options: crate::store::spool::SpoolOptions,
-    ) -> Result<Packet> {
-        let p = Packet::from_source(remote, Path::new(&location.shown()), limits)?;
-        let units = p.units();
-        let spool = crate::store::spool::Spool::new(
-            location.clone(),
-            p.file,
-            units,
-            spool_dir,
-            cache,
-            options,
-        )
-        .map_err(|e| Error::io("cannot make the spool of the remote packet", e))?;
-        let file = spool
-            .file()
-            .try_clone()
-            .map_err(|e| Error::io("cannot open the spool of the remote packet", e))?;
+        let p = Packet::from_source(file, path, limits)?;
         Ok(Packet {
-            file,
+            file: Backing::File(p.file),
             path: p.path,
             manifest: p.manifest,
             digest: p.digest,
             layout: p.layout,
             parents: p.parents,
-            spool: Some(spool),
         })
+    }
+
+    /// Where its bytes are: every read of a mount or a seal goes through
+    /// the backing's methods.
+    pub fn backing(&self) -> &Backing {
+        &self.file
+    }
+
+    /// Reads `buf.len()` bytes of entry `i`'s content at `offset` within the
+    /// file, as a mount reads ([`Backing::read_at`]: a remote packet's
+    /// bytes are fetched and verified first; a local one's are not checked
+    /// here, callers verify chunks themselves).
+    pub fn read_content_at(&self, i: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let at = self.content_offset(i) + offset;
+        self.file.read_at(buf, at)
     }
 }
 
@@ -363,7 +304,6 @@ impl<B: Source> Packet<B> {
             digest,
             layout,
             parents,
-            spool: None,
         })
     }
 
@@ -459,7 +399,7 @@ impl<B: Source> Packet<B> {
                 return Err(diagnose_blocks(&actual, &expected, start, &e.path));
             }
             if let EntryKind::File(f) = &e.kind {
-                let mut hasher = ContentHasher::new(f.size);
+                let mut hasher = ContentHasher::new(f.size, self.manifest.version);
                 let mut left = f.size;
                 while left > 0 {
                     let piece = r.take(left)?;

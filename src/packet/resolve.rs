@@ -38,11 +38,52 @@ const STEPS_PER_TARGET_BYTE: u64 = 16;
 /// which no resolver gets out of), stops resolution without escaping.
 /// Fails with [`Error::SymlinkBudget`] when resolving takes more steps
 /// than the budget the module describes.
+///
+/// A target whose text alone climbs above the root (`s/../..`, read from
+/// the root) escapes too, even where the links it passes bring it back
+/// (`s -> a/b`): tar extractors that check links (the Agents SDK's, Python's
+/// `tarfile` filters) judge a target by its text, and a tree one of them
+/// would refuse is not one this check passes (`unpack --tar`'s promise).
+/// `pack --reject-external-symlinks` refuses such targets too.
 pub fn check_no_escapes(manifest: &Manifest, root: &str) -> Result<()> {
-    match escaping(manifest, Some(root), true).first() {
-        None => Ok(()),
-        Some(&(i, escape)) => Err(escape.error(&manifest.entries[i])),
+    let root_depth = if root.is_empty() { 0 } else { 1 };
+    let lexical = manifest.entries.iter().find(|e| match &e.kind {
+        EntryKind::Symlink(t) => {
+            let in_root =
+                root.is_empty() || super::path::Part::of(&e.path).map(|p| p.as_str()) == Some(root);
+            // Components of the link's directory beneath the root.
+            let depth = e.path.matches('/').count().saturating_sub(root_depth);
+            in_root && escapes_lexically(t, depth)
+        }
+        _ => false,
+    });
+    let resolved = escaping(manifest, Some(root), true).first().copied();
+    // The first in entry order, as one pass over both would find it.
+    match (lexical, resolved) {
+        (Some(e), Some((i, escape))) if manifest.entries[i].path < e.path => {
+            Err(escape.error(&manifest.entries[i]))
+        }
+        (Some(e), _) => Err(Escape::Leaves.error(e)),
+        (None, Some((i, escape))) => Err(escape.error(&manifest.entries[i])),
+        (None, None) => Ok(()),
     }
+}
+
+/// Whether a relative target, read lexically from a directory `depth`
+/// components below the root, climbs above the root.
+pub fn escapes_lexically(target: &str, depth: usize) -> bool {
+    let mut d = depth;
+    for c in target.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => match d.checked_sub(1) {
+                Some(up) => d = up,
+                None => return true,
+            },
+            _ => d += 1,
+        }
+    }
+    false
 }
 
 /// Why a symlink is not shown to stay beneath the root.
@@ -305,6 +346,7 @@ mod tests {
 
     fn m(entries: &[(&str, Option<&str>)]) -> Manifest {
         Manifest {
+            version: Default::default(),
             harness: None,
             entries: entries
                 .iter()
@@ -325,6 +367,46 @@ mod tests {
             .map(|(p, t)| (p.as_str(), t.as_deref()))
             .collect();
         m(&refs)
+    }
+
+    /// Whether a link leaves `root` by resolution alone (what the tests of
+    /// the resolver check; [`check_no_escapes`] adds the lexical rule).
+    fn resolves_out(man: &Manifest, root: &str) -> bool {
+        !escaping(man, Some(root), true).is_empty()
+    }
+
+    /// A target whose text climbs above the root is refused, even where
+    /// the links it passes bring it back inside: tar extractors judge the
+    /// text (issue 35: `unpack --tar` of a packet that passes the strict
+    /// check must pass the Agents SDK's `validate_tarfile`).
+    #[test]
+    fn a_target_whose_text_climbs_out_escapes_whatever_it_resolves_to() {
+        // s -> a/b: `s/../..` resolves to the workspace, `s/../../a` to a.
+        for target in ["s/../..", "s/../../a"] {
+            let man = m(&[
+                ("workspace", None),
+                ("workspace/a", None),
+                ("workspace/a/b", None),
+                ("workspace/l", Some(target)),
+                ("workspace/s", Some("a/b")),
+            ]);
+            assert!(!resolves_out(&man, "workspace"), "{target}");
+            let err = check_no_escapes(&man, "workspace").unwrap_err();
+            assert!(
+                matches!(&err, Error::SymlinkEscapes { path, .. } if path == "workspace/l"),
+                "{target}: {err}"
+            );
+            // From the packet's root the same text stays inside.
+            assert!(check_no_escapes(&man, "").is_ok(), "{target}");
+        }
+        // The first in entry order is named, whichever rule finds it.
+        let man = m(&[
+            ("workspace", None),
+            ("workspace/a", Some("/etc")),
+            ("workspace/b", Some("../x")),
+        ]);
+        let err = check_no_escapes(&man, "workspace").unwrap_err();
+        assert!(matches!(&err, Error::SymlinkEscapes { path, .. } if path == "workspace/a"));
     }
 
     #[test]
@@ -360,27 +442,21 @@ mod tests {
             ("workspace/d/deep", None),
             ("workspace/l", Some("alias/../../..")),
         ]);
-        assert!(
-            check_no_escapes(&man, "").is_ok(),
-            "stays at the packet root"
-        );
-        assert!(
-            check_no_escapes(&man, "workspace").is_err(),
-            "leaves the workspace part"
-        );
+        assert!(!resolves_out(&man, ""), "stays at the packet root");
+        assert!(resolves_out(&man, "workspace"), "leaves the workspace part");
         // A loop does not escape (the kernel would say ELOOP).
         let man = m(&[
             ("workspace", None),
             ("workspace/a", Some("b")),
             ("workspace/b", Some("a/../../..")),
         ]);
-        assert!(check_no_escapes(&man, "").is_ok());
+        assert!(!resolves_out(&man, ""));
         let man = m(&[
             ("workspace", None),
             ("workspace/a", Some("b")),
             ("workspace/b", Some("a")),
         ]);
-        assert!(check_no_escapes(&man, "").is_ok());
+        assert!(!resolves_out(&man, ""));
     }
 
     #[test]
@@ -393,10 +469,10 @@ mod tests {
         ]);
         // Missing names are climbed back lexically: three levels up from
         // workspace/nope/x is the packet root, four is outside it.
-        assert!(check_no_escapes(&man, "").is_err());
+        assert!(resolves_out(&man, ""));
         let mut ok = man.clone();
         ok.entries.remove(2);
-        assert!(check_no_escapes(&ok, "").is_ok());
+        assert!(!resolves_out(&ok, ""));
 
         // Nothing goes through a file (ENOTDIR), not even `..`.
         let mut man = m(&[("workspace", None), ("workspace/l", Some("f/../../.."))]);
@@ -413,7 +489,7 @@ mod tests {
                 }),
             },
         );
-        assert!(check_no_escapes(&man, "").is_ok());
+        assert!(!resolves_out(&man, ""));
 
         // A chain of links is followed to its escaping end, however long:
         // the kernel stops at 40, `realpath` and Python do not.
@@ -458,7 +534,7 @@ mod tests {
         ] {
             let mut entries = vec![("workspace", None)];
             entries.extend(cycle.iter().copied());
-            assert!(check_no_escapes(&m(&entries), "").is_ok(), "{cycle:?}");
+            assert!(!resolves_out(&m(&entries), ""), "{cycle:?}");
         }
     }
 

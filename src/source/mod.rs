@@ -6,6 +6,7 @@ pub mod pack;
 pub mod policy;
 pub mod report;
 pub mod symlink;
+pub mod tar;
 pub mod walk;
 
 pub use error::Error;

@@ -28,26 +28,47 @@ use serde::Serialize;
 use super::error::Error;
 use super::policy::Policy;
 use super::report::ScanReport;
-use super::walk::{FoundFile, FoundKind, Root, ScanOptions, scan};
+use super::report::Tally;
+use super::tar::{TarIn, TarInput};
+use super::walk::{FoundFile, FoundKind, OnDisk, Origin, Root, ScanOptions, scan};
 use crate::output::{
     Check, ContentReader, Contents, Keep, Output, WriteOptions, WriteStats, hash_new,
     write_in_order,
 };
 use crate::output::{RemoteOutput, Uploaded, Writing};
 use crate::packet::digest::{Digest, Sha256};
-use crate::packet::format::{HarnessKind, Limits, chunk_count};
+use crate::packet::format::{HarnessKind, Limits, Version, chunk_count};
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::Part;
 use crate::store::{Location, Settings};
 use crate::sys;
 
+/// Where a part's tree is read from.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// A directory, walked.
+    Dir(PathBuf),
+    /// A tar stream, read as the tree (never extracted): see
+    /// [`super::tar`].
+    Tar(TarIn),
+}
+
+impl Input {
+    fn dir(&self) -> Option<&Path> {
+        match self {
+            Input::Dir(d) => Some(d),
+            Input::Tar(_) => None,
+        }
+    }
+}
+
 /// What to pack.
 pub struct PackOptions {
-    /// The workspace directory.
-    pub workspace: PathBuf,
-    /// The harness directory and its kind.
-    pub harness: Option<(PathBuf, HarnessKind)>,
+    /// The workspace.
+    pub workspace: Input,
+    /// The harness and its kind.
+    pub harness: Option<(Input, HarnessKind)>,
     /// Where the packet goes (with `remote`, only its name in messages).
     pub output: PathBuf,
     /// Upload the packet to this location (`s3://BUCKET/KEY`) as it is
@@ -71,6 +92,8 @@ pub struct PackOptions {
     pub hold_memory: Option<u64>,
     /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
     pub file_sha256: bool,
+    /// The format version to write.
+    pub version: Version,
     /// Test barrier directory (see `crate::barrier`); its point is
     /// `hashed`, between the two passes.
     pub barrier: Option<PathBuf>,
@@ -96,6 +119,10 @@ pub struct PackOutcome {
     pub symlinks: u64,
     /// Bytes of file content.
     pub content_bytes: u64,
+    /// Bytes of a tar stream's files copied to a temporary file, when a
+    /// stream was read from a pipe (`--workspace-tar -`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spooled_bytes: Option<u64>,
     /// What was left out or rewritten.
     #[serde(flatten)]
     pub report: ScanReport,
@@ -198,7 +225,28 @@ pub fn pack(
         )));
     }
     let policy = Policy::new(kind, &opts.exclude, &opts.keep).map_err(Error::Pattern)?;
-    let other_parts = part_root_identities(&opts.workspace, opts.harness.as_ref().map(|h| &*h.0))?;
+    let other_parts = match (
+        opts.workspace.dir(),
+        opts.harness.as_ref().map(|h| h.0.dir()),
+    ) {
+        (Some(w), Some(Some(h))) => part_root_identities(w, Some(h))?,
+        _ => Vec::new(),
+    };
+    // The tar streams first: one may be standard input, read once.
+    let mut tars = Vec::new();
+    let mut parts = Vec::new();
+    for (part, input) in [
+        opts.harness.as_ref().map(|h| (Part::Harness, &h.0)),
+        Some((Part::Workspace, &opts.workspace)),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        match input {
+            Input::Dir(dir) => parts.push((part, dir.clone())),
+            Input::Tar(from) => tars.push(super::tar::read(part, from, &policy, &opts.limits)?),
+        }
+    }
     let mut output = match &opts.remote {
         Some((location, settings)) => {
             Writing::Remote(Box::new(RemoteOutput::create(location, settings)?))
@@ -224,10 +272,7 @@ pub fn pack(
         }
         Writing::Remote(_) => (Vec::new(), None),
     };
-    let mut parts = vec![(Part::Workspace, opts.workspace.clone())];
-    if let Some((dir, _)) = &opts.harness {
-        parts.insert(0, (Part::Harness, dir.clone()));
-    }
+    let tally = Tally::default();
     let scan_opts = ScanOptions {
         policy: &policy,
         zero_mtimes: opts.zero_mtimes,
@@ -237,9 +282,23 @@ pub fn pack(
         own,
         other_parts,
         barrier: opts.barrier.as_deref(),
+        tally: &tally,
     };
     let t = std::time::Instant::now();
     let mut scan = scan(&parts, &scan_opts)?;
+    for (k, tar) in tars.iter().enumerate() {
+        let (found, report) = tar.walk(
+            k,
+            &policy,
+            opts.zero_mtimes,
+            opts.reject_external_symlinks,
+            &opts.limits,
+            &tally,
+        )?;
+        scan.found.extend(found);
+        scan.report.merge(report);
+    }
+    scan.report.sort();
     tracing::debug!(elapsed = ?t.elapsed(), entries = scan.found.len(), "walked");
     scan.found
         .sort_unstable_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
@@ -247,6 +306,7 @@ pub fn pack(
     // The manifest with placeholder hashes, checked before any file is read.
     let mut sources: Vec<Option<FoundFile>> = Vec::with_capacity(scan.found.len());
     let mut manifest = Manifest {
+        version: opts.version,
         harness: kind,
         entries: Vec::with_capacity(scan.found.len()),
     };
@@ -282,6 +342,7 @@ pub fn pack(
     let stats = WriteStats::default();
     let first = PackContents {
         roots: &scan.roots,
+        tars: &tars,
         manifest: &manifest,
         sources: &sources,
         fingerprints: None,
@@ -313,6 +374,7 @@ pub fn pack(
     }
     let second = PackContents {
         roots: &scan.roots,
+        tars: &tars,
         manifest: &manifest,
         sources: &sources,
         fingerprints: Some(&fingerprints),
@@ -367,6 +429,7 @@ pub fn pack(
         dirs: count(|e| matches!(e.kind, EntryKind::Dir)),
         symlinks: count(|e| matches!(e.kind, EntryKind::Symlink(_))),
         content_bytes: manifest.content_bytes(),
+        spooled_bytes: tars.iter().filter_map(|t| t.spooled).reduce(|a, b| a + b),
         report: scan.report,
         upload,
     })
@@ -418,6 +481,7 @@ fn hold_max(manifest: &Manifest, budget: u64) -> Option<u64> {
 /// The files of the walked tree, as a content source for the writer.
 struct PackContents<'a> {
     roots: &'a [Root],
+    tars: &'a [TarInput],
     manifest: &'a Manifest,
     sources: &'a [Option<FoundFile>],
     /// In the writing pass, the first pass's fingerprints of each entry,
@@ -428,10 +492,12 @@ struct PackContents<'a> {
     held: &'a [Option<Box<[u8]>>],
 }
 
-/// One source file being read: from the tree, or held in memory (what is
-/// left of it to read, and its path).
+/// One source file being read: from the tree, from a tar stream's content
+/// (where the next byte is), or held in memory (what is left of it to
+/// read, and its path).
 enum PackReader<'a> {
     Disk(DiskReader<'a>),
+    Tar(&'a TarInput, u64, &'a str),
     Held(&'a [u8], &'a str),
 }
 
@@ -439,7 +505,8 @@ enum PackReader<'a> {
 struct DiskReader<'a> {
     file: File,
     path: &'a str,
-    src: &'a FoundFile,
+    size: u64,
+    src: &'a OnDisk,
     roots: &'a [Root],
 }
 
@@ -477,6 +544,13 @@ impl Contents for PackContents<'_> {
             path: path.into(),
             what: "is not a regular file",
         })?;
+        let size = src.size;
+        let src = match &src.origin {
+            Origin::Disk(d) => d,
+            Origin::Tar { input, offset, .. } => {
+                return Ok(PackReader::Tar(&self.tars[*input], *offset, path));
+            }
+        };
         let root = &self.roots[src.root];
         // O_NONBLOCK: a file swapped for a FIFO since the walk cannot hang us.
         let fd = sys::open_beneath(
@@ -500,6 +574,7 @@ impl Contents for PackContents<'_> {
         Ok(PackReader::Disk(DiskReader {
             file: File::from(fd),
             path,
+            size,
             src,
             roots: self.roots,
         }))
@@ -518,6 +593,21 @@ impl ContentReader for PackReader<'_> {
                     Err(changed @ Error::Changed { .. }) => changed,
                     _ => e,
                 })
+            }
+            PackReader::Tar(tar, at, path) => {
+                tar.read_at(buf, *at).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => Error::Changed {
+                        path: (*path).into(),
+                        what: "is cut short in its tar stream (the tar file shrank)",
+                    },
+                    _ => Error::Io {
+                        path: tar.shown.clone(),
+                        op: "cannot read the tar stream's content",
+                        source: e,
+                    },
+                })?;
+                *at += buf.len() as u64;
+                Ok(())
             }
             PackReader::Held(rest, path) => {
                 // The writer asks for no more than the size the walk saw,
@@ -539,6 +629,10 @@ impl ContentReader for PackReader<'_> {
     fn skip(&mut self, n: u64) -> Result<(), Error> {
         match self {
             PackReader::Disk(d) => d.skip(n),
+            PackReader::Tar(_, at, _) => {
+                *at += n;
+                Ok(())
+            }
             PackReader::Held(rest, _) => {
                 *rest = rest.get(n as usize..).unwrap_or_default();
                 Ok(())
@@ -550,7 +644,9 @@ impl ContentReader for PackReader<'_> {
     fn finish(self) -> Result<(), Error> {
         match self {
             PackReader::Disk(d) => d.check_stamp(),
-            PackReader::Held(..) => Ok(()),
+            // (A tar file changed since it was read shows in the second
+            // pass's fingerprints.)
+            PackReader::Tar(..) | PackReader::Held(..) => Ok(()),
         }
     }
 }
@@ -585,7 +681,7 @@ impl DiskReader<'_> {
         let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
         let what = if !m.file_type().is_file() || (m.dev(), m.ino()) != (src.dev, src.ino) {
             "was replaced"
-        } else if m.len() != src.size {
+        } else if m.len() != self.size {
             "changed size"
         } else if mtime != src.seen_mtime_ns {
             "was modified"
@@ -633,6 +729,7 @@ mod tests {
             })
             .collect();
         Manifest {
+            version: Default::default(),
             harness: None,
             entries,
         }

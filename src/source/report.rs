@@ -5,13 +5,15 @@
 //! [`ScanReport::classify`].
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
 use super::error::Error;
 use super::policy::{ChildType, Policy, Reason, SQLITE_SIDE_SUFFIXES, Verdict};
 use super::symlink::{LinkClass, rebase};
-use crate::packet::format::Limits;
+use crate::packet::error::LimitKind;
+use crate::packet::format::{Limits, MAX_FILE_SIZE, MAX_MTIME_NS};
 use crate::packet::manifest::EntryKind;
 use crate::packet::path::{Part, check_path};
 
@@ -91,6 +93,67 @@ pub fn judge(
         .map(|&(name, ty)| (name, ty.child_type()))
         .collect();
     policy.judge_dir(part, dir, &names)
+}
+
+/// The entries and content bytes a pack has taken so far, across threads
+/// and parts (a directory walked and a tar stream read count together),
+/// against the limits.
+#[derive(Default)]
+pub struct Tally {
+    entries: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Tally {
+    /// Counts one entry of `size` content bytes at `path`.
+    pub fn count(&self, path: &str, size: u64, limits: &Limits) -> Result<(), Error> {
+        let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
+        if n > limits.max_entries {
+            return Err(LimitKind::Entries.exceeded(n, limits, Some(path)).into());
+        }
+        if size > 0 {
+            let b = self
+                .bytes
+                .fetch_add(size, Ordering::Relaxed)
+                .saturating_add(size);
+            if b > limits.max_bytes {
+                return Err(LimitKind::Bytes.exceeded(b, limits, Some(path)).into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a file of `size` bytes at `path` that the format cannot hold.
+pub fn check_file_size(path: &str, size: u64) -> Result<(), Error> {
+    if size > MAX_FILE_SIZE {
+        return Err(Error::Refused {
+            path: path.into(),
+            kind: crate::packet::error::ErrorKind::FormatLimit,
+            reason: format!("file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"),
+        });
+    }
+    Ok(())
+}
+
+/// The refusal of the entry at `path` whose name is not UTF-8.
+pub fn non_utf8_name(path: String) -> Error {
+    Error::Refused {
+        path,
+        kind: crate::packet::error::ErrorKind::NonUtf8Name,
+        reason: "the name is not UTF-8; rename it, or leave it out with --exclude \
+                 (packets hold UTF-8 names so they restore on every platform)"
+            .into(),
+    }
+}
+
+/// The refusal of the symlink at `path` whose target (`shown`) is not UTF-8.
+pub fn non_utf8_target(path: &str, shown: &str) -> Error {
+    Error::Refused {
+        path: path.into(),
+        kind: crate::packet::error::ErrorKind::NonUtf8Target,
+        reason: format!("symlink target `{shown}` is not UTF-8; packets hold UTF-8 only"),
+    }
 }
 
 /// What the walk left out or changed, reported in results.
@@ -220,6 +283,24 @@ impl ScanReport {
                 reason,
             });
         }
+    }
+
+    /// The mtime to record for the file at `path` whose mtime is `seen`
+    /// (nanoseconds, any sign and size): 0 with `zero`, else clamped to
+    /// the format's range, a clamped one reported.
+    pub fn record_mtime(&mut self, path: &str, seen: i128, zero: bool) -> u64 {
+        if zero {
+            return 0;
+        }
+        let clamped = seen.clamp(0, i128::from(MAX_MTIME_NS));
+        if clamped != seen {
+            self.clamped_mtimes.push(Clamped {
+                path: path.into(),
+                mtime_ns: seen.to_string(),
+                recorded_ns: clamped as u64,
+            });
+        }
+        clamped as u64
     }
 
     /// Puts every list in path order, so that results are deterministic

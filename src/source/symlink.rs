@@ -77,22 +77,7 @@ pub fn rebase_after(after: &str, depth: usize) -> Option<(String, LinkClass)> {
     Some((out, class))
 }
 
-/// Whether a relative target, read lexically from a directory `depth`
-/// components below the root, climbs above the root.
-pub fn escapes_lexically(target: &str, depth: usize) -> bool {
-    let mut d = depth;
-    for c in target.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => match d.checked_sub(1) {
-                Some(up) => d = up,
-                None => return true,
-            },
-            _ => d += 1,
-        }
-    }
-    false
-}
+pub use crate::packet::resolve::escapes_lexically;
 
 #[cfg(test)]
 mod tests {

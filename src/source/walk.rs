@@ -8,7 +8,6 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag, readlinkat};
@@ -17,10 +16,13 @@ use rayon::prelude::*;
 
 use super::error::Error;
 use super::policy::{Policy, Reason, Verdict};
-use super::report::{Clamped, EntryType, Excluded, ScanReport, Step, judge};
+use super::report::{
+    EntryType, Excluded, ScanReport, Step, Tally, check_file_size, judge, non_utf8_name,
+    non_utf8_target,
+};
 use super::symlink::{rebase, rebase_after};
 use crate::packet::error::LimitKind;
-use crate::packet::format::{Limits, MAX_FILE_SIZE, MAX_MTIME_NS};
+use crate::packet::format::Limits;
 use crate::packet::path::Part;
 use crate::sys;
 
@@ -122,18 +124,43 @@ pub enum FoundKind {
     Symlink(String),
 }
 
-/// A regular file as the walk saw it; pack re-checks it when reading.
+/// A regular file as the walk (or a tar stream) gave it.
 pub struct FoundFile {
-    /// Index into the roots.
-    pub root: usize,
-    /// Path relative to the root.
-    pub rel: PathBuf,
     /// Size in bytes.
     pub size: u64,
     /// Modification time to record (after `--zero-mtimes` and clamping).
     pub mtime_ns: u64,
     /// Any execute bit set.
     pub executable: bool,
+    /// Where its content is.
+    pub origin: Origin,
+}
+
+/// Where a found file's content is read from.
+pub enum Origin {
+    /// A file of a directory walked.
+    Disk(OnDisk),
+    /// A member of a tar stream ([`super::tar`]): bytes `offset..offset +
+    /// size` of that input's content file (the tar file itself, or the
+    /// spool of a stream).
+    Tar {
+        /// Index into the tar inputs.
+        input: usize,
+        /// Where the content starts.
+        offset: u64,
+        /// The member holding the content (hard links share it): its
+        /// identity, as `(dev, ino)` is a file's on disk.
+        id: u64,
+    },
+}
+
+/// A file of a directory as the walk saw it; pack re-checks it when
+/// reading.
+pub struct OnDisk {
+    /// Index into the roots.
+    pub root: usize,
+    /// Path relative to the root.
+    pub rel: PathBuf,
     /// Device and inode, to detect replacement before reading.
     pub dev: u64,
     /// See `dev`.
@@ -165,6 +192,8 @@ pub struct ScanOptions<'a> {
     /// Test barrier directory (see `crate::barrier`): the walk pauses
     /// at `walked-roots` once the part roots are read.
     pub barrier: Option<&'a Path>,
+    /// Entries and bytes taken so far, by every part.
+    pub tally: &'a Tally,
 }
 
 /// The result of walking every root.
@@ -201,8 +230,6 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
     let walker = Walker {
         opts,
         roots: &roots,
-        entries: AtomicU64::new(0),
-        bytes: AtomicU64::new(0),
     };
     let mut found = Vec::new();
     let mut report = ScanReport::default();
@@ -242,15 +269,18 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
             crate::barrier::wait(opts.barrier, crate::barrier::Point::WalkedRoots);
         }
     }
-    let linked = found
-        .iter()
-        .any(|f| matches!(&f.kind, FoundKind::File(file) if file.linked));
+    let linked = found.iter().any(|f| {
+        matches!(&f.kind, FoundKind::File(FoundFile { origin: Origin::Disk(d), .. }) if d.linked)
+    });
     let mut seen = 0;
     for dir in &credential_dirs {
         linked_out.extend(walker.files_in(dir, linked, &mut seen)?);
     }
     report.exclude_other_names(&mut found, linked_out, |f| match &f.kind {
-        FoundKind::File(file) => Some(((file.dev, file.ino), f.path.as_str())),
+        FoundKind::File(FoundFile {
+            origin: Origin::Disk(d),
+            ..
+        }) => Some(((d.dev, d.ino), f.path.as_str())),
         _ => None,
     });
     report.sort();
@@ -264,10 +294,6 @@ pub fn scan(parts: &[(Part, PathBuf)], opts: &ScanOptions<'_>) -> Result<Scan, E
 struct Walker<'o, 'p> {
     opts: &'o ScanOptions<'p>,
     roots: &'o [Root],
-    /// Entries found so far, across threads.
-    entries: AtomicU64,
-    /// Content bytes found so far.
-    bytes: AtomicU64,
 }
 
 /// A directory to read.
@@ -331,21 +357,7 @@ struct Child {
 impl Walker<'_, '_> {
     /// Counts one entry of `size` content bytes against the limits.
     fn count(&self, path: &str, size: u64) -> Result<(), Error> {
-        let limits = &self.opts.limits;
-        let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
-        if n > limits.max_entries {
-            return Err(LimitKind::Entries.exceeded(n, limits, Some(path)).into());
-        }
-        if size > 0 {
-            let b = self
-                .bytes
-                .fetch_add(size, Ordering::Relaxed)
-                .saturating_add(size);
-            if b > limits.max_bytes {
-                return Err(LimitKind::Bytes.exceeded(b, limits, Some(path)).into());
-            }
-        }
-        Ok(())
+        self.opts.tally.count(path, size, &self.opts.limits)
     }
 
     /// The identity of directory `child` (of the directory `dirfd`), when
@@ -567,13 +579,7 @@ impl Walker<'_, '_> {
                 None => verdict,
             };
             if matches!(verdict, Verdict::Include) && child.raw.is_some() {
-                return Err(Error::Refused {
-                    path: cpath,
-                    kind: crate::packet::error::ErrorKind::NonUtf8Name,
-                    reason: "the name is not UTF-8; rename it, or leave it out with --exclude \
-                             (packets hold UTF-8 names so they restore on every platform)"
-                        .into(),
-                });
+                return Err(non_utf8_name(cpath));
             }
             let ty = entry_type(child.ty);
             match out
@@ -745,39 +751,20 @@ impl Walker<'_, '_> {
         report: &mut ScanReport,
     ) -> Result<FoundFile, Error> {
         let size = st.st_size as u64;
-        if size > MAX_FILE_SIZE {
-            return Err(Error::Refused {
-                path: path.into(),
-                kind: crate::packet::error::ErrorKind::FormatLimit,
-                reason: format!(
-                    "file of {size} bytes; a packet file holds at most {MAX_FILE_SIZE}"
-                ),
-            });
-        }
+        check_file_size(path, size)?;
         let seen = sys::mtime_ns(st);
-        let recorded = if self.opts.zero_mtimes {
-            0
-        } else {
-            let clamped = seen.clamp(0, i128::from(MAX_MTIME_NS));
-            if clamped != seen {
-                report.clamped_mtimes.push(Clamped {
-                    path: path.into(),
-                    mtime_ns: seen.to_string(),
-                    recorded_ns: clamped as u64,
-                });
-            }
-            clamped as u64
-        };
         Ok(FoundFile {
-            root,
-            rel,
             size,
-            mtime_ns: recorded,
+            mtime_ns: report.record_mtime(path, seen, self.opts.zero_mtimes),
             executable: st.st_mode & 0o111 != 0,
-            dev: sys::dev_ino(st).0,
-            ino: sys::dev_ino(st).1,
-            seen_mtime_ns: seen,
-            linked: st.st_nlink > 1,
+            origin: Origin::Disk(OnDisk {
+                root,
+                rel,
+                dev: sys::dev_ino(st).0,
+                ino: sys::dev_ino(st).1,
+                seen_mtime_ns: seen,
+                linked: st.st_nlink > 1,
+            }),
         })
     }
 
@@ -801,15 +788,7 @@ impl Walker<'_, '_> {
             Some(decided) => decided,
             None => match std::str::from_utf8(target) {
                 Ok(t) => rebase(t, depth, &[]),
-                Err(_) => {
-                    return Err(Error::Refused {
-                        path: path.into(),
-                        kind: crate::packet::error::ErrorKind::NonUtf8Target,
-                        reason: format!(
-                            "symlink target `{shown}` is not UTF-8; packets hold UTF-8 only"
-                        ),
-                    });
-                }
+                Err(_) => return Err(non_utf8_target(path, &shown)),
             },
         };
         report

@@ -83,6 +83,18 @@ impl Location {
                     "`{bucket}` is not a bucket name: letters, digits, `.`, `-` and `_` only"
                 ));
             }
+            // rusty-s3 joins the key onto the bucket's URL (`Url::join`),
+            // which would resolve these: `x/../../other/k` is a key of
+            // another bucket, `/k` leaves the bucket, `//host/k` another
+            // host. Anything else is sent as given, percent-encoded (`%`
+            // included: `%2e` is three characters of the key).
+            if let Some(seg) = key.split('/').find(|seg| matches!(*seg, "" | "." | "..")) {
+                return Err(format!(
+                    "`{s}`: the key holds {}; a key is taken literally, and sessionfs \
+                     does not normalise it",
+                    segment_named(seg)
+                ));
+            }
             return Ok(Location::S3 {
                 bucket: bucket.into(),
                 key: key.into(),
@@ -93,6 +105,7 @@ impl Location {
         if url.host_str().is_none_or(str::is_empty) {
             return Err(format!("`{}` names no host", shown_url(&url)));
         }
+        literal_url_path(s, &url)?;
         Ok(Location::Http(url))
     }
 
@@ -112,6 +125,59 @@ impl Location {
             Location::Http(u) => shown_url(u),
         }
     }
+}
+
+/// Whether a segment of an URL path is one URL parsing resolves or one
+/// that names nothing: empty, `.` or `..`, percent-encoded or not (the
+/// URL standard reads `%2e` as `.`).
+fn is_dot_or_empty(seg: &str) -> bool {
+    let decoded = percent_encoding::percent_decode_str(seg).collect::<Vec<u8>>();
+    matches!(&decoded[..], b"" | b"." | b"..")
+}
+
+/// A refused segment, as errors name it.
+fn segment_named(seg: &str) -> String {
+    if seg.is_empty() {
+        "an empty segment (`//`, or a `/` at either end)".into()
+    } else {
+        format!("a `{seg}` segment")
+    }
+}
+
+/// Refuses an URL (`raw`, parsed as `url`) whose path the parser changed
+/// or would have to: `.`, `..` and empty segments, and anything the URL
+/// standard rewrites (a `\` read as `/`, tabs and newlines dropped,
+/// spaces trimmed). Percent-encoding what must be is not a change: the
+/// path decodes to what was given.
+fn literal_url_path(raw: &str, url: &url::Url) -> std::result::Result<(), String> {
+    let shown = || shown_url_str(raw);
+    let after_scheme = raw.split_once("://").map_or(raw, |(_, r)| r);
+    // The authority ends at the first of these (`\` is `/` for http).
+    let path_at = after_scheme
+        .find(['/', '?', '#', '\\'])
+        .unwrap_or(after_scheme.len());
+    let rest = &after_scheme[path_at..];
+    let path = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    let segments = path.strip_prefix('/').unwrap_or(path);
+    if let Some(seg) = segments.split('/').find(|seg| is_dot_or_empty(seg)) {
+        return Err(format!(
+            "`{}`: the path holds {}; a path is taken literally, and sessionfs does \
+             not normalise it",
+            shown(),
+            segment_named(seg)
+        ));
+    }
+    let decoded = |p: &str| percent_encoding::percent_decode_str(p).collect::<Vec<u8>>();
+    if decoded(path) != decoded(url.path()) {
+        return Err(format!(
+            "`{}`: the path would be read as `{}`, not as given (a `\\`, a control \
+             character or a space at either end is rewritten by URL parsing): \
+             percent-encode it",
+            shown(),
+            url.path()
+        ));
+    }
+    Ok(())
 }
 
 /// An URL without user information, query and fragment: how an URL
@@ -197,7 +263,12 @@ mod tests {
             ("./s3://b/k", Location::Local("./s3://b/k".into())),
             ("s3://b/k", s3("b", "k")),
             ("S3://b/dir/k.packet", s3("b", "dir/k.packet")),
-            ("s3://my.bucket-1/a/b/", s3("my.bucket-1", "a/b/")),
+            ("s3://my.bucket-1/a/b.c", s3("my.bucket-1", "a/b.c")),
+            // Taken literally, whatever the characters.
+            ("s3://b/...", s3("b", "...")),
+            ("s3://b/.a/..b/c.", s3("b", ".a/..b/c.")),
+            ("s3://b/%2e%2e/a%2Fb", s3("b", "%2e%2e/a%2Fb")),
+            ("s3://b/a\\..\\b", s3("b", "a\\..\\b")),
         ];
         for (arg, want) in ok {
             assert_eq!(Location::parse(OsStr::new(arg)).as_ref(), Ok(want), "{arg}");
@@ -212,6 +283,109 @@ mod tests {
             "https://[::1/x",
         ] {
             assert!(Location::parse(OsStr::new(bad)).is_err(), "{bad}");
+        }
+        let u = |s: &str| Location::Http(url::Url::parse(s).unwrap());
+        let ok: &[(&str, Location)] = &[
+            ("https://h/k.packet?X=1", u("https://h/k.packet?X=1")),
+            ("http://h:9/a/.b/c..", u("http://h:9/a/.b/c..")),
+            // Encoded as it must be; still the same path.
+            ("http://h/a b/ü", u("http://h/a%20b/%C3%BC")),
+            ("http://h/a%2Fb", u("http://h/a%2Fb")),
+        ];
+        for (arg, want) in ok {
+            assert_eq!(Location::parse(OsStr::new(arg)).as_ref(), Ok(want), "{arg}");
+        }
+    }
+
+    /// `.`, `..` and empty segments are refused, never resolved: in a key
+    /// `Url::join` would take them out of the bucket (finding 9 of issue
+    /// 32: `s3://bkt2/x/../../bkt/k` wrote into `bkt`), in an URL the
+    /// parser would drop them; nor is an URL's path rewritten otherwise.
+    #[test]
+    fn keys_and_url_paths_are_taken_literally() {
+        for bad in [
+            "s3://bkt2/x/../../bkt/dotdot.packet",
+            "s3://b/./k",
+            "s3://b/k/.",
+            "s3://b/..",
+            "s3://b//k",
+            "s3://b/a//k",
+            "s3://b/k/",
+            "s3://b//evil.example/k",
+            "http://h/x/../k",
+            "http://h/./k",
+            "http://h/a//k",
+            "http://h/k/",
+            "http://h/",
+            "http://h",
+            "https://h/x/%2e%2E/k",
+            "https://h/x/.%2e/k?X-Amz-Signature=s",
+            "https://h/%2e/k",
+            "http://h/x\\..\\k",
+            "http://h/a\\b",
+            "http://h/a\tb",
+            "http://h/a\nb",
+            "http://h/k ",
+        ] {
+            let e = Location::parse(OsStr::new(bad)).unwrap_err();
+            assert!(
+                e.contains("literally") || e.contains("not as given"),
+                "{bad}: {e}"
+            );
+            assert!(!e.contains("Signature"), "{e}");
+        }
+    }
+
+    /// What the S3 requests are addressed to: rusty-s3 percent-encodes a
+    /// key (`%` and `/`-less reserved characters included) and joins it
+    /// onto the bucket's URL; for every key the parser takes, the path
+    /// sent decodes to the bucket and exactly the key.
+    #[test]
+    fn s3_requests_address_the_key_given() {
+        let keys = [
+            "k.packet",
+            "a%2Fb",
+            "%2e%2e/k",
+            "a b+c=d&e;f,g",
+            "ü/日本/k",
+            "a?b#c",
+            "a\\b",
+            ".a/..b/...",
+            "a:b/@c",
+            "~x/(y)!*'",
+        ];
+        let endpoint: url::Url = "http://s3.test:9000/".parse().unwrap();
+        for style in [rusty_s3::UrlStyle::Path, rusty_s3::UrlStyle::VirtualHost] {
+            let bucket =
+                rusty_s3::Bucket::new(endpoint.clone(), style, "bkt", "us-east-1").unwrap();
+            let prefix = match style {
+                rusty_s3::UrlStyle::Path => "/bkt/",
+                rusty_s3::UrlStyle::VirtualHost => "/",
+            };
+            for key in keys {
+                let arg = format!("s3://bkt/{key}");
+                let Ok(Location::S3 { key: parsed, .. }) = Location::parse(OsStr::new(&arg)) else {
+                    panic!("{arg}");
+                };
+                assert_eq!(parsed, key);
+                let url = bucket.object_url(&parsed).unwrap();
+                let path = url.path();
+                let sent = path
+                    .strip_prefix(prefix)
+                    .unwrap_or_else(|| panic!("{path}"));
+                let decoded = percent_encoding::percent_decode_str(sent)
+                    .decode_utf8()
+                    .unwrap();
+                assert_eq!(decoded, key, "{url}");
+                assert_eq!(
+                    url.host_str(),
+                    Some(match style {
+                        rusty_s3::UrlStyle::Path => "s3.test",
+                        rusty_s3::UrlStyle::VirtualHost => "bkt.s3.test",
+                    })
+                );
+                assert!(url.query().is_none() && url.fragment().is_none(), "{url}");
+            }
         }
         let u = Location::parse(OsStr::new("https://h:9/p/k?X-Amz-Signature=s")).unwrap();
         assert!(u.is_remote());

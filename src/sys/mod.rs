@@ -6,12 +6,17 @@
 
 //! What differs between Linux and macOS is in `platform`.
 
+#[cfg(target_os = "linux")]
+pub mod fd;
 mod memory;
 mod mountinfo;
 pub mod platform;
 
 pub use memory::{fit_malloc_to_address_space, memory_limit};
-pub use mountinfo::{LOCAL_FILE_SYSTEMS, Mount, MountAt, mount_at, mounts};
+pub use mountinfo::{
+    LOCAL_FILE_SYSTEMS, Mount, MountAt, is_sessionfs_mount, mount_at, mount_owner, mounts,
+    real_path, real_path_beside,
+};
 pub use platform::{fallbacks_forced, fuse_fsname, is_fuse_path, mode};
 
 use std::ffi::OsStr;
@@ -156,6 +161,17 @@ pub fn is_mount_point(p: &Path) -> bool {
     let parent = p.parent().unwrap_or(p);
     std::fs::metadata(parent)
         .is_ok_and(|up| up.dev() != here.dev() || (up.dev(), up.ino()) == (here.dev(), here.ino()))
+}
+
+/// Whether process `pid` has exited (a zombie has: its files are closed).
+pub fn exited(pid: i32) -> bool {
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 /// Removes the entry `name` of the directory `dir`: a file, or a

@@ -5,7 +5,7 @@
 //! macOS (see `sys::platform`).
 
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// File system types (as mountinfo names them) kept on this machine's
 /// own storage or memory: an operation on them does not wait on a server
@@ -84,6 +84,79 @@ pub fn mount_at(point: &Path) -> MountAt {
     }
 }
 
+/// Whether the topmost mount at `p` is a sessionfs mount (a dead one
+/// counts): from the mount table, by its type (`fuse`, or `fuse.sessionfs`
+/// through fusermount3) and its source (`sessionfs:<digest>`), so that
+/// another FUSE file system (fuse-overlayfs, sshfs) mounted there, or a
+/// directory inside a mount, is not taken for one. On macOS from
+/// `statfs` (`macfuse`, or FUSE-T's NFS mounts). Where neither can say,
+/// any FUSE mount point counts.
+pub fn is_sessionfs_mount(p: &Path) -> bool {
+    let Some(real) = real_path(p) else {
+        return super::is_fuse_path(p);
+    };
+    match mount_at(&real) {
+        MountAt::Unknown => super::is_fuse_path(&real) && super::is_mount_point(&real),
+        MountAt::Nothing => false,
+        MountAt::Mount(m) => super::fuse_fsname(&m.fstype, &m.source)
+            .is_some_and(|name| name.starts_with(b"sessionfs:")),
+    }
+}
+
+/// The real path of `p`, as the mount table has it, without touching a
+/// dead mount (its stat fails): resolved whole, or through its parent.
+pub fn real_path(p: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(p).ok().or_else(|| {
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
+    })
+}
+
+/// The real path of `p` through its parent alone: `p` itself is not asked
+/// (a mount there may be one whose daemon does not answer yet), so a
+/// symlink as its last component is not followed.
+pub fn real_path_beside(p: &Path) -> Option<PathBuf> {
+    let abs = std::path::absolute(p).ok()?;
+    let parent = abs.parent()?;
+    Some(std::fs::canonicalize(parent).ok()?.join(abs.file_name()?))
+}
+
+/// The user a FUSE mount at `real` (a real path) belongs to: its
+/// `user_id=` in `/proc/self/mountinfo` (the topmost mount there).
+pub fn mount_owner(real: &Path) -> Option<u32> {
+    // Mountinfo writes a space, tab, newline and backslash in a path as
+    // an octal escape: the path is escaped the same way to compare.
+    let mut point = String::new();
+    for &b in real.as_os_str().as_bytes() {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => point.push_str(&format!("\\{b:03o}")),
+            _ => point.push(char::from(b)),
+        }
+    }
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
+    owner_in(&String::from_utf8_lossy(&info), &point)
+}
+
+/// [`mount_owner`] in `info`, the text of a mountinfo, for the escaped
+/// mount point `point` (compared as bytes; a path that is not UTF-8
+/// matches nothing, and has no owner named).
+fn owner_in(info: &str, point: &str) -> Option<u32> {
+    info.lines().rev().find_map(|line| {
+        let (fields, rest) = line.split_once(" - ")?;
+        if fields.split(' ').nth(4)? != point {
+            return None;
+        }
+        let options = rest.split(' ').nth(2)?;
+        options
+            .split(',')
+            .find_map(|o| o.strip_prefix("user_id="))
+            .and_then(|v| v.parse().ok())
+    })
+}
+
 /// A mountinfo path field: spaces, tabs, newlines and backslashes are
 /// written as octal escapes (`\040`).
 fn unescape_mountinfo(s: &str) -> Vec<u8> {
@@ -115,5 +188,15 @@ mod tests {
         assert_eq!(unescape_mountinfo("/plain"), b"/plain");
         // Not an escape: kept as it is.
         assert_eq!(unescape_mountinfo("/x\\09"), b"/x\\09");
+    }
+
+    #[test]
+    fn the_owner_of_a_fuse_mount_is_its_user_id_in_mountinfo() {
+        let info = "36 25 0:32 / /mnt/a\\040b rw,nosuid - fuse.sessionfs sessionfs:ab rw,user_id=1000,group_id=1000\n\
+                    37 25 0:33 / /mnt/c rw - fuse sessionfs:cd rw,user_id=0,group_id=0\n\
+                    38 25 0:34 / /mnt/c rw - fuse sessionfs:ef rw,user_id=7,group_id=7\n";
+        assert_eq!(owner_in(info, "/mnt/a\\040b"), Some(1000));
+        assert_eq!(owner_in(info, "/mnt/c"), Some(7), "the topmost mount");
+        assert_eq!(owner_in(info, "/mnt"), None);
     }
 }

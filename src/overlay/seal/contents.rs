@@ -134,6 +134,13 @@ impl Contents for SealContents<'_> {
     fn check(&self, i: usize) -> Check {
         match &self.items[i].kind {
             ItemKind::File(f) => match (f.from, f.reuse) {
+                // A whole-file hash a `/2` parent does not carry.
+                (Source::Lower(_), Some(_))
+                    if self.opts.version.whole_file_hash(f.size)
+                        && !self.lower.manifest().version.whole_file_hash(f.size) =>
+                {
+                    Check::Compute
+                }
                 (Source::Lower(idx), Some(_)) => {
                     if self.lower.verifier.all_verified(&self.lower.packet, idx) {
                         Check::Trust
@@ -151,6 +158,13 @@ impl Contents for SealContents<'_> {
     /// hash (every file of a packet this daemon wrote is checked).
     fn check_whole(&self, i: usize) -> bool {
         match &self.items[i].kind {
+            // Only a `/1` packet's whole-file hash, copied from a `/1` parent.
+            ItemKind::File(f)
+                if !self.opts.version.whole_file_hash(f.size)
+                    || !self.lower.manifest().version.whole_file_hash(f.size) =>
+            {
+                false
+            }
             ItemKind::File(f) => match (f.from, f.reuse) {
                 (Source::Lower(idx), Some(_)) => {
                     !self.lower.verifier.whole_checked(&self.lower.packet, idx)
@@ -167,7 +181,7 @@ impl Contents for SealContents<'_> {
             return;
         }
         let p = &self.lower.packet;
-        if p.spool().is_some() {
+        if p.backing().round_trips() {
             // A remote parent: each piece is fetched by the worker that
             // assembles it (`ready`), several at a time.
             return;
@@ -180,21 +194,23 @@ impl Contents for SealContents<'_> {
         });
         let sum: u64 = runs.iter().map(|r| r.end - r.start).sum();
         if sum > 0 && hi - lo <= 2 * sum + (1 << 20) {
-            crate::sys::will_need(p.file(), lo, hi - lo);
+            p.backing().will_need(lo..hi);
         }
     }
 
     fn round_trips(&self) -> bool {
-        self.lower.packet.spool().is_some()
+        self.lower.packet.backing().round_trips()
     }
 
     fn ready(&self, entries: std::ops::Range<usize>, window: Option<(u64, u64)>) -> Result<()> {
         let p = &self.lower.packet;
-        if p.spool().is_none() {
+        if !p.backing().round_trips() {
             return Ok(());
         }
         for r in self.lower_runs(entries, window) {
-            p.ensure_planned(r).map_err(|e| Error::packet_io(p, e))?;
+            p.backing()
+                .fill_planned(r)
+                .map_err(|e| Error::packet_io(p, e))?;
         }
         Ok(())
     }
@@ -246,15 +262,11 @@ impl ContentReader for SealReader<'_> {
                 direct,
                 pos,
             } => {
-                let file = packet.file();
-                // A remote packet's content is fetched into its spool first
-                // (nothing for a local one).
-                packet
-                    .ensure_planned(*pos..*pos + buf.len() as u64)
-                    .map_err(|e| Error::packet_io(packet, e))?;
+                // A remote packet's content is fetched and verified into
+                // its spool first (nothing for a local one).
                 match direct {
-                    Some(d) => d.read_exact_at(file, buf, *pos),
-                    None => file.read_exact_at(buf, *pos),
+                    Some(d) => d.read_exact_at(packet.backing(), buf, *pos),
+                    None => packet.backing().read_planned_at(buf, *pos),
                 }
                 .map_err(|e| {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -349,18 +361,23 @@ impl DirectLower {
         if !lower.verifier.written_here() {
             return None;
         }
-        let file = crate::sys::reopen_direct(lower.packet.file(), false)?;
+        let file = crate::sys::reopen_direct(lower.packet.backing().local()?, false)?;
         Some(DirectLower {
             file,
-            len: lower.packet.file().metadata().ok()?.len(),
+            len: lower.packet.len(),
             spans: parking_lot::Mutex::new(HashMap::new()),
             refused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Fills `buf` from `pos`, from this thread's span or a new one;
-    /// through `cached` (the buffered handle) once direct reads fail.
-    fn read_exact_at(&self, cached: &File, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+    /// through `cached` (the packet's own handle) once direct reads fail.
+    fn read_exact_at(
+        &self,
+        cached: &crate::packet::backing::Backing,
+        buf: &mut [u8],
+        pos: u64,
+    ) -> std::io::Result<()> {
         if !self.refused.load(Ordering::Relaxed) {
             let tid = std::thread::current().id();
             let mut span = self.spans.lock().remove(&tid).unwrap_or_default();
@@ -376,7 +393,7 @@ impl DirectLower {
                 r => return r,
             }
         }
-        cached.read_exact_at(buf, pos)
+        cached.read_planned_at(buf, pos)
     }
 
     fn read_via_span(&self, span: &mut Span, buf: &mut [u8], pos: u64) -> std::io::Result<()> {

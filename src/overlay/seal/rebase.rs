@@ -58,7 +58,8 @@ impl Overlay {
         // the file, the one committed, as committed.
         let same = match &written.0 {
             Placed::File(c) => {
-                let opened = packet.file().metadata().map(|m| (m.dev(), m.ino())).ok();
+                let opened = packet.backing().local().and_then(|f| f.metadata().ok());
+                let opened = opened.map(|m| (m.dev(), m.ino()));
                 opened == Some((c.placed.dev(), c.placed.ino()))
             }
             Placed::Remote(_) => true,
@@ -575,11 +576,9 @@ impl Overlay {
     /// cache: after the rebase, reading it costs no request, as reading
     /// what the parent had costs none (the cache has that).
     fn warm_uploaded(&self, packet: &crate::packet::reader::Packet, items: &[Item]) {
-        use std::os::unix::fs::FileExt;
-        let Some(spool) = packet.spool() else { return };
         let entries = &packet.manifest.entries;
         let mut buf = Vec::new();
-        for it in items {
+        for it in items.iter().filter(|_| packet.backing().round_trips()) {
             let ItemKind::File(f) = &it.kind else {
                 continue;
             };
@@ -591,62 +590,46 @@ impl Overlay {
             let (Some(meta), Ok(file)) = (entries[i].file(), self.upper.data(id)) else {
                 continue;
             };
-            // The spool's units of this file's content (one, or one per chunk).
+            // A piece at a time: a chunk is a unit of the spool.
             let start = packet.content_offset(i);
-            for u in spool.units_of(&(start..start + meta.size)) {
-                let w = &spool.units()[u];
-                buf.resize(w.len as usize, 0);
-                if file.read_exact_at(&mut buf, w.start - start).is_err() || !spool.supply(u, &buf)
+            let mut at = 0;
+            while at < meta.size {
+                let n = crate::packet::format::CHUNK_SIZE.min(meta.size - at);
+                buf.resize(n as usize, 0);
+                if std::os::unix::fs::FileExt::read_exact_at(&*file, &mut buf, at).is_err()
+                    || packet.backing().offer(start + at, &buf) < n
                 {
                     break;
                 }
+                at += n;
             }
         }
     }
 
     /// The packet a seal just uploaded, opened as a remote mount opens
-    /// one: through a spool, with the cache and fetch settings of the
-    /// packet served now when it is remote (else the defaults).
+    /// one ([`Packet::open_remote`], with the mount's own cache and fetch
+    /// settings), but with no trace to prefetch: its trace is what this
+    /// turn read, uploaded after the rebase, and what it names is in the
+    /// cache (fetched this turn) or was just offered to the new spool
+    /// (written this turn).
+    ///
+    /// [`Packet::open_remote`]: crate::packet::reader::Packet::open_remote
     fn open_uploaded(
         &self,
         remote: &super::RemoteSeal,
         limits: &Limits,
     ) -> Result<crate::packet::reader::Packet> {
-        use crate::store::{cache, spool};
-        let (cache, options) = match self.lower().remote() {
-            Some(s) => s.settings(),
-            None => (
-                cache::Cache::open(&cache::default_dir(), cache::DEFAULT_SIZE)
-                    .ok()
-                    .map(std::sync::Arc::new),
-                spool::SpoolOptions::default(),
-            ),
-        };
-        let options = spool::SpoolOptions {
-            // What this turn read is there already, or in the cache.
-            prefetch: spool::Prefetch::None,
-            ..options
-        };
-        let object: Box<dyn crate::store::ReadAt> = Box::new(
-            crate::store::open_remote(
-                &remote.location,
-                &remote.settings,
-                crate::store::FIRST_FETCH,
-            )
-            .map_err(|e| Error::Packet(e.into()))?,
-        );
-        let spool_dir = match &cache {
-            Some(c) => c.tmp_dir(),
-            None => std::env::temp_dir(),
-        };
-        crate::packet::reader::Packet::remote(
-            object,
-            &remote.location,
-            limits,
-            cache,
-            &spool_dir,
-            options,
-        )
-        .map_err(Error::Packet)
+        // Given with every rebase (`RemoteSeal::reading`).
+        let mut reading = remote.reading.clone().ok_or_else(|| {
+            Error::Packet(crate::packet::Error::io(
+                "cannot read the uploaded packet",
+                std::io::Error::other("no settings to read it with were given"),
+            ))
+        })?;
+        if reading.spool.prefetch == crate::store::spool::Prefetch::Trace {
+            reading.spool.prefetch = crate::store::spool::Prefetch::None;
+        }
+        crate::packet::reader::Packet::open_remote(&remote.location, limits, &reading)
+            .map_err(Error::Packet)
     }
 }
