@@ -5,7 +5,7 @@
 //! `fuse` <- `daemon` <- `cli` (`restore` beside `source`; `kind`, `sys`, `barrier` and
 //! `interrupt` usable from any). See `docs/ARCHITECTURE.md`.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub(crate) mod barrier;

@@ -6,7 +6,7 @@ use crate::packet::format::Limits;
 use super::error::CliError;
 
 /// The three limits, by flag or environment variable.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Limits")]
 pub struct LimitArgs {
     /// Most content bytes in a packet (suffixes KiB, MiB, GiB, TiB; ceiling 1 TiB).
@@ -43,7 +43,7 @@ impl LimitArgs {
 
 /// How remote packets are fetched and cached (docs/remote.md): taken by
 /// every command that reads a packet; used when the packet is remote.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Remote packets")]
 pub struct RemoteArgs {
     /// The node-wide content cache, shared by every mount and command
@@ -54,7 +54,8 @@ pub struct RemoteArgs {
     /// The cache's size bound; least recently used content goes first.
     #[arg(long, value_name = "SIZE", default_value = "10GiB", value_parser = parse_size)]
     pub cache_size: u64,
-    /// Bytes of fetches in flight at most (read-ahead included).
+    /// Bytes of buffers a remote packet's fetches hold at most (read-ahead
+    /// and prefetch included, which hold at most half); at least 16MiB.
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
     pub max_memory: u64,
     /// Small files are fetched in requests of up to this many bytes.
@@ -70,7 +71,9 @@ pub struct RemoteArgs {
 }
 
 /// `--prefetch`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize,
+)]
 pub enum PrefetchArg {
     /// Nothing before it is read.
     None,
@@ -97,7 +100,7 @@ impl RemoteArgs {
         }
         let spool = crate::store::spool::SpoolOptions {
             block: self.block_size,
-            max_memory: self.max_memory.max(1 << 20),
+            max_memory: self.max_memory.max(crate::store::spool::MIN_MAX_MEMORY),
             prefetch: match self.prefetch {
                 PrefetchArg::None => crate::store::spool::Prefetch::None,
                 PrefetchArg::Trace => crate::store::spool::Prefetch::Trace,

@@ -81,6 +81,9 @@ enum Command {
     Umount(umount::Args),
     Status(status::Args),
     Seal(seal::Args),
+    /// A mount's daemon, started by `mount` (internal).
+    #[command(hide = true)]
+    Daemon(mount::DaemonArgs),
 }
 
 /// What a subcommand returns: its one result object, or word that it has
@@ -170,7 +173,7 @@ pub fn main() -> ExitCode {
     // (a thread started before would take them, see crate::fuse::daemon).
     let pooled = !matches!(
         cli.command,
-        Command::Umount(_) | Command::Status(_) | Command::Mount(_)
+        Command::Umount(_) | Command::Status(_) | Command::Mount(_) | Command::Daemon(_)
     );
     if pooled && let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
         return report(CliError::new(
@@ -194,6 +197,7 @@ pub fn main() -> ExitCode {
         Command::Umount(a) => umount::run(a),
         Command::Status(a) => status::run(a),
         Command::Seal(a) => seal::run(a),
+        Command::Daemon(a) => mount::run_daemon(a),
     };
     match result {
         Ok(out) => {
@@ -345,7 +349,7 @@ fn args_put_data_on_stdout() -> bool {
     args.windows(2).any(|w| w[0] == "--tar" && w[1] == "-") || args.iter().any(|a| a == "--tar=-")
 }
 
-fn print_json(v: &Value) -> std::io::Result<()> {
+pub(crate) fn print_json(v: &Value) -> std::io::Result<()> {
     if STDOUT_IS_DATA.load(std::sync::atomic::Ordering::SeqCst) {
         let mut out = std::io::stderr().lock();
         serde_json::to_writer(&mut out, v)?;
@@ -358,7 +362,17 @@ fn print_json(v: &Value) -> std::io::Result<()> {
     out.flush()
 }
 
+/// `-v` as given: a mount passes it on to the daemon it starts.
+static VERBOSE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The `-v` flags of this run, for a process it starts.
+pub(crate) fn verbose_args() -> Vec<std::ffi::OsString> {
+    let n = VERBOSE.load(std::sync::atomic::Ordering::Relaxed);
+    (0..n).map(|_| "-v".into()).collect()
+}
+
 fn init_logging(verbose: u8) {
+    VERBOSE.store(verbose, std::sync::atomic::Ordering::Relaxed);
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => "warn",

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Output;
 use super::args::{LimitArgs, RemoteArgs, parse_digest};
@@ -38,14 +38,31 @@ use crate::packet::path::Part;
 ///   sessionfs mount s3://b/k.packet ./mnt --upper ./up --cache /var/cache/s --cache-size 20GiB
 ///   sessionfs mount https://h/k.packet ./mnt --upper ./up --max-memory 64MiB --block-size 4MiB
 ///   sessionfs mount s3://b/k.packet ./mnt --upper ./up --prefetch all
-#[derive(clap::Args, Debug)]
+///   sessionfs mount s.packet /session --upper ./up --uid 1000 --gid 1000 --drop-privileges
+///   sessionfs mount s.packet /dev/fd/3 --mounted-at /session --upper ./up
+///
+/// The options are one type: parsed here, handed to the daemon whole (on
+/// its standard input, never in its arguments: a presigned URL's query
+/// stays out of `ps`), and turned into the core's options there.
+#[derive(clap::Args, Debug, Serialize, Deserialize)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
     /// The packet: a file, `s3://BUCKET/KEY`, or an `http(s)://` URL
     /// (docs/remote.md).
     packet: PathBuf,
-    /// An empty directory to mount on.
+    /// An empty directory to mount on; or `/dev/fd/N`, a FUSE connection
+    /// another (privileged) process opened and mounted, to serve (with
+    /// `--mounted-at`).
     mountpoint: PathBuf,
+    /// With `/dev/fd/N`: where that connection is mounted (for the control
+    /// socket, `status`, `umount` and symlink rebasing).
+    #[arg(long, value_name = "DIR")]
+    mounted_at: Option<PathBuf>,
+    /// As root: open /dev/fuse and mount here, then serve from a daemon
+    /// running as `--uid`/`--gid` with no capabilities and no_new_privs;
+    /// this process stays, to unmount for it (docs/pods.md).
+    #[arg(long, requires = "uid")]
+    drop_privileges: bool,
     /// The upper directory (created if absent, in a directory that exists;
     /// must belong to this packet).
     #[arg(long, value_name = "DIR")]
@@ -77,9 +94,10 @@ pub struct Args {
     /// never copied to the upper directory, never sealed); repeatable.
     #[arg(long = "secret", value_name = "VIEWPATH=HOSTFILE", value_parser = parse_secret)]
     secrets: Vec<(String, PathBuf)>,
-    /// Internal: this process is the daemon started by `mount`.
-    #[arg(long, hide = true)]
-    daemon_child: bool,
+    /// The daemon's log (its stderr), set by the process that starts it.
+    #[arg(skip)]
+    #[serde(default)]
+    log: Option<PathBuf>,
     #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
@@ -98,7 +116,7 @@ fn parse_secret(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Serialize, Deserialize)]
 enum PartArg {
     Workspace,
     Harness,
@@ -194,7 +212,9 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
 /// it) the mount would hide it, and leave the mountpoint not empty for the
 /// next mount; around it, the mount would cover part of it.
 fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
-    let (Some(upper_c), Ok(mp_c)) = (canonical_prefix(upper), std::fs::canonicalize(mp)) else {
+    // The mountpoint is canonical already, and not asked again (a
+    // connection handed over waits for this process).
+    let (Some(upper_c), mp_c) = (canonical_prefix(upper), mp.to_path_buf()) else {
         return Ok(());
     };
     if upper_c.starts_with(&mp_c) || mp_c.starts_with(&upper_c) {
@@ -268,27 +288,144 @@ fn canonical_prefix(p: &Path) -> Option<PathBuf> {
     })
 }
 
-pub fn run(mut a: Args) -> Result<Output, CliError> {
+/// The hidden `sessionfs daemon` command: a mount's daemon (or its
+/// privileged mounter), started by `sessionfs mount`, which hands it the
+/// mount's [`Args`] as one JSON line on its standard input.
+#[derive(clap::Args, Debug)]
+pub struct DaemonArgs {
+    /// Serve as the unprivileged daemon of a mounter, whose channel is
+    /// standard input.
+    #[arg(long)]
+    mounter: bool,
+    /// What `ps` shows: the packet's location without an URL's query, and
+    /// the mountpoint. Not read.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    shown: Vec<std::ffi::OsString>,
+}
+
+/// What this process is to a mount.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Role {
+    /// The user's `sessionfs mount`.
+    Command,
+    /// The daemon `mount` started: it mounts and serves.
+    Daemon,
+    /// The privileged mounter of an unprivileged daemon.
+    Mounter,
+    /// The unprivileged daemon of a mounter.
+    Served,
+}
+
+/// `/dev/fd/N` (libfuse's convention for a connection another process
+/// mounted): `N`.
+fn fd_mountpoint(mp: &Path) -> Option<i32> {
+    let n = mp.to_str()?.strip_prefix("/dev/fd/")?;
+    n.parse().ok().filter(|n: &i32| *n > 2)
+}
+
+pub fn run(a: Args) -> Result<Output, CliError> {
+    run_as(a, Role::Command)
+}
+
+/// `sessionfs daemon`: reads the mount's options from standard input and
+/// runs as the daemon, or as the mounter of one.
+pub fn run_daemon(d: DaemonArgs) -> Result<Output, CliError> {
+    let line = crate::daemon::read_line(std::io::stdin().lock())
+        .map_err(|e| CliError::usage(format!("cannot read the mount's options: {e}")))?
+        .ok_or_else(|| CliError::usage("no mount options on standard input"))?;
+    let a: Args = serde_json::from_str(&line)
+        .map_err(|e| CliError::usage(format!("not a mount's options: {e}")))?;
+    let role = if d.mounter {
+        Role::Served
+    } else if a.drop_privileges {
+        Role::Mounter
+    } else {
+        Role::Daemon
+    };
+    run_as(a, role)
+}
+
+fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
     let started = std::time::Instant::now();
-    // A mountpoint named through a symlink is mounted where the link
-    // leads, and known by that path (to unmount it, in status and
-    // mount.json), as the kernel and the mount table know it.
-    if let Ok(real) = std::fs::canonicalize(&a.mountpoint) {
-        a.mountpoint = real;
-    }
     let limits = a.limits.limits()?;
-    check_mountpoint(&a.mountpoint)?;
-    check_upper_apart(&a.upper, &a.mountpoint)?;
-    check_upper_parent(&a.upper)?;
-    if !a.foreground && !a.daemon_child {
-        return spawn_daemon(&a.mountpoint);
+    let fd = fd_mountpoint(&a.mountpoint);
+    if role == Role::Command {
+        match (fd, &a.mounted_at) {
+            (Some(_), None) => {
+                return Err(CliError::usage(format!(
+                    "{}: a connection given as /dev/fd/N needs --mounted-at, the directory it is \
+                     mounted on",
+                    a.mountpoint.display()
+                )));
+            }
+            (Some(_), Some(_)) if a.drop_privileges => {
+                return Err(CliError::usage(
+                    "--drop-privileges mounts itself; a connection given as /dev/fd/N was \
+                     mounted already",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(CliError::usage(
+                    "--mounted-at goes with a connection given as /dev/fd/N",
+                ));
+            }
+            _ => {}
+        }
+        if a.drop_privileges {
+            check_drop(&a)?;
+        }
+        // A mountpoint named through a symlink is mounted where the link
+        // leads, and known by that path (to unmount it, in status and
+        // mount.json), as the kernel and the mount table know it.
+        // A connection handed over is resolved through its parent: the
+        // mount on it waits for this process to answer the kernel.
+        if let Some(at) = a.mounted_at.as_mut() {
+            *at = crate::sys::real_path_beside(at).ok_or_else(|| {
+                mount_error(
+                    ErrorKind::MountpointUnusable,
+                    format!("{}: its directory cannot be resolved", at.display()),
+                    at,
+                )
+            })?;
+        } else if let Ok(real) = std::fs::canonicalize(&a.mountpoint) {
+            a.mountpoint = real;
+        }
+        if fd.is_none() {
+            check_mountpoint(&a.mountpoint)?;
+        }
+        let at = a.mounted_at.as_deref().unwrap_or(&a.mountpoint);
+        check_upper_apart(&a.upper, at)?;
+        check_upper_parent(&a.upper)?;
+        // A connection handed over is served here: its descriptor is this
+        // process's.
+        if !a.foreground && fd.is_none() {
+            return spawn_daemon(a);
+        }
+    }
+    if a.drop_privileges && matches!(role, Role::Command | Role::Mounter) {
+        return run_mounter(a);
+    }
+    // Where the mount is: the mountpoint, or where the connection handed
+    // over is mounted.
+    let mountpoint = a.mounted_at.clone().unwrap_or_else(|| a.mountpoint.clone());
+    // A daemon without privileges stays so: nothing it runs (fusermount3
+    // included) gains any.
+    #[cfg(target_os = "linux")]
+    if role == Role::Served {
+        nix::sys::prctl::set_no_new_privs().map_err(|e| {
+            mount_error(
+                ErrorKind::MountFailed,
+                format!("cannot set no_new_privs: {e}"),
+                &mountpoint,
+            )
+        })?;
     }
     // Before the setup below starts any thread (see daemon::block_signals).
     daemon::block_signals().map_err(|e| {
         mount_error(
             ErrorKind::MountFailed,
             format!("cannot block signals: {e}"),
-            &a.mountpoint,
+            &mountpoint,
         )
     })?;
     let (packet, shown) = super::location::open_lower(&a.packet, &limits, &a.remote)?;
@@ -334,31 +471,35 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     let overlay = Arc::new(overlay);
     raise_fd_limit();
     let replayed = overlay.records();
+    let (connection, unmounter) =
+        connection(role, fd, &mountpoint).inspect_err(|_| unmake_upper())?;
     let opts = daemon::ServeOptions {
-        mountpoint: a.mountpoint.clone(),
+        mountpoint: mountpoint.clone(),
         allow_other: a.allow_other,
         threads: usize::from(a.threads),
+        connection,
+        unmounter,
     };
-    let log = a
-        .daemon_child
-        .then(|| control::log_path(&a.mountpoint).ok())
-        .flatten();
-    if let Some(path) = &log {
-        // Stderr is that log (see spawn_daemon).
+    // Stderr is the log the starter opened (see spawn_daemon), moved
+    // aside as it grows; a daemon without privileges cannot move it in
+    // root's runtime directory, and leaves it be.
+    let log = a.log.clone().filter(|_| role != Role::Command);
+    if let Some(path) = log.as_ref().filter(|_| role == Role::Daemon) {
         super::logfile::rotate_stderr(path.clone(), control::LOG_ROTATE_BYTES);
     }
     // Where each part is mounted, for rebasing absolute symlinks at seal.
+    // Not resolved again when the mount is there already (a connection
+    // handed over): it waits for this process to answer the kernel.
+    let spellings = |p: &Path| match fd {
+        Some(_) => p.to_str().map(str::to_owned).into_iter().collect(),
+        None => crate::source::walk::root_spellings(p),
+    };
     let roots: std::collections::HashMap<Part, Vec<String>> = match part {
-        Some(p) => [(p, crate::source::walk::root_spellings(&a.mountpoint))].into(),
+        Some(p) => [(p, spellings(&mountpoint))].into(),
         None => [Part::Workspace, Part::Harness]
             .into_iter()
             .filter(|p| overlay.lower().packet.manifest.has_part(*p))
-            .map(|p| {
-                (
-                    p,
-                    crate::source::walk::root_spellings(&a.mountpoint.join(p.as_str())),
-                )
-            })
+            .map(|p| (p, spellings(&mountpoint.join(p.as_str()))))
             .collect(),
     };
     // Recorded in the upper directory too, so an offline seal rebases the same links.
@@ -366,19 +507,19 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
     // same directory to name them (see wait_for_upper).
     crate::overlay::mount_info::MountInfo {
         roots: roots.clone(),
-        mountpoint: Some(a.mountpoint.clone()),
+        mountpoint: Some(mountpoint.clone()),
         pid: Some(std::process::id()),
     }
     .save(&a.upper);
     let result = std::cell::RefCell::new(None);
     let served = daemon::serve(
         overlay,
-        &opts,
+        opts,
         |ready| {
             let out = Output::new(
                 "sessionfs.mount-result/1",
                 MountResult {
-                    mountpoint: a.mountpoint.clone(),
+                    mountpoint: mountpoint.clone(),
                     // Absolute, as `status` gives them: the result is read
                     // where the relative paths may not lead.
                     packet: super::location::absolute(&a.packet),
@@ -430,13 +571,145 @@ pub fn run(mut a: Args) -> Result<Output, CliError> {
         }
         Err(e) if result.borrow().is_none() => {
             unmake_upper();
-            Err(mount_failed(&e, &a.mountpoint))
+            Err(mount_failed(&e, &mountpoint))
         }
         Err(e) => {
             tracing::error!(error = %e, "the FUSE session ended with an error");
             Ok(Output::printed())
         }
     }
+}
+
+/// How the daemon in `role` has its FUSE connection (descriptor `fd`
+/// when the mountpoint named one), and who unmounts it: this process
+/// mounts and unmounts; or a connection handed over is served, unmounted
+/// by whoever mounted it; or a mounter is asked for both.
+fn connection(
+    role: Role,
+    fd: Option<i32>,
+    mountpoint: &Path,
+) -> Result<(daemon::Connection, Option<daemon::Unmounter>), CliError> {
+    let refused = |e: std::io::Error| mount_failed(&e, mountpoint);
+    #[cfg(target_os = "linux")]
+    {
+        if let Some(n) = fd {
+            let fd = crate::sys::fd::inherited(n).map_err(|e| {
+                mount_error(
+                    ErrorKind::MountpointUnusable,
+                    format!("/dev/fd/{n}: not a FUSE connection handed to this process: {e}"),
+                    mountpoint,
+                )
+            })?;
+            return Ok((daemon::Connection::Fd(fd), None));
+        }
+        if role == Role::Served {
+            let link = Arc::new(crate::daemon::mounter::Link::stdin().map_err(refused)?);
+            let asker = link.clone();
+            let ask: daemon::Connection =
+                daemon::Connection::Ask(Box::new(move |fs_name| asker.mount(fs_name)));
+            let unmount: daemon::Unmounter = Box::new(move |lazy| link.unmount(lazy));
+            return Ok((ask, Some(unmount)));
+        }
+    }
+    let _ = (role, fd, refused);
+    Ok((daemon::Connection::Mount, None))
+}
+
+/// `--drop-privileges` is for root, toward another user.
+fn check_drop(a: &Args) -> Result<(), CliError> {
+    if !cfg!(target_os = "linux") {
+        return Err(CliError::usage(
+            "--drop-privileges is for Linux (a mount made with a descriptor)",
+        ));
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(CliError::usage(
+            "--drop-privileges is for root: it mounts, then serves as --uid/--gid",
+        ));
+    }
+    if a.uid == Some(0) {
+        return Err(CliError::usage(
+            "--drop-privileges serves as --uid, which must not be root (0)",
+        ));
+    }
+    Ok(())
+}
+
+/// The privileged mounter of `a`'s mount (`--drop-privileges`): starts the
+/// daemon as `--uid`/`--gid` and prints its result, then mounts and
+/// unmounts for it until it ends (see `daemon::mounter`).
+#[cfg(target_os = "linux")]
+fn run_mounter(a: Args) -> Result<Output, CliError> {
+    use crate::daemon::mounter;
+    let (uid, gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
+    let plan = mounter::Plan {
+        mountpoint: a.mountpoint.clone(),
+        uid,
+        gid,
+        allow_other: a.allow_other,
+    };
+    let made = mounter::make_upper_for(&a.upper, uid, gid).map_err(|e| {
+        CliError::new(
+            Some(ErrorClass::Refused),
+            ErrorKind::UpperRefused,
+            format!(
+                "{}: cannot make the upper directory: {e}",
+                a.upper.display()
+            ),
+            Some(crate::packet::path::shown_path(&a.upper)),
+        )
+    })?;
+    let config = serde_json::to_string(&a)
+        .map_err(|e| CliError::usage(format!("the mount's options cannot be handed over: {e}")))?;
+    let first = Arc::new(parking_lot::Mutex::new(None::<serde_json::Value>));
+    let relayed = first.clone();
+    let mut args = super::verbose_args();
+    args.extend(["daemon".into(), "--mounter".into(), "--".into()]);
+    args.extend(shown_args(&a));
+    let status = mounter::run(&plan, &config, &args, move |line| {
+        let v = serde_json::from_str::<serde_json::Value>(&line).ok();
+        if let Some(v) = v.as_ref().filter(|v| v["schema"] != "sessionfs.error/1")
+            && let Err(e) = super::print_json(v)
+        {
+            tracing::error!(error = %e, "cannot write the result to stdout");
+        }
+        *relayed.lock() = v;
+    })
+    .map_err(|e| mount_failed(&e, &a.mountpoint))?;
+    let first = first.lock().take();
+    match first {
+        Some(v) if v["schema"] != "sessionfs.error/1" => Ok(Output::printed()),
+        other => {
+            if made {
+                let _ = std::fs::remove_dir_all(&a.upper);
+            }
+            match other {
+                Some(v) => Err(CliError::relayed(v)),
+                None => Err(mount_error(
+                    ErrorKind::MountFailed,
+                    format!("the daemon exited before the mount was ready ({status})"),
+                    &a.mountpoint,
+                )),
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn run_mounter(_: Args) -> Result<Output, CliError> {
+    Err(CliError::usage("--drop-privileges is for Linux"))
+}
+
+/// What `ps` shows of a daemon: the packet's location without an URL's
+/// query (a presigned URL's signature and token stay out of
+/// `/proc/PID/cmdline`, which every user may read) and the mountpoint.
+fn shown_args(a: &Args) -> Vec<std::ffi::OsString> {
+    let packet = match super::location::parse(&a.packet) {
+        Ok(crate::store::Location::Local(p)) => p.into_os_string(),
+        Ok(remote) => remote.shown().into(),
+        Err(_) => "?".into(),
+    };
+    vec![packet, a.mountpoint.clone().into_os_string()]
 }
 
 /// The error of a mount the kernel (or fusermount3) refused with `e`,
@@ -484,9 +757,12 @@ fn mount_failed(e: &std::io::Error, mp: &Path) -> CliError {
     .with_hint(hint)
 }
 
-/// Starts this same command as a daemon (new process group, stderr to the
-/// log) and relays its first line: the mount result or the error.
-fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
+/// Starts `sessionfs daemon` (new process group, stderr to the log) with
+/// the mount's options on its standard input, and relays its first line:
+/// the mount result or the error.
+fn spawn_daemon(mut a: Args) -> Result<Output, CliError> {
+    let mountpoint = a.mountpoint.clone();
+    let mountpoint = mountpoint.as_path();
     let exe = std::env::current_exe().map_err(|e| {
         mount_error(
             ErrorKind::MountFailed,
@@ -504,12 +780,16 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
             mountpoint,
         )
     })?;
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    args.push("--daemon-child".into());
+    a.log = Some(log_path.clone());
+    let config = serde_json::to_string(&a)
+        .map_err(|e| CliError::usage(format!("the mount's options cannot be handed over: {e}")))?;
     use std::os::unix::process::CommandExt;
     let mut child = Command::new(exe)
-        .args(args)
-        .stdin(Stdio::null())
+        .args(super::verbose_args())
+        .arg("daemon")
+        .arg("--")
+        .args(shown_args(&a))
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log)
         .process_group(0)
@@ -521,6 +801,11 @@ fn spawn_daemon(mountpoint: &Path) -> Result<Output, CliError> {
                 mountpoint,
             )
         })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        // A daemon that cannot read it says so on its stdout.
+        let _ = stdin.write_all(format!("{config}\n").as_bytes());
+    }
     let mut line = String::new();
     if let Some(out) = child.stdout.take() {
         let _ = BufReader::new(out).read_line(&mut line);

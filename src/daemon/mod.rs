@@ -5,8 +5,11 @@
 //! holder. The mounter/daemon split lives here (see docs/pods.md).
 
 pub mod client;
+#[cfg(target_os = "linux")]
+pub mod mounter;
 pub mod seal;
 
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -73,6 +76,38 @@ impl Error {
             other => other,
         }
     }
+}
+
+/// The longest line a daemon reads from whoever started it (its options,
+/// a mounter's channel; a configuration with many secrets and patterns is
+/// a few KiB).
+pub const MAX_LINE: usize = 1 << 20;
+
+/// Reads one line (without its newline) of at most [`MAX_LINE`] bytes
+/// from `r`, a byte at a time, so nothing after it is taken from the
+/// channel; `None` at the end of the stream.
+pub fn read_line(mut r: impl Read) -> io::Result<Option<String>> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match r.read(&mut byte) {
+            Ok(0) if line.is_empty() => return Ok(None),
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => line.push(byte[0]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        if line.len() > MAX_LINE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a line of more than {MAX_LINE} bytes on the channel"),
+            ));
+        }
+    }
+    String::from_utf8(line)
+        .map(Some)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// How long a mount (or an offline seal) waits for the process holding

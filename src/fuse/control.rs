@@ -250,9 +250,7 @@ pub fn runtime_dir() -> io::Result<PathBuf> {
 
 /// The base name (without extension) for a mountpoint's socket and log.
 pub fn key(mountpoint: &Path) -> io::Result<String> {
-    let canon = std::fs::canonicalize(mountpoint)?;
-    let digest = sha2::Sha256::digest(canon.as_os_str().as_encoded_bytes());
-    Ok(hex::encode(&digest[..8]))
+    Ok(key_of_canonical(&std::fs::canonicalize(mountpoint)?))
 }
 
 /// Socket path of the mount at `mountpoint`.
@@ -363,10 +361,19 @@ pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
     }
 }
 
-/// Binds the socket for `mountpoint`, replacing a stale one (a socket file
-/// nobody listens on), refusing if a daemon already answers on it.
+/// The base name for a mountpoint already canonical: nothing is asked of
+/// the path (a daemon's own mount, before it answers the kernel's
+/// `FUSE_INIT`, would make it wait on itself).
+pub fn key_of_canonical(mountpoint: &Path) -> String {
+    let digest = sha2::Sha256::digest(mountpoint.as_os_str().as_encoded_bytes());
+    hex::encode(&digest[..8])
+}
+
+/// Binds the socket for `mountpoint` (canonical), replacing a stale one (a
+/// socket file nobody listens on), refusing if a daemon already answers
+/// on it.
 pub fn bind(mountpoint: &Path) -> io::Result<(UnixListener, PathBuf)> {
-    let path = socket_path(mountpoint)?;
+    let path = runtime_dir()?.join(format!("{}.sock", key_of_canonical(mountpoint)));
     if path.exists() {
         if UnixStream::connect(&path).is_ok() {
             return Err(io::Error::new(

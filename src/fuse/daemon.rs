@@ -16,12 +16,62 @@ use crate::packet::error::ErrorKind;
 
 /// How to serve.
 pub struct ServeOptions {
-    /// Where.
+    /// Where: a canonical path (the daemon does not resolve it: a
+    /// connection not yet initialised would make it wait on itself).
     pub mountpoint: PathBuf,
     /// Let other users in (`allow_other`).
     pub allow_other: bool,
     /// Dispatch threads.
     pub threads: usize,
+    /// How the FUSE connection is had.
+    pub connection: Connection,
+    /// Who unmounts, when this process may not: a privileged mounter
+    /// asked to (`lazy`: detach a busy mount). `None`: this process, with
+    /// `umount2`, or `fusermount3` when it is not root.
+    pub unmounter: Option<Unmounter>,
+}
+
+/// Unmounts this daemon's mount for it (`true`: detach it even if busy).
+pub type Unmounter = Box<dyn Fn(bool) -> io::Result<()> + Send + Sync>;
+
+/// How a daemon has its FUSE connection.
+pub enum Connection {
+    /// It mounts at the mountpoint itself (fuser's `Session::new`: the
+    /// mount system call as root, `fusermount3` otherwise).
+    Mount,
+    /// Another process opened `/dev/fuse` and mounted it at the mountpoint
+    /// (`mount PACKET /dev/fd/N`, or a privileged mounter): fuser's
+    /// `Session::from_fd` serves it, starting with the kernel's
+    /// `FUSE_INIT`, so the connection must be fresh (never served).
+    Fd(std::os::fd::OwnedFd),
+    /// A privileged mounter is asked to mount as the given file system
+    /// name (once the control socket is bound) and hands the connection
+    /// over.
+    Ask(Asker),
+}
+
+/// Asks a mounter to mount as the given file system name; the
+/// connection's descriptor.
+pub type Asker = Box<dyn FnOnce(&str) -> io::Result<std::os::fd::OwnedFd> + Send>;
+
+/// The file system name (mount source) of a mount of the packet of
+/// `digest` (`sessionfs:` and the digest's first 12 hex digits): how this
+/// daemon knows its mount in the mount table, and how `umount` and
+/// `status` know a sessionfs mount.
+pub fn fs_name(digest: &crate::packet::digest::Digest) -> String {
+    let digest = digest.to_string();
+    format!("sessionfs:{}", digest.get(7..19).unwrap_or(&digest))
+}
+
+/// The mount options a mounter gives the kernel for a FUSE connection on
+/// descriptor `fd` (what fuser gives it when it mounts, and the type
+/// `fuse.sessionfs`): pure, so tests read it.
+pub fn kernel_options(fd: i32, uid: u32, gid: u32, allow_other: bool) -> String {
+    let mut o = format!("fd={fd},rootmode=40000,user_id={uid},group_id={gid},default_permissions");
+    if allow_other {
+        o.push_str(",allow_other");
+    }
+    o
 }
 
 /// What the daemon reports once the mount is ready.
@@ -51,7 +101,7 @@ pub fn block_signals() -> io::Result<SigSet> {
 /// control requests `status` and `unmount` itself, and `seal` with `seal`.
 pub fn serve(
     overlay: Arc<Overlay>,
-    opts: &ServeOptions,
+    opts: ServeOptions,
     ready: impl FnOnce(&Ready),
     seal: impl Fn(&Overlay, &SealRequest, control::Notify) -> Reply + Send + Sync + 'static,
 ) -> io::Result<()> {
@@ -59,8 +109,7 @@ pub fn serve(
 
     let (listener, socket) = control::bind(&opts.mountpoint)?;
     let own_socket = Arc::new(OwnSocket::new(socket.clone()));
-    let digest = overlay.lower().packet.digest.to_string();
-    let fs_name = format!("sessionfs:{}", &digest[7..19]);
+    let fs_name = fs_name(&overlay.lower().packet.digest);
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(fs_name.clone()),
@@ -76,9 +125,12 @@ pub fn serve(
         .push(MountOption::Subtype("sessionfs".into()));
     #[cfg(target_os = "macos")]
     config.mount_options.extend(
-        macos_options(overlay.lower().packet.path(), &digest)
-            .into_iter()
-            .map(MountOption::CUSTOM),
+        macos_options(
+            overlay.lower().packet.path(),
+            &overlay.lower().packet.digest.to_string(),
+        )
+        .into_iter()
+        .map(MountOption::CUSTOM),
     );
     config.acl = if opts.allow_other {
         SessionACL::All
@@ -87,18 +139,27 @@ pub fn serve(
     };
     if cfg!(target_os = "linux") {
         config.n_threads = Some(opts.threads.max(1));
-        config.clone_fd = true;
+        // A clone opens /dev/fuse again, which a daemon handed its
+        // connection may not be able to (a container without the device):
+        // its threads share the one descriptor instead.
+        config.clone_fd = matches!(opts.connection, Connection::Mount);
     }
     let fs = SessionFs::new(overlay.clone());
-    let canonical = std::fs::canonicalize(&opts.mountpoint)?;
-    let session = match Session::new(fs, &opts.mountpoint, &config) {
+    let canonical = opts.mountpoint.clone();
+    let acl = config.acl;
+    let session = match opts.connection {
+        Connection::Mount => Session::new(fs, &opts.mountpoint, &config),
+        Connection::Fd(fd) => Session::from_fd(fs, fd, acl, config),
+        Connection::Ask(ask) => ask(&fs_name).and_then(|fd| Session::from_fd(fs, fd, acl, config)),
+    };
+    let session = match session {
         Ok(s) => s,
         Err(e) => {
             own_socket.remove();
             return Err(e);
         }
     };
-    let ours = Arc::new(Ours::new(canonical, fs_name));
+    let ours = Arc::new(Ours::new(canonical, fs_name, opts.unmounter));
     let notifier = session.notifier();
     overlay.set_invalidator(Box::new(move |stale| {
         let _ = match stale {
@@ -251,10 +312,12 @@ struct Ours {
     source: String,
     /// `major:minor` from mountinfo; `None` where it cannot be read.
     dev: Option<String>,
+    /// Who unmounts it, when not this process.
+    unmounter: Option<Unmounter>,
 }
 
 impl Ours {
-    fn new(mountpoint: PathBuf, source: String) -> Ours {
+    fn new(mountpoint: PathBuf, source: String, unmounter: Option<Unmounter>) -> Ours {
         let dev = sessionfs_mount_at(&mountpoint, &source);
         if dev.is_none() {
             tracing::warn!(mountpoint = %mountpoint.display(), "cannot find this mount in the mount table");
@@ -263,6 +326,7 @@ impl Ours {
             mountpoint,
             source,
             dev,
+            unmounter,
         }
     }
 
@@ -301,8 +365,19 @@ fn unmount(mountpoint: &Path, lazy: bool, ours: &Ours) -> io::Result<()> {
         tracing::info!("the mount is already gone; nothing to unmount");
         return Ok(());
     }
+    if let Some(unmounter) = &ours.unmounter {
+        return unmounter(lazy);
+    }
     match crate::sys::platform::unmount(mountpoint, lazy) {
         Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) if crate::sys::platform::no_new_privs() => {
+            // fusermount3 is set-user-ID root, which no_new_privs
+            // disarms: only the process that mounted may unmount.
+            Err(io::Error::other(
+                "this daemon runs without privileges (no_new_privs) and cannot unmount; the \
+                 process that mounted it must (`sessionfs umount` as root, or the mounter)",
+            ))
+        }
         Err(nix::errno::Errno::EPERM) => {
             // Not root: the setuid helper checks for a busy mount too.
             let out = std::process::Command::new("fusermount3")

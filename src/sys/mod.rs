@@ -6,6 +6,8 @@
 
 //! What differs between Linux and macOS is in `platform`.
 
+#[cfg(target_os = "linux")]
+pub mod fd;
 mod memory;
 mod mountinfo;
 pub mod platform;
@@ -13,7 +15,7 @@ pub mod platform;
 pub use memory::{fit_malloc_to_address_space, memory_limit};
 pub use mountinfo::{
     LOCAL_FILE_SYSTEMS, Mount, MountAt, is_sessionfs_mount, mount_at, mount_owner, mounts,
-    real_path,
+    real_path, real_path_beside,
 };
 pub use platform::{fallbacks_forced, fuse_fsname, is_fuse_path, mode};
 

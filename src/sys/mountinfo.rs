@@ -115,6 +115,15 @@ pub fn real_path(p: &Path) -> Option<PathBuf> {
     })
 }
 
+/// The real path of `p` through its parent alone: `p` itself is not asked
+/// (a mount there may be one whose daemon does not answer yet), so a
+/// symlink as its last component is not followed.
+pub fn real_path_beside(p: &Path) -> Option<PathBuf> {
+    let abs = std::path::absolute(p).ok()?;
+    let parent = abs.parent()?;
+    Some(std::fs::canonicalize(parent).ok()?.join(abs.file_name()?))
+}
+
 /// The user a FUSE mount at `real` (a real path) belongs to: its
 /// `user_id=` in `/proc/self/mountinfo` (the topmost mount there).
 pub fn mount_owner(real: &Path) -> Option<u32> {

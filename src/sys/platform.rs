@@ -343,6 +343,19 @@ pub fn unmount(point: &Path, lazy: bool) -> nix::Result<()> {
     }
 }
 
+/// Whether this process runs with `no_new_privs` (Linux; elsewhere never):
+/// set-user-ID programs such as `fusermount3` then gain nothing.
+pub fn no_new_privs() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        nix::sys::prctl::get_no_new_privs().unwrap_or(false)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
 /// The system call [`unmount`] makes, as `sessionfs umount` reports it
 /// (`via`).
 pub const UNMOUNT_CALL: &str = if cfg!(target_os = "linux") {
