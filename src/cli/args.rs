@@ -1,7 +1,7 @@
 //! Arguments shared by several subcommands.
 
 use crate::packet::digest::Digest;
-use crate::packet::format::Limits;
+use crate::packet::format::{Limits, Version};
 
 use super::error::CliError;
 
@@ -41,6 +41,26 @@ impl LimitArgs {
     }
 }
 
+/// What packets a writer (`pack`, `seal`) writes: one definition, so that
+/// the two take the same flag and a seal requested of a daemon carries it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WriteArgs {
+    /// The packet format version to write: 2 (a file over 4 MiB is
+    /// identified by its chunk hashes, so a seal that keeps some of its
+    /// chunks never reads them), or 1 (every file also carries the SHA-256
+    /// of its whole content, for readers from before version 2).
+    #[arg(long, value_name = "N", default_value = "2", value_parser = parse_version)]
+    pub packet_version: Version,
+}
+
+/// Parses a packet format version number (`1`, `2`).
+pub fn parse_version(s: &str) -> Result<Version, String> {
+    Version::ALL
+        .into_iter()
+        .find(|v| v.number().to_string() == s.trim())
+        .ok_or_else(|| format!("`{s}` is not a packet version this sessionfs writes: 1 or 2"))
+}
+
 /// How remote packets are fetched and cached (docs/remote.md): taken by
 /// every command that reads a packet; used when the packet is remote.
 #[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -54,7 +74,8 @@ pub struct RemoteArgs {
     /// The cache's size bound; least recently used content goes first.
     #[arg(long, value_name = "SIZE", default_value = "10GiB", value_parser = parse_size)]
     pub cache_size: u64,
-    /// Bytes of fetches in flight at most (read-ahead included).
+    /// Bytes of buffers a remote packet's fetches hold at most (read-ahead
+    /// and prefetch included, which hold at most half); at least 16MiB.
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
     pub max_memory: u64,
     /// Small files are fetched in requests of up to this many bytes.
@@ -99,7 +120,7 @@ impl RemoteArgs {
         }
         let spool = crate::store::spool::SpoolOptions {
             block: self.block_size,
-            max_memory: self.max_memory.max(1 << 20),
+            max_memory: self.max_memory.max(crate::store::spool::MIN_MAX_MEMORY),
             prefetch: match self.prefetch {
                 PrefetchArg::None => crate::store::spool::Prefetch::None,
                 PrefetchArg::Trace => crate::store::spool::Prefetch::Trace,

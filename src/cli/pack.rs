@@ -29,6 +29,7 @@ use crate::source::tar::TarIn;
 ///   sessionfs pack --workspace ./repo --reject-external-symlinks -o s.packet
 ///   sessionfs pack --workspace ./repo --hold-memory 64MiB -o s.packet   # a tight pod
 ///   sessionfs pack --workspace ./repo --file-sha256 -o s.packet   # for a whole-file checksum
+///   sessionfs pack --workspace ./repo --packet-version 1 -o s.packet   # for older readers
 ///   sessionfs pack --workspace ./repo -o s3://bucket/sessions/s.packet   # upload as it writes
 ///   sessionfs pack --workspace ./big -o s.packet --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs pack --workspace ./deep -o s.packet --max-path-bytes 8192
@@ -105,6 +106,8 @@ pub struct Args {
     #[arg(long)]
     file_sha256: bool,
     #[command(flatten)]
+    write: super::args::WriteArgs,
+    #[command(flatten)]
     limits: LimitArgs,
 }
 
@@ -177,6 +180,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         mode: file_mode_from_umask(),
         hold_memory: a.hold_memory,
         file_sha256: a.file_sha256,
+        version: a.write.packet_version,
         barrier: crate::barrier::from_env(),
     };
     let progress = Progress::bytes("packing", 0);

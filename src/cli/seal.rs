@@ -33,6 +33,7 @@ use crate::packet::error::{ErrorClass, ErrorKind};
 ///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --block-size 4MiB
 ///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --prefetch none
 ///   sessionfs seal /workspace -o turn-2.packet --file-sha256
+///   sessionfs seal /workspace -o turn-2.packet --packet-version 1   # for older readers
 ///   sessionfs seal /workspace -o t.packet --exclude 'target' --keep '.env.test' --zero-mtimes
 ///   sessionfs seal /workspace -o t.packet --reject-external-symlinks
 ///   sessionfs seal /workspace -o t.packet --max-bytes 8GiB --max-entries 1000000 --max-path-bytes 8192
@@ -77,6 +78,8 @@ pub struct Args {
     #[arg(long)]
     file_sha256: bool,
     #[command(flatten)]
+    write: super::args::WriteArgs,
+    #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
     remote: super::args::RemoteArgs,
@@ -113,6 +116,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         max_path_bytes: limits.max_path_bytes,
         mode: file_mode_from_umask(),
         file_sha256: a.file_sha256,
+        packet_version: a.write.packet_version,
         progress: false,
     };
     if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {

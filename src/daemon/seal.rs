@@ -104,6 +104,7 @@ pub fn handle(
         },
         roots: roots.clone(),
         file_sha256: req.file_sha256,
+        version: req.packet_version,
         barrier: crate::barrier::from_env(),
         rebase: req.rebase,
         cancel: notify.map(|_| Default::default()),

@@ -72,6 +72,10 @@ pub struct SealRequest {
     /// Compute `file_sha256`.
     #[serde(default)]
     pub file_sha256: bool,
+    /// The format version to write (the current one when a client from
+    /// before versions leaves it out).
+    #[serde(default)]
+    pub packet_version: crate::packet::format::Version,
     /// Send [`Progress`] lines before the reply (the client draws them).
     #[serde(default)]
     pub progress: bool,

@@ -755,7 +755,7 @@ impl WriteStats {
 /// The error (and log line) for content read again that does not match
 /// (the manifest's hash, or the first read's fingerprint), bytes
 /// `start..end` of the file at `path`.
-fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
+pub(crate) fn content_mismatch(path: &str, start: u64, end: u64) -> Error {
     tracing::error!(
         path,
         start,

@@ -23,9 +23,11 @@ use std::sync::Arc;
 
 use super::error::{Error, Result};
 use super::format::Limits;
+use super::layout::Layout;
+use super::manifest::Manifest;
 use super::reader::{Packet, Source};
 use crate::store::cache::Cache;
-use crate::store::spool::{Prefetch, Spool, SpoolOptions, SpoolReport};
+use crate::store::spool::{Gaps, Prefetch, Spool, SpoolOptions, SpoolReport};
 use crate::store::{Location, ReadAt, Settings};
 
 /// The bytes of a readable packet (see the module's text).
@@ -275,11 +277,13 @@ impl Packet {
             Some(c) => c.tmp_dir(),
             None => std::env::temp_dir(),
         };
+        let gaps = gaps_of(&p.manifest, &p.layout);
         let (file, path) = (p.file, p.path);
         let spool = Spool::new(
             location.clone(),
             file,
             units,
+            Some(gaps),
             &dir,
             reading.cache.clone(),
             reading.spool,
@@ -299,6 +303,89 @@ impl Packet {
         }
         Ok(packet)
     }
+}
+
+/// What the bytes of a packet between its content are (member headers as
+/// the manifest implies them, zero padding, the end marker), for the
+/// spool to check the bytes between units it fetches: the first gap
+/// starts after the manifest member.
+pub fn gaps_of(manifest: &Manifest, layout: &Layout) -> Gaps {
+    let (manifest, layout) = (Arc::new(manifest.clone()), Arc::new(layout.clone()));
+    let from = if layout.is_empty() {
+        layout.end_offset()
+    } else {
+        layout.member_start(0)
+    };
+    Gaps {
+        from,
+        check: Arc::new(move |at, bytes| outside_content_is(&manifest, &layout, at, bytes)),
+    }
+}
+
+/// Whether `bytes` at `at` are the packet's bytes there, for a range
+/// holding no content (headers, padding, the end marker); `false` for a
+/// range that holds content, which has its hashes instead.
+fn outside_content_is(manifest: &Manifest, layout: &Layout, at: u64, bytes: &[u8]) -> bool {
+    let end = at + bytes.len() as u64;
+    let first = if layout.is_empty() {
+        layout.end_offset()
+    } else {
+        layout.member_start(0)
+    };
+    if at < first || end > layout.total_len() {
+        return false;
+    }
+    let n = layout.len();
+    // The first member that ends after `at`.
+    let mut i = {
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if layout.member_end(mid) <= at {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    };
+    let mut header = Vec::new();
+    let mut pos = at;
+    let zeros = |r: Range<u64>| {
+        bytes[(r.start - at) as usize..(r.end - at) as usize]
+            .iter()
+            .all(|&b| b == 0)
+    };
+    while pos < end {
+        let Some(e) = manifest.entries.get(i).filter(|_| i < n) else {
+            // The end-of-archive marker.
+            return zeros(pos..end);
+        };
+        let (start, data) = (layout.member_start(i), layout.data_offset(i, e));
+        let (content_end, member_end) = (data + e.size(), layout.member_end(i));
+        if pos < data {
+            header.clear();
+            super::layout::write_entry_headers(e, &mut header);
+            let stop = data.min(end);
+            let want = &header[(pos - start) as usize..(stop - start) as usize];
+            if bytes[(pos - at) as usize..(stop - at) as usize] != *want {
+                return false;
+            }
+            pos = stop;
+        } else if pos < content_end {
+            return false;
+        } else {
+            let stop = member_end.min(end);
+            if !zeros(pos..stop) {
+                return false;
+            }
+            pos = stop;
+        }
+        if pos >= member_end {
+            i += 1;
+        }
+    }
+    true
 }
 
 /// Where the trace sidecar of the packet at `location` is: `KEY.trace`

@@ -37,7 +37,7 @@ use crate::output::{
 };
 use crate::output::{RemoteOutput, Uploaded, Writing};
 use crate::packet::digest::{Digest, Sha256};
-use crate::packet::format::{HarnessKind, Limits, chunk_count};
+use crate::packet::format::{HarnessKind, Limits, Version, chunk_count};
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::Part;
@@ -92,6 +92,8 @@ pub struct PackOptions {
     pub hold_memory: Option<u64>,
     /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
     pub file_sha256: bool,
+    /// The format version to write.
+    pub version: Version,
     /// Test barrier directory (see `crate::barrier`); its point is
     /// `hashed`, between the two passes.
     pub barrier: Option<PathBuf>,
@@ -304,6 +306,7 @@ pub fn pack(
     // The manifest with placeholder hashes, checked before any file is read.
     let mut sources: Vec<Option<FoundFile>> = Vec::with_capacity(scan.found.len());
     let mut manifest = Manifest {
+        version: opts.version,
         harness: kind,
         entries: Vec::with_capacity(scan.found.len()),
     };
@@ -726,6 +729,7 @@ mod tests {
             })
             .collect();
         Manifest {
+            version: Default::default(),
             harness: None,
             entries,
         }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 /// A store-layer error.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration cannot address the location: no credentials, a
     /// malformed endpoint, a profile that does not exist.

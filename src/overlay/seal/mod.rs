@@ -40,8 +40,8 @@ use crate::output::{
     Check, ContentReader, Contents, Keep, Output, RemoteOutput, Uploaded, WriteOptions, WriteStats,
     Writing, hash_new, write_in_order,
 };
-use crate::packet::digest::{Digest, Sha256};
-use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
+use crate::packet::digest::{Digest, Sha256, chunk_list_hash};
+use crate::packet::format::{Limits, MAX_MTIME_NS, Version, chunk_count};
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::Part;
@@ -71,6 +71,8 @@ pub struct SealOptions {
     pub roots: HashMap<Part, Vec<String>>,
     /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
     pub file_sha256: bool,
+    /// The format version to write.
+    pub version: Version,
     /// Test hook: pause at named points (see `barrier`).
     pub barrier: Option<PathBuf>,
     /// After sealing, continue on the new packet with an empty upper
@@ -144,6 +146,11 @@ pub enum Change {
         /// New content hash of a file.
         #[serde(skip_serializing_if = "Option::is_none")]
         new_sha256: Option<Sha256>,
+        /// For a file with chunks: how many of its chunks are not the
+        /// parent's at the same place (a partly written file: an append
+        /// changes one or two).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        chunks_changed: Option<u64>,
     },
     /// An entry gone.
     Deleted {
@@ -355,7 +362,7 @@ impl Overlay {
         phase("collected");
         opts.refuse_if_cancelled()?;
 
-        let mut manifest = manifest_of(lower.manifest(), &items, opts.zero_mtimes);
+        let mut manifest = manifest_of(lower.manifest(), &items, opts.zero_mtimes, opts.version);
         report
             .check_manifest(&manifest, &opts.limits, opts.reject_external_symlinks)
             .map_err(refusal)?;
@@ -363,7 +370,7 @@ impl Overlay {
 
         let sources = SealContents::new(opts, self, &lower, &items);
         let stats = WriteStats::default();
-        hash_new_content(&mut manifest, &sources, &stats)?;
+        hash_new_content(&mut manifest, &sources, &stats, lower.manifest())?;
         crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Hashed);
         phase("hashed");
         opts.refuse_if_cancelled()?;
@@ -608,12 +615,14 @@ struct Written {
     manifest_len: u64,
 }
 
-/// The manifest of `items`: the old manifest's hashes for reused content,
-/// placeholders for the rest until [`hash_new_content`] fills them in.
-fn manifest_of(old: &Manifest, items: &[Item], zero_mtimes: bool) -> Manifest {
+/// The manifest of `items` in `version`: the old manifest's hashes for
+/// reused content, placeholders for the rest until [`hash_new_content`]
+/// fills them in.
+fn manifest_of(old: &Manifest, items: &[Item], zero_mtimes: bool, version: Version) -> Manifest {
     // The harness part cannot be removed on a mount, so its kind carries over.
     let has_harness = items.iter().any(|i| i.path == "harness");
     let mut manifest = Manifest {
+        version,
         harness: if has_harness { old.harness } else { None },
         entries: Vec::with_capacity(items.len()),
     };
@@ -623,7 +632,11 @@ fn manifest_of(old: &Manifest, items: &[Item], zero_mtimes: bool) -> Manifest {
             ItemKind::Symlink(t, _) => EntryKind::Symlink(t.as_str().into()),
             ItemKind::File(f) => {
                 let (sha256, chunks) = match f.reuse.and_then(|i| old.entries[i as usize].file()) {
-                    Some(m) => (m.sha256, m.chunks.clone()),
+                    // A `/2` id from a `/1` parent follows from the chunk
+                    // list; a whole-file hash a `/2` parent lacks is
+                    // computed (`SealContents::check`).
+                    Some(m) if version.whole_file_hash(m.size) => (m.sha256, m.chunks.clone()),
+                    Some(m) => (chunk_list_hash(&m.chunks), m.chunks.clone()),
                     None => (
                         Sha256::default(),
                         vec![Sha256::default(); chunk_count(f.size) as usize].into(),
@@ -653,8 +666,27 @@ fn hash_new_content(
     manifest: &mut Manifest,
     sources: &SealContents<'_>,
     stats: &WriteStats,
+    old: &Manifest,
 ) -> Result<()> {
     for h in hash_new(manifest, sources, stats, Keep::default(), &|_| {})? {
+        // Parent content hashed for a whole-file hash its `/2` manifest
+        // lacks: its chunks must be the parent's, or the new packet would
+        // vouch for bytes the parent's hashes refuse.
+        if let ItemKind::File(FileItem {
+            from: Source::Lower(idx),
+            ..
+        }) = &sources.items[h.entry].kind
+            && let Some(f) = old.entries[*idx as usize].file()
+            && *f.chunks != *h.chunks
+        {
+            let at = f.chunks.iter().zip(&h.chunks).position(|(a, b)| a != b);
+            let start = at.unwrap_or(0) as u64 * crate::packet::format::CHUNK_SIZE;
+            return Err(Error::Packet(crate::output::content_mismatch(
+                &old.entries[*idx as usize].path,
+                start,
+                (start + crate::packet::format::CHUNK_SIZE).min(f.size),
+            )));
+        }
         if let EntryKind::File(f) = &mut manifest.entries[h.entry].kind {
             f.sha256 = h.sha256;
             f.chunks = h.chunks.into();
