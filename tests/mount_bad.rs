@@ -6,7 +6,7 @@ mod common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -222,16 +222,32 @@ fn tampered_chunks_fail_exactly_the_reads_that_touch_them() {
         &big[CHUNK - 4096..CHUNK]
     );
     assert_eq!(fs::read(m.path("small.txt")).unwrap(), b"small\n");
-    // Copy-up verifies too: the first write (which copies the file up)
-    // fails, and the upper directory gets no copy of bad bytes.
-    let mut w = fs::OpenOptions::new()
-        .append(true)
+    // Copy-up verifies too: a write into the bad chunk (which copies
+    // that chunk up first) fails, and the upper directory gets no copy of
+    // bad bytes. The file is copied up by chunk: a write that touches
+    // only good chunks (an append) copies those and succeeds, and the bad
+    // chunk still fails every read.
+    let w = fs::OpenOptions::new()
+        .write(true)
         .open(m.path("big.bin"))
         .unwrap();
-    let e = w.write_all(b"more").unwrap_err();
+    let e = w.write_all_at(b"more", CHUNK as u64 + 10).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    let held: u64 = data_files(&m.upper)
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().blocks())
+        .sum();
+    assert_eq!(
+        held, 0,
+        "bytes of the bad chunk reached the upper directory"
+    );
+    w.write_all_at(b"more", big.len() as u64).unwrap();
     drop(w);
-    assert_eq!(data_files(&m.upper), Vec::<PathBuf>::new());
+    for _ in 0..2 {
+        let e = read_at(&mut f, CHUNK + 4096, 4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+    assert_eq!(read_at(&mut f, big.len(), 4).unwrap(), b"more");
     drop(f);
     m.umount();
 }

@@ -612,6 +612,56 @@ fn the_next_mount_prefetches_what_the_last_turn_read() {
     assert_eq!(n(&remote_stats(&m3), "fetches"), 0);
 }
 
+/// "for a remote packet, untouched chunks are never fetched": an append
+/// of one byte to a file of three chunks on a remote mount fetches its
+/// last chunk only; the seal to `s3://` copies its untouched chunks by the
+/// store (with the rest of what did not change) and hashes one chunk; the
+/// packet is the one a seal of the same change to a local file writes.
+#[test]
+fn an_append_on_a_remote_mount_fetches_one_chunk_and_copies_the_others() {
+    need_fuse!();
+    let (tmp, moto, b, ws, packet) = start("t1.packet");
+    let t = tmp.path();
+    let proxy = Proxy::start(moto.port);
+    let cache = t.join("cache");
+    let loc1 = format!("s3://{b}/t1.packet");
+    let m = mount_remote(&loc1, t, "mnt", &cache, proxy.port, &[]);
+    let big = m.path("data/big.bin");
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&big).unwrap();
+        f.write_all(b"x").unwrap();
+    }
+    let r = remote_stats(&m);
+    let fetched = n(&r, "fetched_bytes");
+    assert!(fetched <= (4 << 20) + (1 << 20), "fetched {fetched}: {r}");
+    let mut want = std::fs::read(ws.join("data/big.bin")).unwrap();
+    want.push(b'x');
+    let loc2 = format!("s3://{b}/t2.packet");
+    let v = common::run_env(
+        ["seal", m.mnt.to_str().unwrap(), "-o", &loc2],
+        &pairs(&env_of(moto.port, &[])),
+    )
+    .ok()
+    .clone();
+    let hashed = v["bytes_hashed"].as_u64().unwrap();
+    assert!(hashed <= (4 << 20) + (256 << 10), "hashed {hashed}: {v}");
+    // The two untouched chunks of big.bin at least (8 MiB) went by copy.
+    let copied = v["copied_bytes"].as_u64().unwrap();
+    assert!(copied >= 8 << 20, "copied {copied}: {v}");
+    assert_eq!(std::fs::read(&big).unwrap(), want);
+    let upper = m.upper.clone();
+    m.umount();
+    // The same change sealed from the local packet: the same bytes.
+    let local = t.join("t2-local.packet");
+    common::seal_offline(&packet, &upper, &local, &[]).ok();
+    let uploaded = moto.get(&b, "t2.packet").unwrap();
+    assert!(
+        uploaded == std::fs::read(&local).unwrap(),
+        "the upload differs from the local seal"
+    );
+}
+
 /// "`--rebase` goes on serving from the new remote packet with the cache
 /// warm": a mount of an `s3://` packet seals to `s3://` with `--rebase`,
 /// serves the uploaded packet (its changes included) without fetching

@@ -42,7 +42,7 @@ use super::{
 };
 use crate::packet::digest::{ContentHasher, Sha256};
 use crate::packet::error::{Error, Result};
-use crate::packet::format::{BLOCK, CHUNK_SIZE};
+use crate::packet::format::{BLOCK, CHUNK_SIZE, chunk_count};
 use crate::packet::layout::{Layout, manifest_header, write_entry_headers};
 use crate::packet::manifest::{Entry, Manifest};
 
@@ -92,7 +92,46 @@ pub fn hash_new<S: Contents>(
             let mut h = ContentHasher::new(size, manifest.version);
             let mut r = src.open(i)?;
             let mut prints = Vec::new();
-            let held = if keep.hold_max.is_some_and(|max| size <= max) {
+            // Chunks the source keeps from elsewhere: their hashes are the
+            // manifest's, their bytes not read.
+            let kept = |k: u64| {
+                let f = manifest.entries[i].file()?;
+                if manifest.version.whole_file_hash(size) || src.check_chunk(i, k) == Check::Compute
+                {
+                    return None;
+                }
+                f.chunks.get(k as usize).copied()
+            };
+            let some_kept = (0..chunk_count(size)).any(|k| kept(k).is_some());
+            let held = if some_kept {
+                buf.resize(READ_PIECE, 0);
+                let mut hashed = 0;
+                for k in 0..chunk_count(size) {
+                    let n = (size - k * CHUNK_SIZE).min(CHUNK_SIZE);
+                    match kept(k) {
+                        Some(hash) => {
+                            r.skip(n)?;
+                            h.known_chunk(hash, n);
+                        }
+                        None => {
+                            r.read_exact(&mut buf[..n as usize])?;
+                            h.update(&buf[..n as usize]);
+                            hashed += n;
+                            progress(n);
+                        }
+                    }
+                }
+                r.finish()?;
+                stats.count(Check::Compute, hashed);
+                let (sha256, chunks) = h.finish();
+                return Ok(Hashed {
+                    entry: i,
+                    sha256,
+                    chunks,
+                    fingerprints: prints,
+                    held: None,
+                });
+            } else if keep.hold_max.is_some_and(|max| size <= max) {
                 // One read into memory the writer copies from: no second
                 // open, read and compare.
                 let mut data = vec![0u8; size as usize];
@@ -778,7 +817,12 @@ impl<S: Contents> Assembler<'_, S> {
     /// before against its fingerprint; and counts it.
     fn check(&self, i: usize, e: &Entry, k: Option<u64>, data: &[u8]) -> Result<()> {
         let n = data.len() as u64;
-        let check = self.src.check(i);
+        let check = match k {
+            Some(k) if !self.manifest.version.whole_file_hash(e.size()) => {
+                self.src.check_chunk(i, k)
+            }
+            _ => self.src.check(i),
+        };
         match check {
             // Counted when it was hashed, before the write.
             Check::Compute => {}

@@ -733,6 +733,15 @@ pub trait Contents: Sync {
         Self: 'a;
     /// How entry `i`'s bytes are checked.
     fn check(&self, i: usize) -> Check;
+    /// How chunk `k` of entry `i` (a file with chunks) is checked: as the
+    /// file, unless the source keeps some chunks of a file it changed (a
+    /// seal of a file copied up by chunk: each chunk it did not change is
+    /// the parent's, checked as reused content, and its hash is the one
+    /// the manifest already has; only the others are hashed). Only where
+    /// the manifest records no whole-file hash for the file.
+    fn check_chunk(&self, i: usize, _k: u64) -> Check {
+        self.check(i)
+    }
     /// Opens entry `i` (a regular file) for reading.
     fn open(&self, i: usize) -> Result<Self::Reader<'_>, Self::Error>;
     /// The fingerprint [`hash_new`] took of entry `i` (of its chunk `k`

@@ -13,6 +13,7 @@
 
 use std::ops::Range;
 
+use crate::packet::format::CHUNK_SIZE;
 use crate::packet::layout::Layout;
 use crate::packet::manifest::Manifest;
 
@@ -60,7 +61,10 @@ impl Part {
 /// byte for byte those of `parent` (as `parent_layout`), in order and
 /// maximal: an entry equal to the parent's of the same path (path, kind,
 /// size, mtime, mode and hashes, so the same header, content and padding),
-/// contiguous with the one before in both packets.
+/// contiguous with the one before in both packets; and, of a file with
+/// chunks that changed (a write to some of its chunks: an append, a page
+/// of a database), each run of its chunks whose hashes are the parent
+/// file's at the same place.
 pub fn copy_runs(
     parent: &Manifest,
     parent_layout: &Layout,
@@ -78,6 +82,7 @@ pub fn copy_runs(
             .filter(|&j| parent.entries[j] == *e);
         let Some(j) = found else {
             prev = None;
+            runs.extend(same_chunks(parent, parent_layout, new, new_layout, i));
             continue;
         };
         let (dst, src) = (
@@ -91,6 +96,49 @@ pub fn copy_runs(
             _ => runs.push(CopyRun { dst, src }),
         }
         prev = Some(j);
+    }
+    runs
+}
+
+/// The runs of chunks of new entry `i` (a file with chunks) equal to the
+/// chunks at the same place of the parent's file of the same path.
+fn same_chunks(
+    parent: &Manifest,
+    parent_layout: &Layout,
+    new: &Manifest,
+    new_layout: &Layout,
+    i: usize,
+) -> Vec<CopyRun> {
+    let e = &new.entries[i];
+    let found = parent
+        .entries
+        .binary_search_by(|p| p.path.as_bytes().cmp(e.path.as_bytes()))
+        .ok();
+    let (Some(f), Some(j)) = (e.file(), found) else {
+        return Vec::new();
+    };
+    let Some(old) = parent.entries[j].file() else {
+        return Vec::new();
+    };
+    let (dst, src) = (
+        new_layout.data_offset(i, e),
+        parent_layout.data_offset(j, &parent.entries[j]),
+    );
+    let mut runs: Vec<CopyRun> = Vec::new();
+    for (k, (a, b)) in f.chunks.iter().zip(old.chunks.iter()).enumerate() {
+        let at = k as u64 * CHUNK_SIZE;
+        // Equal hashes, equal bytes: the same length too.
+        let len = (f.size - at).min(CHUNK_SIZE);
+        if a != b || len != (old.size - at).min(CHUNK_SIZE) {
+            continue;
+        }
+        match runs.last_mut() {
+            Some(r) if r.dst.end == dst + at => r.dst.end += len,
+            _ => runs.push(CopyRun {
+                dst: dst + at..dst + at + len,
+                src: src + at,
+            }),
+        }
     }
     runs
 }
@@ -536,6 +584,69 @@ mod tests {
                 run(nl.member_start(3), nl.member_end(3), pl.member_start(3)),
                 run(nl.member_start(5), nl.member_end(5), pl.member_start(4)),
             ]
+        );
+    }
+
+    /// A file of chunks tagged `tags` (its last chunk `tail` bytes long).
+    fn chunked(path: &str, tags: &[u8], tail: u64) -> Entry {
+        let c = crate::packet::format::CHUNK_SIZE;
+        let size = (tags.len() as u64 - 1) * c + tail;
+        let chunks: Vec<Sha256> = tags.iter().map(|&t| Sha256([t; 32])).collect();
+        Entry {
+            path: path.into(),
+            kind: EntryKind::File(FileMeta {
+                size,
+                mtime_ns: 0,
+                executable: false,
+                sha256: crate::packet::digest::chunk_list_hash(&chunks),
+                chunks: chunks.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn copy_runs_take_the_unchanged_chunks_of_a_changed_file() {
+        let c = crate::packet::format::CHUNK_SIZE;
+        let dir = Entry {
+            path: "workspace".into(),
+            kind: EntryKind::Dir,
+        };
+        let m = |entries| Manifest {
+            version: Default::default(),
+            harness: None,
+            entries,
+        };
+        // Chunk 2 of 5 written; the last one grown by an append.
+        let parent = m(vec![
+            dir.clone(),
+            chunked("workspace/db", &[1, 2, 3, 4, 5], 100),
+        ]);
+        let new = m(vec![dir, chunked("workspace/db", &[1, 2, 9, 4, 6], 200)]);
+        let (pl, nl) = (Layout::compute(&parent, 700), Layout::compute(&new, 900));
+        let (nd, pd) = (
+            nl.data_offset(1, &new.entries[1]),
+            pl.data_offset(1, &parent.entries[1]),
+        );
+        assert_eq!(
+            copy_runs(&parent, &pl, &new, &nl),
+            vec![
+                // The directory, unchanged; chunks 0-1 and 3 (4 grew).
+                run(nl.member_start(0), nl.member_end(0), pl.member_start(0)),
+                run(nd, nd + 2 * c, pd),
+                run(nd + 3 * c, nd + 4 * c, pd + 3 * c),
+            ]
+        );
+        // A last chunk of the same hash is the same bytes: copied too.
+        let same_tail = m(vec![
+            new.entries[0].clone(),
+            chunked("workspace/db", &[1, 2, 9, 4, 5], 100),
+        ]);
+        let sl = Layout::compute(&same_tail, 900);
+        let runs = copy_runs(&parent, &pl, &same_tail, &sl);
+        let sd = sl.data_offset(1, &same_tail.entries[1]);
+        assert_eq!(
+            runs.last(),
+            Some(&run(sd + 3 * c, sd + 4 * c + 100, pd + 3 * c))
         );
     }
 }

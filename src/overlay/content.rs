@@ -321,6 +321,15 @@ impl Verifier {
         }
     }
 
+    /// Whether chunk `k` of entry `i` (a file with chunks) has been
+    /// verified.
+    pub fn chunk_verified(&self, packet: &Packet, i: Idx, k: u64) -> bool {
+        let Some(f) = packet.manifest.entries[i as usize].file() else {
+            return false;
+        };
+        k < chunks_of(f.size, !f.chunks.is_empty()) && self.is_verified(self.base[i as usize] + k)
+    }
+
     /// Whether every chunk of entry `i` has been verified.
     pub fn all_verified(&self, packet: &Packet, i: Idx) -> bool {
         let Some(f) = packet.manifest.entries[i as usize].file() else {

@@ -105,7 +105,9 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mtime: Option<Nanos>,
     },
-    /// A lower file's content now lives in data file `data`.
+    /// A lower file's content now lives in data file `data`; with
+    /// `chunks`, only the chunks later `hold` records name do, the others
+    /// are still the lower entry's (copy-up by chunk).
     CopyUp {
         /// When.
         t: Nanos,
@@ -113,6 +115,19 @@ pub enum Record {
         ino: Ino,
         /// The data file.
         data: u64,
+        /// Copied up by chunk: the data file holds no chunk yet.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        chunks: bool,
+    },
+    /// Chunks of a file copied up by chunk that its data file holds from
+    /// now on (written, cut by a truncation, or past its end).
+    Hold {
+        /// When.
+        t: Nanos,
+        /// The inode.
+        ino: Ino,
+        /// The chunks, as `[first, end)` ranges of chunk numbers, in order.
+        chunks: Vec<[u64; 2]>,
     },
     /// The mount continues on a new packet (a seal with `--rebase`): the
     /// records before this one are superseded. Always the first line of a

@@ -8,6 +8,7 @@
 //! [`state::State::apply`], the same function that replays the journal at
 //! mount. Data writes go straight to the upper data files.
 
+mod chunked;
 pub mod content;
 pub mod error;
 pub mod index;
@@ -23,7 +24,6 @@ pub mod state;
 pub mod upper;
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -139,8 +139,10 @@ pub struct Stats {
     pub read_bytes: AtomicU64,
     /// Write requests.
     pub writes: AtomicU64,
-    /// Copy-ups.
+    /// Copy-ups (a file copied up by chunk counts once, at its first change).
     pub copy_ups: AtomicU64,
+    /// Chunks of files copied up by chunk that their data files took over.
+    pub chunks_held: AtomicU64,
     /// Journal records appended.
     pub records: AtomicU64,
     /// Inodes whose content was read from their start (a `READ` at offset
@@ -206,6 +208,10 @@ pub struct Overlay {
     forgotten: Mutex<Vec<Ino>>,
     /// Files shown from the host (`mount --secret`), beside the state.
     secrets: secret::Secrets,
+    /// Held while chunks of a file copied up by chunk are copied and held,
+    /// so that two changes never both copy a chunk (the second would put
+    /// the lower bytes back over the first's write).
+    chunk_copy: Mutex<()>,
     /// Counters.
     pub stats: Stats,
 }
@@ -298,7 +304,7 @@ impl Overlay {
             state.next_data = state.next_data.max(id + 1);
         }
         tracing::info!(elapsed = ?t.elapsed(), records = records.len(), nodes = state.nodes.len(), "upper directory replayed");
-        Ok(Overlay {
+        let overlay = Overlay {
             upper: up,
             state: RwLock::new(state),
             mutations: RwLock::new(()),
@@ -311,7 +317,10 @@ impl Overlay {
             invalidate: Mutex::new(None),
             forgotten: Mutex::new(Vec::new()),
             secrets: secret::Secrets::default(),
-        })
+            chunk_copy: Mutex::new(()),
+        };
+        overlay.hold_invalid_chunks()?;
+        Ok(overlay)
     }
 
     /// Shows the host file `host` at `path` in the view (relative to the
@@ -466,7 +475,10 @@ impl Overlay {
             (Kind::File, Content::Upper(id)) => match self.upper.stat_data(id) {
                 Ok(st) => {
                     a.size = st.st_size as u64;
-                    a.blocks = st.st_blocks as u64;
+                    // A file copied up by chunk: the data file's blocks
+                    // and those of the chunks still read from the packet.
+                    let lower_blocks = n.chunks.as_ref().map_or(0, |m| m.lower_bytes() / 512);
+                    a.blocks = st.st_blocks as u64 + lower_blocks;
                     a.atime = stat_nanos(st.st_atime, st.st_atime_nsec);
                     a.mtime = stat_nanos(st.st_mtime, st.st_mtime_nsec);
                     a.ctime = a.ctime.max(stat_nanos(st.st_ctime, st.st_ctime_nsec));
@@ -998,14 +1010,18 @@ impl Overlay {
                 Kind::Dir => return Err(Error::IsDir),
                 _ => return Err(Error::Invalid),
             }
-            let id = self.copy_up(ino, Some(size))?;
+            let id = self.copy_up(ino, CopyUp::Prefix(size))?;
             if let Some(n) = self.state.read_recursive().nodes.get(&ino) {
                 n.modified.set(true);
             }
-            self.upper
-                .data(id)?
-                .set_len(size)
-                .map_err(Error::upper("truncate"))?;
+            match self.chunk_map(ino) {
+                Some((id, map, lower)) => self.resize_chunked(ino, id, &map, &lower, size)?,
+                None => self
+                    .upper
+                    .data(id)?
+                    .set_len(size)
+                    .map_err(Error::upper("truncate"))?,
+            }
         }
         let t = now();
         let resolve = |s: SetTime| match s {
@@ -1090,17 +1106,27 @@ impl Overlay {
     }
 
     /// Copies a lower file up (if it still is one) and returns its data
-    /// file. `keep` limits the bytes copied (for truncation; 0 copies none).
-    /// The copy runs without the state lock; if another thread copied the
-    /// same file first, its copy wins and this one is discarded.
-    fn copy_up(&self, ino: Ino, keep: Option<u64>) -> Result<u64> {
+    /// file: as `how` says, except that a file larger than a chunk is
+    /// copied up by chunk (none copied yet; see [`chunked`]) unless it is
+    /// cut to a chunk or less. The copy runs without the state lock; if
+    /// another thread copied the same file first, its copy wins and this
+    /// one is discarded.
+    fn copy_up(&self, ino: Ino, how: CopyUp) -> Result<u64> {
         // Recursive: every caller holds the gate already (see `changing`).
         let _m = self.mutations.read_recursive();
-        self.copy_up_held(ino, keep)
+        self.copy_up_held(ino, how)
+    }
+
+    /// A lower file's content wholly in its data file: copied up whole, or
+    /// the rest of its chunks copied (for a file that outlives its packet).
+    fn copy_up_whole(&self, ino: Ino) -> Result<u64> {
+        let id = self.copy_up_held(ino, CopyUp::Whole)?;
+        self.hold_all_chunks(ino)?;
+        Ok(id)
     }
 
     /// [`Overlay::copy_up`] for a caller already holding the change gate.
-    fn copy_up_held(&self, ino: Ino, keep: Option<u64>) -> Result<u64> {
+    fn copy_up_held(&self, ino: Ino, how: CopyUp) -> Result<u64> {
         let (idx, id, mtime, atime, lower) = {
             let mut st = self.state.write();
             let lower = st.lower.clone();
@@ -1122,7 +1148,17 @@ impl Overlay {
             }
         };
         let size = lower.manifest().entries[idx as usize].size();
-        let copy = keep.map_or(size, |k| k.min(size));
+        let chunks = match how {
+            CopyUp::Whole => false,
+            CopyUp::Change => chunked::by_chunk(size),
+            CopyUp::Prefix(keep) => chunked::by_chunk(size) && chunked::by_chunk(keep),
+        };
+        // By chunk: a data file of the file's size, holding nothing yet.
+        let copy = match how {
+            _ if chunks => 0,
+            CopyUp::Prefix(keep) => keep.min(size),
+            CopyUp::Whole | CopyUp::Change => size,
+        };
         let file = self.upper.create_data(id)?;
         let result = (|| -> Result<()> {
             let mut buf = Vec::with_capacity(crate::packet::format::CHUNK_SIZE as usize);
@@ -1134,7 +1170,8 @@ impl Overlay {
                 crate::sys::write_sparse(&file, &buf, pos).map_err(Error::upper("copy-up"))?;
                 pos += n;
             }
-            file.set_len(copy).map_err(Error::upper("copy-up"))?;
+            file.set_len(if chunks { size } else { copy })
+                .map_err(Error::upper("copy-up"))?;
             set_file_times(&file, Some(atime), Some(mtime))
         })();
         if let Err(e) = result {
@@ -1164,6 +1201,7 @@ impl Overlay {
                 t: now(),
                 ino,
                 data: id,
+                chunks,
             },
         ) {
             drop(st);
@@ -1171,8 +1209,9 @@ impl Overlay {
             return Err(e);
         }
         if let Some(n) = st.nodes.get(&ino) {
-            // A full copy holds the lower bytes; a truncating one does not.
-            n.modified.set(copy < size);
+            // A full copy holds the lower bytes; a truncating one does not
+            // (a copy by chunk holds them until a chunk is held).
+            n.modified.set(!chunks && copy < size);
         }
         self.stats.copy_ups.fetch_add(1, Ordering::Relaxed);
         Ok(id)
@@ -1183,7 +1222,7 @@ impl Overlay {
     fn data_for_change(&self, ino: Ino) -> Result<u64> {
         let id = match self.content(ino)?.0 {
             Content::Upper(id) => id,
-            Content::Lower(_) => self.copy_up(ino, None)?,
+            Content::Lower(_) => self.copy_up(ino, CopyUp::Change)?,
             Content::None => return Err(Error::IsDir),
         };
         if let Some(n) = self.state.read_recursive().nodes.get(&ino) {
@@ -1226,6 +1265,9 @@ impl Overlay {
                     rayon::spawn(move || lower.verifier.verify_ahead(&lower.packet, i, k));
                 }
             }
+            Content::Upper(id) if let Some((_, map, lower)) = self.chunk_map(ino) => {
+                self.read_chunked(id, &map, &lower, offset, u64::from(size), out)?;
+            }
             Content::Upper(id) => {
                 let f = self.upper.data(id)?;
                 let len = f.metadata().map_err(Error::upper("read"))?;
@@ -1256,25 +1298,13 @@ impl Overlay {
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         // (A shared mapping of a file opened read-only copies up here.)
         let id = self.data_for_change(ino)?;
-        let file = self.upper.data(id)?;
         // What was written is answered, short if the rest failed (a full
         // disk): the caller then learns of the failure from its next
         // write, and never of bytes it was told were not written but were.
-        let mut done = 0;
-        while done < data.len() {
-            match file.write_at(&data[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if done == 0 => return Err(Error::upper("write")(e)),
-                Err(_) => break,
-            }
-        }
-        if done == 0 && !data.is_empty() {
-            return Err(Error::upper("write")(std::io::Error::from(
-                std::io::ErrorKind::WriteZero,
-            )));
-        }
+        let done = match self.chunk_map(ino) {
+            Some((id, map, lower)) => self.write_chunked(ino, id, &map, &lower, offset, data)?,
+            None => chunked::write_all(&*self.upper.data(id)?, offset, data)?,
+        };
         self.splits.wrote(ino, offset, done as u64, self.page);
         Ok(done as u32)
     }
@@ -1313,6 +1343,9 @@ impl Overlay {
             return Err(Error::TooBig);
         }
         let id = self.data_for_change(ino)?;
+        if let Some((id, map, lower)) = self.chunk_map(ino) {
+            return self.fallocate_chunked(ino, id, &map, &lower, (offset, length, mode));
+        }
         crate::sys::fallocate(&*self.upper.data(id)?, mode, offset, length).map_err(|e| {
             if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                 Error::NotSupported
@@ -1326,6 +1359,19 @@ impl Overlay {
     pub fn statfs(&self) -> Result<nix::sys::statvfs::Statvfs> {
         self.upper.statfs()
     }
+}
+
+/// How much of a lower file a copy-up copies into its data file.
+#[derive(Clone, Copy, Debug)]
+enum CopyUp {
+    /// All of it (a file that outlives its packet).
+    Whole,
+    /// What a change needs: all of a small file, none of a larger one
+    /// (copied up by chunk, each chunk as a change touches it).
+    Change,
+    /// The first bytes, for a truncation: none of a file larger than a
+    /// chunk cut to more than a chunk (by chunk, as for a change).
+    Prefix(u64),
 }
 
 fn set_file_times(f: &File, atime: Option<Nanos>, mtime: Option<Nanos>) -> Result<()> {

@@ -171,6 +171,7 @@ impl Lower {
             parent,
             name: file_name(&e.path).into(),
             lookups: Default::default(),
+            chunks: None,
             modified: Flag::new(true),
         }
     }
@@ -261,6 +262,7 @@ impl State {
                     parent: ROOT,
                     name: "".into(),
                     lookups: Default::default(),
+                    chunks: None,
                     modified: Flag::new(true),
                 },
             );
@@ -583,6 +585,7 @@ impl State {
                         parent: *parent,
                         name: name.as_str().into(),
                         lookups: Default::default(),
+                        chunks: None,
                         modified: Flag::new(true),
                     },
                 );
@@ -723,13 +726,38 @@ impl State {
                 n.ctime = *t;
             }
             Record::Rebase { .. } => return Err(replay("a rebase in the middle of a journal")),
-            Record::CopyUp { ino, data, .. } => {
+            Record::CopyUp {
+                ino, data, chunks, ..
+            } => {
                 let n = self.node_mut(lower, *ino)?;
-                if !matches!(n.content, Content::Lower(_)) {
+                let Content::Lower(i) = n.content else {
                     return Err(replay("copy-up of a file that is not lower"));
-                }
+                };
                 n.content = Content::Upper(*data);
+                if *chunks {
+                    let size = lower.manifest().entries[i as usize].size();
+                    n.chunks = Some(std::sync::Arc::new(super::node::ChunkMap::all_lower(
+                        i, size,
+                    )));
+                }
                 self.next_data = self.next_data.max(data + 1);
+            }
+            Record::Hold { ino, chunks, .. } => {
+                let n = self.node_mut(lower, *ino)?;
+                let Some(map) = &n.chunks else {
+                    return Err(replay("chunks held by a file not copied up by chunk"));
+                };
+                let count = super::node::ChunkMap::count(map.lower_size);
+                for &[first, end] in chunks {
+                    if first >= end || end > count {
+                        return Err(replay("held chunks outside the file's lower chunks"));
+                    }
+                    (first..end).for_each(|k| map.hold(k));
+                }
+                if map.is_empty() {
+                    // The data file holds it all: a plain upper file.
+                    n.chunks = None;
+                }
             }
         }
         Ok(out)

@@ -183,6 +183,17 @@ impl ContentHasher {
         }
     }
 
+    /// Takes chunk hash `hash` for the next chunk, whose bytes are not
+    /// read (a chunk kept from a parent), of `len` bytes. Only at a chunk
+    /// boundary, and only where no whole-file hash is kept (a caller that
+    /// breaks either gets a hash list no reader would accept, never a
+    /// panic).
+    pub fn known_chunk(&mut self, hash: Sha256, len: u64) {
+        debug_assert!(self.whole.is_none() && self.chunk_fill == 0);
+        self.total += len;
+        self.chunks.push(hash);
+    }
+
     /// Feeds the next bytes of the file.
     pub fn update(&mut self, mut data: &[u8]) {
         self.total += data.len() as u64;

@@ -162,6 +162,7 @@ impl Overlay {
     ) -> Result<FileItem> {
         let m = lower.manifest();
         let lower_file = |i: Idx| m.entries[i as usize].file();
+        let mut chunks = None;
         let (from, reuse, origin, size, mtime, perm) = match r {
             Ref::Lower(i) => {
                 let f = lower_file(i).ok_or(Error::NotFound)?;
@@ -189,7 +190,10 @@ impl Overlay {
                         Some(i) if lower_file(i).is_some_and(|f| f.size == size) => {
                             (Source::Lower(i), Some(i), Some(i), size, mtime, n.perm)
                         }
-                        _ => (Source::Upper(id), None, n.lower, size, mtime, n.perm),
+                        _ => {
+                            chunks = n.chunks.clone();
+                            (Source::Upper(id), None, n.lower, size, mtime, n.perm)
+                        }
                     }
                 }
                 Content::None => return Err(Error::NotFound),
@@ -210,6 +214,7 @@ impl Overlay {
             size,
             mtime_ns: clamped as u64,
             executable: perm & 0o111 != 0,
+            chunks,
         })
     }
 }

@@ -3,6 +3,7 @@
 //! wrote it), upper bytes from data files, each checked not to change.
 
 use super::*;
+use crate::packet::format::CHUNK_SIZE;
 
 /// Lower files closer than this in the parent are read as one run (what
 /// lies between is member headers): one request of a remote parent's spool.
@@ -90,7 +91,36 @@ pub(super) enum SealReader<'a> {
         pos: u64,
         path: &'a str,
         stamp: &'a OnceLock<Stamp>,
+        /// A file copied up by chunk: the chunks still read from the
+        /// parent, and where its lower entry's content starts there.
+        chunks: Option<(&'a ChunkMap, &'a Packet, Option<&'a DirectLower>, u64)>,
     },
+}
+
+/// Fills `buf` from the parent packet at `pos` (around the page cache
+/// when `direct`), naming a packet cut short as changed.
+fn read_parent(
+    packet: &Packet,
+    direct: Option<&DirectLower>,
+    buf: &mut [u8],
+    pos: u64,
+) -> Result<()> {
+    // A remote packet's content is fetched and verified into its spool
+    // first (nothing for a local one).
+    match direct {
+        Some(d) => d.read_exact_at(packet.backing(), buf, pos),
+        None => packet.backing().read_planned_at(buf, pos),
+    }
+    .map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            // Its length was checked when the seal began.
+            Error::PacketChanged {
+                packet: crate::packet::path::shown_path(packet.path()),
+            }
+        } else {
+            Error::packet_io(packet, e)
+        }
+    })
 }
 
 impl SealContents<'_> {
@@ -108,16 +138,27 @@ impl SealContents<'_> {
             let ItemKind::File(f) = &it.kind else {
                 continue;
             };
-            let Source::Lower(idx) = f.from else { continue };
             let (off, len) =
                 window.map_or((0, f.size), |(o, l)| (o, l.min(f.size.saturating_sub(o))));
             if len == 0 {
                 continue;
             }
-            let start = p.content_offset(idx as usize) + off;
-            match runs.last_mut() {
+            let mut add = |start: u64, len: u64| match runs.last_mut() {
                 Some(r) if start >= r.end && start - r.end <= RUN_GAP => r.end = start + len,
                 _ => runs.push(start..start + len),
+            };
+            match (f.from, &f.chunks) {
+                (Source::Lower(idx), _) => add(p.content_offset(idx as usize) + off, len),
+                // A file copied up by chunk: its chunks still the parent's.
+                (Source::Upper(_), Some(map)) => {
+                    let base = p.content_offset(map.lower as usize);
+                    for k in (off / CHUNK_SIZE)..(off + len).div_ceil(CHUNK_SIZE) {
+                        if map.is_lower(k) {
+                            add(base + k * CHUNK_SIZE, map.lower_len(k));
+                        }
+                    }
+                }
+                (Source::Upper(_), None) => {}
             }
         }
         runs
@@ -151,6 +192,26 @@ impl Contents for SealContents<'_> {
                 _ => Check::Compute,
             },
             _ => Check::Trust,
+        }
+    }
+
+    fn check_chunk(&self, i: usize, k: u64) -> Check {
+        match &self.items[i].kind {
+            ItemKind::File(f) => match f.lower_chunk(k, self.opts.version) {
+                Some(idx) => {
+                    if self
+                        .lower
+                        .verifier
+                        .chunk_verified(&self.lower.packet, idx, k)
+                    {
+                        Check::Trust
+                    } else {
+                        Check::Verify
+                    }
+                }
+                None => self.check(i),
+            },
+            _ => self.check(i),
         }
     }
 
@@ -241,11 +302,16 @@ impl Contents for SealContents<'_> {
                 if *cell.get_or_init(|| now) != now || now.0 != f.size {
                     return Err(changed_while_sealing(path));
                 }
+                let p = &self.lower.packet;
                 Ok(SealReader::Upper {
                     file,
                     pos: 0,
                     path,
                     stamp: cell,
+                    chunks: f.chunks.as_deref().map(|map| {
+                        let base = p.content_offset(map.lower as usize);
+                        (map, p, self.direct.as_ref(), base)
+                    }),
                 })
             }
         }
@@ -262,44 +328,36 @@ impl ContentReader for SealReader<'_> {
                 direct,
                 pos,
             } => {
-                // A remote packet's content is fetched and verified into
-                // its spool first (nothing for a local one).
-                match direct {
-                    Some(d) => d.read_exact_at(packet.backing(), buf, *pos),
-                    None => packet.backing().read_planned_at(buf, *pos),
-                }
-                .map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        // Its length was checked when the seal began.
-                        Error::PacketChanged {
-                            packet: crate::packet::path::shown_path(packet.path()),
-                        }
+                read_parent(packet, *direct, buf, *pos)?;
+                *pos += buf.len() as u64;
+            }
+            SealReader::Upper {
+                file,
+                pos,
+                path,
+                chunks: Some((map, packet, direct, base)),
+                ..
+            } => {
+                // Chunk by chunk: from the parent while the map has it.
+                let mut done = 0;
+                while done < buf.len() {
+                    let at = *pos + done as u64;
+                    let k = at / CHUNK_SIZE;
+                    let n = (((k + 1) * CHUNK_SIZE - at) as usize).min(buf.len() - done);
+                    let piece = &mut buf[done..done + n];
+                    if map.is_lower(k) && at + n as u64 <= k * CHUNK_SIZE + map.lower_len(k) {
+                        read_parent(packet, *direct, piece, *base + at)?;
                     } else {
-                        Error::packet_io(packet, e)
+                        read_upper(file, piece, at, path)?;
                     }
-                })?;
+                    done += n;
+                }
                 *pos += buf.len() as u64;
             }
             SealReader::Upper {
                 file, pos, path, ..
             } => {
-                file.read_exact_at(buf, *pos).map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        Error::Refused {
-                            path: path.to_string(),
-                            kind: crate::packet::error::ErrorKind::ChangedWhileSealing,
-                            reason: "its upper data file is shorter than when the seal began \
-                                     (only the daemon may write the upper directory)"
-                                .into(),
-                        }
-                    } else {
-                        Error::Upper {
-                            path: Some(path.to_string()),
-                            context: format!("{path}: read"),
-                            source: e,
-                        }
-                    }
-                })?;
+                read_upper(file, buf, *pos, path)?;
                 *pos += buf.len() as u64;
             }
         }
@@ -328,6 +386,27 @@ impl ContentReader for SealReader<'_> {
         }
         Ok(())
     }
+}
+
+/// Fills `buf` from an upper data file at `pos`.
+fn read_upper(file: &File, buf: &mut [u8], pos: u64, path: &str) -> Result<()> {
+    file.read_exact_at(buf, pos).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::Refused {
+                path: path.to_string(),
+                kind: crate::packet::error::ErrorKind::ChangedWhileSealing,
+                reason: "its upper data file is shorter than when the seal began \
+                         (only the daemon may write the upper directory)"
+                    .into(),
+            }
+        } else {
+            Error::Upper {
+                path: Some(path.to_string()),
+                context: format!("{path}: read"),
+                source: e,
+            }
+        }
+    })
 }
 
 /// Reads of the parent packet with `O_DIRECT`, a span of about a piece at a

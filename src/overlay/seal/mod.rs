@@ -31,7 +31,7 @@ use super::error::{Error, Result};
 use super::index::Idx;
 use super::ino::Ino;
 use super::journal::Record;
-use super::node::{Content, Kind};
+use super::node::{ChunkMap, Content, Kind};
 use super::split;
 use super::state::{Lower, Ref};
 use super::{Overlay, Stale};
@@ -238,6 +238,31 @@ struct FileItem {
     size: u64,
     mtime_ns: u64,
     executable: bool,
+    /// A file copied up by chunk (`from` is its data file): the chunks
+    /// still read from the lower entry, whose hashes apply to them.
+    chunks: Option<Arc<ChunkMap>>,
+}
+
+impl FileItem {
+    /// The parent's chunk `k` of a file copied up by chunk, when this
+    /// file's chunk `k` is still it: its lower entry's chunk of the same
+    /// bytes (within the file's size, the same range). In a packet that
+    /// carries no whole-file hash for it (`/2`), its hash is the parent's
+    /// and its bytes are copied, not hashed.
+    fn lower_chunk(&self, k: u64, version: Version) -> Option<Idx> {
+        let map = self.chunks.as_ref()?;
+        (!version.whole_file_hash(self.size) && self.reads_lower(k)).then_some(map.lower)
+    }
+
+    /// Whether chunk `k` of a file copied up by chunk is read from its
+    /// lower entry (the same bytes at the same place; a hole in its data
+    /// file).
+    fn reads_lower(&self, k: u64) -> bool {
+        let c = crate::packet::format::CHUNK_SIZE;
+        self.chunks.as_ref().is_some_and(|map| {
+            map.is_lower(k) && ((k + 1) * c).min(self.size) == ((k + 1) * c).min(map.lower_size)
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -682,17 +707,28 @@ fn manifest_of(old: &Manifest, items: &[Item], zero_mtimes: bool, version: Versi
             ItemKind::Dir => EntryKind::Dir,
             ItemKind::Symlink(t, _) => EntryKind::Symlink(t.as_str().into()),
             ItemKind::File(f) => {
-                let (sha256, chunks) = match f.reuse.and_then(|i| old.entries[i as usize].file()) {
-                    // A `/2` id from a `/1` parent follows from the chunk
-                    // list; a whole-file hash a `/2` parent lacks is
-                    // computed (`SealContents::check`).
-                    Some(m) if version.whole_file_hash(m.size) => (m.sha256, m.chunks.clone()),
-                    Some(m) => (chunk_list_hash(&m.chunks), m.chunks.clone()),
-                    None => (
-                        Sha256::default(),
-                        vec![Sha256::default(); chunk_count(f.size) as usize].into(),
-                    ),
-                };
+                let (sha256, mut chunks): (Sha256, Box<[Sha256]>) =
+                    match f.reuse.and_then(|i| old.entries[i as usize].file()) {
+                        // A `/2` id from a `/1` parent follows from the chunk
+                        // list; a whole-file hash a `/2` parent lacks is
+                        // computed (`SealContents::check`).
+                        Some(m) if version.whole_file_hash(m.size) => (m.sha256, m.chunks.clone()),
+                        Some(m) => (chunk_list_hash(&m.chunks), m.chunks.clone()),
+                        None => (
+                            Sha256::default(),
+                            vec![Sha256::default(); chunk_count(f.size) as usize].into(),
+                        ),
+                    };
+                // A file copied up by chunk keeps the parent's hash of
+                // each chunk it did not change.
+                for (k, c) in chunks.iter_mut().enumerate() {
+                    if let Some(i) = f.lower_chunk(k as u64, version)
+                        && let Some(old) = old.entries[i as usize].file()
+                        && let Some(h) = old.chunks.get(k)
+                    {
+                        *c = *h;
+                    }
+                }
                 EntryKind::File(FileMeta {
                     size: f.size,
                     mtime_ns: if zero_mtimes { 0 } else { f.mtime_ns },

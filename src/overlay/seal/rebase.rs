@@ -137,7 +137,7 @@ impl Overlay {
         let mut fresh = crate::overlay::state::State::new(lower, inos);
         for &(ino, kind) in &held {
             if kind == Kind::File {
-                self.copy_up_held(ino, None)?;
+                self.copy_up_whole(ino)?;
             }
         }
         let t = crate::overlay::now();
@@ -329,13 +329,16 @@ impl Overlay {
             let lower_content = {
                 let st = self.state.read_recursive();
                 match st.get(&st.lower, ino) {
-                    Some(Ref::Node(n)) => matches!(n.content, Content::Lower(_)),
+                    // (Copied up by chunk: the chunks still the packet's.)
+                    Some(Ref::Node(n)) => {
+                        matches!(n.content, Content::Lower(_)) || n.chunks.is_some()
+                    }
                     Some(Ref::Lower(i)) => st.lower.kind(i) == Kind::File,
                     None => false,
                 }
             };
             if lower_content {
-                let id = self.copy_up_held(ino, None)?;
+                let id = self.copy_up_whole(ino)?;
                 let f = self.upper.data(id)?;
                 f.sync_all()
                     .map_err(Error::upper("fsync a file kept out of the packet"))?;
@@ -595,6 +598,14 @@ impl Overlay {
             let mut at = 0;
             while at < meta.size {
                 let n = crate::packet::format::CHUNK_SIZE.min(meta.size - at);
+                let k = at / crate::packet::format::CHUNK_SIZE;
+                // A chunk a file copied up by chunk still reads from the
+                // old packet is not in its data file (a hole there): it
+                // comes from the cache, or the store, as the parent's did.
+                if f.reads_lower(k) {
+                    at += n;
+                    continue;
+                }
                 buf.resize(n as usize, 0);
                 if std::os::unix::fs::FileExt::read_exact_at(&*file, &mut buf, at).is_err()
                     || packet.backing().offer(start + at, &buf) < n

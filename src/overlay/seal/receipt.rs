@@ -215,6 +215,7 @@ mod tests {
                     reuse: None,
                     origin,
                     size: f.size,
+                    chunks: None,
                     mtime_ns: 0,
                     executable: false,
                 }),
