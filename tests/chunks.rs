@@ -15,35 +15,13 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use proptest::prelude::*;
-use sessionfs::api::{Limits, Options, Overlay, Packet, Part, ROOT, SetAttr};
+use sessionfs::api::{Overlay, ROOT, SetAttr};
 
 const C: u64 = 4 * 1024 * 1024;
 
 /// `n` bytes that differ from chunk to chunk and from `seed` to `seed`.
 fn bytes(n: u64, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
-}
-
-fn open(packet: &Path, upper: &Path) -> Overlay {
-    let p = Packet::open(packet, &Limits::DEFAULT).unwrap();
-    Overlay::mount(
-        p,
-        upper,
-        Options {
-            uid: 0,
-            gid: 0,
-            part: Some(Part::Workspace),
-        },
-    )
-    .unwrap()
+    noise(seed, n as usize)
 }
 
 /// Bytes the upper directory's data files take on disk.
@@ -124,7 +102,7 @@ impl Session {
     }
 
     fn open(&self) -> Overlay {
-        open(&self.packet, &self.upper)
+        overlay_of(&self.packet, &self.upper)
     }
 
     /// Seals `o` into `name` (mtimes zeroed), checks the packet is `pack`

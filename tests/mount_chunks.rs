@@ -21,15 +21,7 @@ const C: u64 = 4 * 1024 * 1024;
 
 /// `n` bytes that differ from chunk to chunk and from `seed` to `seed`.
 fn bytes(n: u64, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
+    noise(seed, n as usize)
 }
 
 /// Bytes the upper directory's data files take on disk.
@@ -172,7 +164,10 @@ fn sigkill_during_writes_to_a_file_copied_up_by_chunk() {
         std::mem::forget(m);
         writer.join().unwrap();
         let log = log.lock().unwrap().clone();
-        assert!(log.len() >= acked, "seed {seed}: the writer made no progress");
+        assert!(
+            log.len() >= acked,
+            "seed {seed}: the writer made no progress"
+        );
         let apply = |model: &mut Vec<u8>, (at, data): &(u64, Vec<u8>)| {
             let end = *at as usize + data.len();
             if model.len() < end {

@@ -10,25 +10,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::s3::{self, Fault, Proxy};
-use common::{Run, write};
+use common::{Run, noise, write};
 use serde_json::Value;
 
 const MIB: usize = 1 << 20;
 
 use s3::{bucket, remote};
-
-/// `n` bytes that differ from those of another `seed`.
-fn noise(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// A workspace of `big` files of 3 MiB and some small ones.
 fn tree(ws: &Path, big: usize) {

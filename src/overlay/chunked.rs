@@ -150,16 +150,7 @@ impl Overlay {
             ino,
             chunks: runs(ks),
         };
-        let mut st = self.state.write();
-        // A file no name links to is gone at a remount: its change is kept
-        // in memory only (as `setattr` does).
-        let unnamed = matches!(st.get(&st.lower, ino), Some(Ref::Node(n)) if n.nlink == 0);
-        if unnamed {
-            let lower = st.lower.clone();
-            st.apply(&lower, &rec)?;
-        } else {
-            self.commit(&mut st, rec)?;
-        }
+        self.commit_unless_unnamed(&mut self.state.write(), ino, rec)?;
         self.stats
             .chunks_held
             .fetch_add(ks.len() as u64, std::sync::atomic::Ordering::Relaxed);

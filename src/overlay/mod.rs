@@ -1061,20 +1061,25 @@ impl Overlay {
                 atime,
                 mtime,
             };
-            // A node no name links to (unlinked while open, or carried
-            // across a rebase, which the journal does not hold) is gone
-            // at a remount: its change is kept in memory only, since a
-            // record of it could name a number the journal never made,
-            // which would fail the remount.
-            let unnamed = matches!(st.get(&st.lower, ino), Some(Ref::Node(n)) if n.nlink == 0);
-            if unnamed {
-                let lower = st.lower.clone();
-                st.apply(&lower, &rec)?;
-            } else {
-                self.commit(&mut st, rec)?;
-            }
+            self.commit_unless_unnamed(&mut st, ino, rec)?;
         }
         self.attr_of(&st, ino)
+    }
+
+    /// Journals and applies `rec`, a change of `ino` alone, unless no name
+    /// links to `ino` (unlinked while open, or carried across a rebase,
+    /// which the journal does not hold): such a node is gone at a remount,
+    /// so its change is kept in memory only, since a record of it could
+    /// name a number the journal never made, which would fail the remount.
+    fn commit_unless_unnamed(&self, st: &mut State, ino: Ino, rec: Record) -> Result<()> {
+        let unnamed = matches!(st.get(&st.lower, ino), Some(Ref::Node(n)) if n.nlink == 0);
+        if unnamed {
+            let lower = st.lower.clone();
+            st.apply(&lower, &rec)?;
+        } else {
+            self.commit(st, rec)?;
+        }
+        Ok(())
     }
 
     /// Opens the change gate for one operation that changes the view
@@ -1234,13 +1239,15 @@ impl Overlay {
     // -- file I/O ------------------------------------------------------------
 
     /// Where `ino`'s bytes are, with the lower layer they refer to.
-    fn content(&self, ino: Ino) -> Result<(Content, std::sync::Arc<Lower>)> {
+    /// (With the chunk map of a file copied up by chunk, taken together:
+    /// a read never pairs one state's data file with another's map.)
+    fn content(&self, ino: Ino) -> Result<(Content, std::sync::Arc<Lower>, Option<ChunkMapRef>)> {
         let st = self.view();
-        let c = match st.get(&st.lower, ino).ok_or(Error::NotFound)? {
-            Ref::Node(n) => n.content,
-            Ref::Lower(i) => Content::Lower(i),
+        let (c, map) = match st.get(&st.lower, ino).ok_or(Error::NotFound)? {
+            Ref::Node(n) => (n.content, n.chunks.clone()),
+            Ref::Lower(i) => (Content::Lower(i), None),
         };
-        Ok((c, st.lower.clone()))
+        Ok((c, st.lower.clone(), map))
     }
 
     /// `read`: appends up to `size` bytes at `offset` to `out`.
@@ -1255,7 +1262,7 @@ impl Overlay {
         if let Some(s) = self.secrets.get(ino) {
             return s.read(offset, size, out);
         }
-        let (content, lower) = self.content(ino)?;
+        let (content, lower, map) = self.content(ino)?;
         match content {
             Content::Lower(i) => {
                 let v = &lower.verifier;
@@ -1265,7 +1272,7 @@ impl Overlay {
                     rayon::spawn(move || lower.verifier.verify_ahead(&lower.packet, i, k));
                 }
             }
-            Content::Upper(id) if let Some((_, map, lower)) = self.chunk_map(ino) => {
+            Content::Upper(id) if let Some(map) = map => {
                 self.read_chunked(id, &map, &lower, offset, u64::from(size), out)?;
             }
             Content::Upper(id) => {
@@ -1360,6 +1367,9 @@ impl Overlay {
         self.upper.statfs()
     }
 }
+
+/// A file's chunk map, shared with its node.
+type ChunkMapRef = std::sync::Arc<node::ChunkMap>;
 
 /// How much of a lower file a copy-up copies into its data file.
 #[derive(Clone, Copy, Debug)]

@@ -398,6 +398,20 @@ impl Drop for Mounted {
     }
 }
 
+/// `n` bytes that differ from those of another `seed` (and from chunk to
+/// chunk: an xorshift stream).
+pub fn noise(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// The overlay a mount of `packet`'s workspace part over upper directory
 /// `upper` (made if absent) serves, in this process and without FUSE: the
 /// seal logic's test bench (the kernel is not needed to change the upper
