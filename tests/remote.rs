@@ -592,16 +592,19 @@ fn the_aws_exact_proxy_refuses_what_aws_refuses() {
         Option<&'a str>,
     );
     let part_q = format!("partNumber=1&uploadId=u&X-Amz-SignedHeaders={signed}");
+    let sent_part = || {
+        vec![
+            ("content-length", "4"),
+            ("x-amz-checksum-sha256", sha.as_str()),
+            ("x-amz-sdk-checksum-algorithm", "SHA256"),
+        ]
+    };
     let cases: Vec<Case> = vec![
         (
             "a part as sent",
             "PUT",
             &part_q,
-            vec![
-                ("content-length", "4"),
-                ("x-amz-checksum-sha256", &sha),
-                ("x-amz-sdk-checksum-algorithm", "SHA256"),
-            ],
+            sent_part(),
             b"body",
             Some(&with_sha),
             None,
@@ -611,11 +614,7 @@ fn the_aws_exact_proxy_refuses_what_aws_refuses() {
             "a damaged part",
             "PUT",
             &part_q,
-            vec![
-                ("content-length", "4"),
-                ("x-amz-checksum-sha256", &sha),
-                ("x-amz-sdk-checksum-algorithm", "SHA256"),
-            ],
+            sent_part(),
             b"bodz",
             Some(&with_sha),
             None,
@@ -635,11 +634,7 @@ fn the_aws_exact_proxy_refuses_what_aws_refuses() {
             "a checksum the upload did not ask for",
             "PUT",
             &part_q,
-            vec![
-                ("content-length", "4"),
-                ("x-amz-checksum-sha256", &sha),
-                ("x-amz-sdk-checksum-algorithm", "SHA256"),
-            ],
+            sent_part(),
             b"body",
             Some(&plain),
             None,
