@@ -779,8 +779,10 @@ fn already_there_means_the_same_bytes_not_the_same_manifest() {
     assert_eq!(v["already_there"], true, "{v}");
     assert_eq!(v["uploaded_bytes"], 0, "{v}");
     let log = proxy.requests();
+    // (A store that keeps no SHA-256 checksum, as radosgw 16, has the
+    // object read instead.)
     assert!(
-        log.iter().all(|l| l.starts_with("HEAD ")),
+        s3::is_external() || log.iter().all(|l| l.starts_with("HEAD ")),
         "only a look at the key: {log:#?}"
     );
     // Put there by another tool: no checksum to compare, so read whole.
@@ -812,6 +814,10 @@ fn already_there_means_the_same_bytes_not_the_same_manifest() {
 /// refused) is caught after the fact, as `remote_overwritten`.
 #[test]
 fn a_store_that_ignores_if_none_match_never_replaces_a_packet() {
+    if s3::is_external() {
+        eprintln!("skipped: dropping a signed header breaks the signature a real store checks");
+        return;
+    }
     let (_tmp, ws, other) = two_trees();
     let (moto, b) = (s3::moto(), bucket());
     pack_to(moto.port, &other, &b, "victim.packet").ok();
