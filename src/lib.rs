@@ -34,9 +34,9 @@ pub mod api {
     pub use crate::overlay::ino::{ROOT, candidate};
     pub use crate::overlay::seal::{SealOptions, SealOutcome};
     pub use crate::overlay::{Caller, Error, Kind, Options, Overlay, SetAttr, SetTime};
-    pub use crate::packet::digest::Sha256;
+    pub use crate::packet::digest::{Sha256, chunk_list_hash};
     pub use crate::packet::format::{
-        HarnessKind, Limits, MAX_FILE_SIZE, MAX_MTIME_NS, chunk_count,
+        HarnessKind, Limits, MAX_FILE_SIZE, MAX_MTIME_NS, Version, chunk_count,
     };
     pub use crate::packet::layout::{Layout, manifest_header};
     pub use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};

@@ -1,5 +1,7 @@
 //! The format cannot drift silently: a tree built the same way every time
-//! must pack to the exact bytes checked in under `tests/golden/`.
+//! must pack to the exact bytes checked in under `tests/golden/`, in each
+//! version of the format (`NAME.packet` is the current version,
+//! `NAME.v1.packet` `sessionfs.packet/1`).
 //!
 //! After an intended format change (a new schema version), regenerate with
 //! `SESSIONFS_BLESS=1 cargo test --test golden` and review the diff.
@@ -67,8 +69,23 @@ fn small_tree(root: &Path) {
     set_mtime(&h.join("history.jsonl"), 4_000_000_000_999_999_999);
 }
 
+/// The file names of the golden files of `name` in packet version
+/// `version` (`2` or `1`).
+fn golden_name(name: &str, version: &str, ext: &str) -> String {
+    match version {
+        "2" => format!("{name}.{ext}"),
+        v => format!("{name}.v{v}.{ext}"),
+    }
+}
+
 #[test]
 fn small_packet_is_byte_exact() {
+    for version in ["2", "1"] {
+        small_packet_is_byte_exact_in(version);
+    }
+}
+
+fn small_packet_is_byte_exact_in(version: &str) {
     let tmp = tempfile::tempdir().unwrap();
     small_tree(tmp.path());
     let out = tmp.path().join("small.packet");
@@ -80,26 +97,27 @@ fn small_packet_is_byte_exact() {
         tmp.path().join("h").to_str().unwrap(),
         "--harness-kind",
         "generic",
+        "--packet-version",
+        version,
         "-o",
         out.to_str().unwrap(),
     ]);
     let v = r.ok();
     let got = fs::read(&out).unwrap();
-    let golden = golden_dir().join("small.packet");
+    let golden = golden_dir().join(golden_name("small", version, "packet"));
+    let digest_file = golden_dir().join(golden_name("small", version, "digest"));
     if std::env::var_os("SESSIONFS_BLESS").is_some() {
         fs::write(&golden, &got).unwrap();
-        fs::write(
-            golden_dir().join("small.digest"),
-            format!("{}\n", v["digest"].as_str().unwrap()),
-        )
-        .unwrap();
+        fs::write(&digest_file, format!("{}\n", v["digest"].as_str().unwrap())).unwrap();
     }
-    let want = fs::read(&golden).expect("tests/golden/small.packet (bless with SESSIONFS_BLESS=1)");
+    let want =
+        fs::read(&golden).expect("tests/golden/small*.packet (bless with SESSIONFS_BLESS=1)");
     assert!(
         got == want,
-        "packet bytes drifted from tests/golden/small.packet; if the format changed on purpose, bump the schema and re-bless"
+        "packet bytes drifted from {}; if the format changed on purpose, bump the schema and re-bless",
+        golden.display()
     );
-    let digest = fs::read_to_string(golden_dir().join("small.digest")).unwrap();
+    let digest = fs::read_to_string(&digest_file).unwrap();
     assert_eq!(v["digest"].as_str().unwrap(), digest.trim());
     // The checked-in packet verifies and restores on its own.
     run([
@@ -109,12 +127,22 @@ fn small_packet_is_byte_exact() {
         digest.trim(),
     ])
     .ok();
+    // Inspect names the version.
+    let i = run(["inspect", golden.to_str().unwrap()]).ok().clone();
+    assert_eq!(i["packet_schema"], format!("sessionfs.packet/{version}"));
+    assert_eq!(i["packet_version"].to_string(), version);
 }
 
 /// A tree with multi-chunk files, pinned by digest and whole-file hash
 /// (the packet itself would be too large to check in).
 #[test]
 fn chunked_packet_is_pinned_by_its_hashes() {
+    for version in ["2", "1"] {
+        chunked_packet_is_pinned_by_its_hashes_in(version);
+    }
+}
+
+fn chunked_packet_is_pinned_by_its_hashes_in(version: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let ws = tmp.path().join("ws");
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -131,13 +159,13 @@ fn chunked_packet_is_pinned_by_its_hashes() {
     set_mtime(&ws.join("big.bin"), 1_700_000_000_000_000_000);
     set_mtime(&ws.join("exactly-one-chunk"), 1_700_000_000_000_000_000);
     let out = tmp.path().join("chunked.packet");
-    let v = pack(&ws, &out, &["--file-sha256"]);
+    let v = pack(&ws, &out, &["--file-sha256", "--packet-version", version]);
     let line = format!(
         "{} {}\n",
         v["digest"].as_str().unwrap(),
         v["file_sha256"].as_str().unwrap()
     );
-    let golden = golden_dir().join("chunked.hashes");
+    let golden = golden_dir().join(golden_name("chunked", version, "hashes"));
     if std::env::var_os("SESSIONFS_BLESS").is_some() {
         fs::write(&golden, &line).unwrap();
     }
@@ -151,5 +179,11 @@ fn chunked_packet_is_pinned_by_its_hashes() {
         manifest.matches("\"chunks\"").count(),
         1,
         "only the file over one chunk carries chunks"
+    );
+    // Beside them, its whole-file hash in `/1` only.
+    assert_eq!(
+        manifest.matches("\"sha256\"").count(),
+        if version == "1" { 2 } else { 1 },
+        "{manifest}"
     );
 }

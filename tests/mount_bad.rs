@@ -144,7 +144,7 @@ fn refused_packets_are_never_mounted() {
         .unwrap() as usize;
     let text = String::from_utf8(bytes[512..512 + size].to_vec())
         .unwrap()
-        .replacen("packet/1", "packet/2", 1);
+        .replacen("packet/2", "packet/3", 1);
     let mut v2 = sessionfs::api::manifest_header(text.len() as u64).to_vec();
     v2.extend(text.as_bytes());
     v2.resize(v2.len().next_multiple_of(512), 0);

@@ -226,3 +226,204 @@ fn a_connection_handed_over_as_dev_fd_is_served() {
     assert_eq!(r.ok()["unmounted"], true);
     assert!(child.0.wait().unwrap().success());
 }
+
+/// An agent at work on the mount: appends numbered lines to `log` (a path
+/// inside the mount, written by its absolute path each time, as a shell
+/// does) as fast as it can, working in the mount and holding `held` open
+/// (so the mount is busy), and records each line whose write succeeded
+/// in `acks` (outside the mount), its errors in `errs`.
+fn agent(mnt: &Path, log: &Path, held: &Path, acks: &Path, errs: &Path) -> KillOnDrop {
+    let script = format!(
+        "exec 3< '{held}'; i=0; while :; do i=$((i+1)); \
+         if echo \"line $i\" >> '{log}' 2>>'{errs}'; then echo $i >> '{acks}'; fi; done",
+        held = held.display(),
+        log = log.display(),
+        acks = acks.display(),
+        errs = errs.display(),
+    );
+    KillOnDrop(
+        Command::new("bash")
+            .args(["-c", &script])
+            .current_dir(mnt)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The numbers in `acks`, one a line (a last line cut by the kill is
+/// dropped).
+fn acked(acks: &Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(acks).unwrap_or_default();
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    lines.pop(); // after the last newline: empty, or cut short
+    lines.iter().map(|l| l.parse().unwrap()).collect()
+}
+
+/// The lines of `log`: `line 1`, `line 2`, … with none missing; how many.
+fn contiguous_lines(log: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(log);
+    let mut n = 0;
+    for l in text.lines() {
+        n += 1;
+        assert_eq!(l, format!("line {n}"), "a line missing or out of place");
+    }
+    n
+}
+
+/// Whether process `pid` is gone (or a zombie).
+fn ended(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+        .unwrap_or(true)
+}
+
+fn parent_of(pid: i32) -> i32 {
+    status_field(pid, "PPid").parse().unwrap()
+}
+
+/// docs/SEMANTICS.md, "Termination": SIGTERM to the daemon while the agent
+/// works on the mount (files open, its working directory there) never
+/// detaches the mount: the agent's writes by path keep landing in the
+/// session (the upper directory) until it is killed, nothing lands beneath
+/// the mountpoint, and the daemon unmounts and ends once the agent is
+/// gone. Before, the daemon detached the mount lazily at once: with
+/// `--part workspace` the agent's later writes by path went into the
+/// directory beneath the mountpoint (lines outside the session, and the
+/// next mount refused as `mountpoint_not_empty`).
+#[test]
+fn sigterm_mid_turn_never_sends_a_write_outside_the_session() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = open_tmp();
+    let t = tmp.path();
+    let p = packet(t);
+    let mnt = t.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let up = t.join("up");
+    let m = common::Mounted::new(&p, &mnt, &up, &["--part", "workspace"]);
+    let pid = m.pid();
+    let (acks, errs) = (t.join("acks"), t.join("errs"));
+    let mut a = agent(
+        &mnt,
+        &mnt.join("log.txt"),
+        &mnt.join("README.md"),
+        &acks,
+        &errs,
+    );
+    wait_for("the agent's first 200 lines", || acked(&acks).len() >= 200);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGTERM).unwrap();
+    let before = acked(&acks).len();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Still mounted, still taking the agent's writes.
+    assert!(is_mounted(&mnt), "the mount was taken away under the agent");
+    assert!(acked(&acks).len() > before, "the agent's writes stopped");
+    assert!(!ended(pid));
+    // The pod's SIGKILL takes the agent; the daemon unmounts and ends.
+    let _ = a.0.kill();
+    let _ = a.0.wait();
+    wait_for("the daemon to end", || ended(pid));
+    m.unmounted_elsewhere();
+    assert!(!is_mounted(&mnt));
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "something was written beneath the mountpoint"
+    );
+    // Every acknowledged line is in the session.
+    let out = t.join("after.packet");
+    common::seal_offline(&p, &up, &out, &[]).ok();
+    let back = t.join("back");
+    common::unpack(&out, &back, &[]);
+    let n = contiguous_lines(&std::fs::read(back.join("workspace/log.txt")).unwrap());
+    let acked = acked(&acks);
+    assert!(
+        acked.iter().all(|&i| i <= n),
+        "an acknowledged line is missing"
+    );
+    assert!(n >= acked.len() as u64);
+    assert_eq!(std::fs::read_to_string(&errs).unwrap(), "");
+}
+
+/// The pod's shape (docs/pods.md): a mounter (root) and an unprivileged
+/// daemon with `--seal-on-term`; SIGTERM to the mounter (the sidecar's
+/// first process) mid-turn: changes are refused from then on (`EROFS`),
+/// the view is sealed, and once the agent is killed the daemon unmounts
+/// and both end. Every write the agent saw succeed is in the sealed
+/// packet, and nothing is beneath the mountpoint.
+#[test]
+fn a_pod_stopped_mid_turn_seals_every_acknowledged_write() {
+    if !privileged("a_pod_stopped_mid_turn_seals_every_acknowledged_write") {
+        return;
+    }
+    let tmp = open_tmp();
+    let t = tmp.path();
+    let p = packet(t);
+    let mnt = t.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let state = t.join("state");
+    std::fs::create_dir(&state).unwrap();
+    nix::unistd::chown(
+        &state,
+        Some(nix::unistd::Uid::from_raw(AGENT)),
+        Some(nix::unistd::Gid::from_raw(AGENT)),
+    )
+    .unwrap();
+    let dest = state.join("last.packet");
+    let id = AGENT.to_string();
+    let m = common::Mounted::new(
+        &p,
+        &mnt,
+        &state.join("up"),
+        &[
+            "--uid",
+            &id,
+            "--gid",
+            &id,
+            "--drop-privileges",
+            "--allow-other",
+            "--seal-on-term",
+            dest.to_str().unwrap(),
+        ],
+    );
+    let daemon = m.pid();
+    let mounter = parent_of(daemon);
+    let (acks, errs) = (t.join("acks"), t.join("errs"));
+    let ws = mnt.join("workspace");
+    let mut a = agent(
+        &ws,
+        &ws.join("log.txt"),
+        &ws.join("README.md"),
+        &acks,
+        &errs,
+    );
+    wait_for("the agent's first 200 lines", || acked(&acks).len() >= 200);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(mounter),
+        nix::sys::signal::SIGTERM,
+    )
+    .unwrap();
+    wait_for("the seal on the way out", || dest.exists());
+    // Refused from the seal on, as on a read-only file system.
+    wait_for("the agent to be refused", || {
+        std::fs::read_to_string(&errs).is_ok_and(|e| e.contains("Read-only file system"))
+    });
+    assert!(is_mounted(&mnt));
+    let _ = a.0.kill();
+    let _ = a.0.wait();
+    wait_for("the daemon and the mounter to end", || {
+        ended(daemon) && ended(mounter)
+    });
+    m.unmounted_elsewhere();
+    assert!(!is_mounted(&mnt));
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0);
+    let back = t.join("back");
+    common::unpack(&dest, &back, &[]);
+    let n = contiguous_lines(&std::fs::read(back.join("workspace/log.txt")).unwrap());
+    let acked = acked(&acks);
+    assert!(!acked.is_empty());
+    assert!(
+        acked.iter().all(|&i| i <= n),
+        "a line the agent saw written is not in the sealed packet ({n} lines)"
+    );
+}

@@ -14,7 +14,7 @@ use sessionfs::api::Packet;
 use sessionfs::api::Sha256;
 use sessionfs::api::verify;
 use sessionfs::api::{Entry, EntryKind, FileMeta, Manifest};
-use sessionfs::api::{HarnessKind, Limits, chunk_count};
+use sessionfs::api::{HarnessKind, Limits, Version, chunk_count};
 use sessionfs::api::{PackOptions, pack as pack_lib};
 use sessionfs::api::{UnpackOptions, unpack};
 
@@ -38,6 +38,7 @@ fn opts_holding(ws: &Path, out: &Path, hold_memory: u64) -> PackOptions {
         mode: 0o644,
         hold_memory: Some(hold_memory),
         file_sha256: true,
+        version: Version::CURRENT,
         barrier: None,
     }
 }
@@ -60,12 +61,13 @@ proptest! {
     fn random_trees_round_trip(
         children in prop::collection::btree_map(name(), node(), 0..8),
         hold in 0u64..12_000,
+        version in prop::sample::select(&Version::ALL[..]),
     ) {
         let tmp = tempfile::tempdir().unwrap();
         let ws = tmp.path().join("ws");
         build(&ws, &children);
         let p1 = tmp.path().join("1.packet");
-        let r1 = pack_lib(&opts(&ws, &p1), &|_| {}).unwrap();
+        let r1 = pack_lib(&PackOptions { version, ..opts(&ws, &p1) }, &|_| {}).unwrap();
         let packet = Packet::open(&p1, &Limits::DEFAULT).unwrap();
         verify(&packet, &|_| {}).unwrap();
         let out = tmp.path().join("out");
@@ -76,7 +78,11 @@ proptest! {
         let p2 = tmp.path().join("2.packet");
         // Packed again with some, or none, of its files held between the
         // passes: the same bytes.
-        let r2 = pack_lib(&opts_holding(&out.join("workspace"), &p2, hold), &|_| {}).unwrap();
+        let r2 = pack_lib(
+            &PackOptions { version, ..opts_holding(&out.join("workspace"), &p2, hold) },
+            &|_| {},
+        )
+        .unwrap();
         prop_assert_eq!(r1.digest, r2.digest);
         prop_assert_eq!(fs::read(&p1).unwrap(), fs::read(&p2).unwrap());
         // What pack calls external is what strict unpack refuses: packed
@@ -124,8 +130,9 @@ fn manifest_strategy() -> impl Strategy<Value = Manifest> {
     (
         prop::collection::vec(entry, 0..20),
         prop::option::of(0usize..4),
+        prop::sample::select(&Version::ALL[..]),
     )
-        .prop_map(|(raw, harness)| {
+        .prop_map(|(raw, harness, version)| {
             let mut entries = vec![Entry {
                 path: "workspace".into(),
                 kind: EntryKind::Dir,
@@ -137,13 +144,22 @@ fn manifest_strategy() -> impl Strategy<Value = Manifest> {
                     continue;
                 }
                 let kind = match (file, link) {
-                    (Some((size, mtime_ns, executable, h)), _) => EntryKind::File(FileMeta {
-                        size,
-                        mtime_ns,
-                        executable,
-                        sha256: Sha256(h),
-                        chunks: vec![Sha256(h); chunk_count(size) as usize].into(),
-                    }),
+                    (Some((size, mtime_ns, executable, h)), _) => {
+                        let chunks: Box<[Sha256]> =
+                            vec![Sha256(h); chunk_count(size) as usize].into();
+                        EntryKind::File(FileMeta {
+                            size,
+                            mtime_ns,
+                            executable,
+                            // In `/2` a file with chunks is known by them.
+                            sha256: if version.whole_file_hash(size) {
+                                Sha256(h)
+                            } else {
+                                sessionfs::api::chunk_list_hash(&chunks)
+                            },
+                            chunks,
+                        })
+                    }
                     (None, Some(t)) => EntryKind::Symlink(t.into()),
                     (None, None) => EntryKind::Dir,
                 };
@@ -162,6 +178,7 @@ fn manifest_strategy() -> impl Strategy<Value = Manifest> {
             }
             entries.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
             Manifest {
+                version,
                 harness: harness_kind,
                 entries,
             }

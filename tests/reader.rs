@@ -264,7 +264,7 @@ fn manifest_refusals() {
         ),
         (
             "future-version",
-            Box::new(|t| t.replacen("sessionfs.packet/1", "sessionfs.packet/2", 1)),
+            Box::new(|t| t.replacen("sessionfs.packet/2", "sessionfs.packet/3", 1)),
             4,
             "unsupported_schema",
         ),
@@ -295,11 +295,12 @@ fn manifest_refusals() {
 #[test]
 fn future_versions_are_inspectable_but_never_served() {
     let f = fixture();
-    let bytes = f.with_manifest(|t| t.replacen("sessionfs.packet/1", "sessionfs.packet/2", 1));
-    let p = f.write("v2.packet", &bytes);
+    let bytes = f.with_manifest(|t| t.replacen("sessionfs.packet/2", "sessionfs.packet/3", 1));
+    let p = f.write("v3.packet", &bytes);
     let v = run(["inspect", p.to_str().unwrap()]);
     let v = v.ok();
-    assert_eq!(v["packet_schema"], "sessionfs.packet/2");
+    assert_eq!(v["packet_schema"], "sessionfs.packet/3");
+    assert!(v.get("packet_version").is_none(), "{v}");
     assert_eq!(v["supported"], false);
     let e = run([
         "unpack",
@@ -312,22 +313,24 @@ fn future_versions_are_inspectable_but_never_served() {
         .unwrap()
         .to_owned();
     assert!(
-        msg.contains("sessionfs.packet/2") && msg.contains("sessionfs.packet/1"),
+        msg.contains("sessionfs.packet/3")
+            && msg.contains("sessionfs.packet/2")
+            && msg.contains("sessionfs.packet/1"),
         "{msg}"
     );
     // A future layout that moves the schema key is still recognized.
     let moved = f.with_manifest(|t| {
         t.replacen(
-            "{\"schema\":\"sessionfs.packet/1\",",
-            "{\"entries\":[],\"schema\":\"sessionfs.packet/3\",",
+            "{\"schema\":\"sessionfs.packet/2\",",
+            "{\"entries\":[],\"schema\":\"sessionfs.packet/4\",",
             1,
         )
     });
-    let p3 = f.write("v3.packet", &moved);
-    run(["verify", p3.to_str().unwrap()]).fails(4, "unsupported_schema");
+    let p4 = f.write("v4.packet", &moved);
+    run(["verify", p4.to_str().unwrap()]).fails(4, "unsupported_schema");
     assert_eq!(
-        run(["inspect", p3.to_str().unwrap()]).ok()["packet_schema"],
-        "sessionfs.packet/3"
+        run(["inspect", p4.to_str().unwrap()]).ok()["packet_schema"],
+        "sessionfs.packet/4"
     );
 }
 

@@ -372,3 +372,68 @@ fn an_offline_seal_refuses_a_directory_that_is_no_upper_directory() {
         "nothing made in it"
     );
 }
+
+/// "seal writes the version it is asked for whatever its parent's, so
+/// seal == pack holds in each version" (packet-format.md §8): a file with
+/// chunks kept from a parent of either version, sealed in either.
+#[test]
+fn a_seal_writes_the_version_asked_whatever_its_parents() {
+    use sessionfs::api::Version;
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    sample_tree(&ws);
+    let big: Vec<u8> = (0..(9u32 << 20) + 7).map(|i| (i % 253) as u8).collect();
+    write(&ws, "big.bin", &big);
+    for (parent, asked) in [("1", "2"), ("2", "1"), ("2", "2"), ("1", "1")] {
+        let name = format!("p{parent}-{asked}");
+        let packet = packet_of(
+            &ws,
+            tmp.path(),
+            &format!("{name}-parent"),
+            &["--zero-mtimes", "--packet-version", parent],
+        );
+        let o = overlay_of(&packet, &tmp.path().join(format!("{name}-upper")));
+        o.write(ino(&o, "README.md"), 0, b"X").unwrap();
+        let mut opts = seal_options(tmp.path().join(format!("{name}.packet")), None);
+        opts.zero_mtimes = true;
+        opts.version = if asked == "1" {
+            Version::V1
+        } else {
+            Version::V2
+        };
+        let sealed = o.seal(&opts, &|_| {}).unwrap();
+        // Only the README changed: the file with chunks is not modified,
+        // whatever the two versions make of its id.
+        assert_eq!(
+            ops(&sealed),
+            vec![("modified".to_string(), "README.md".to_string())]
+                .into_iter()
+                .map(|(op, p)| (op, format!("workspace/{p}")))
+                .collect::<Vec<_>>(),
+            "{name}"
+        );
+        let merged = tmp.path().join(format!("{name}-ws"));
+        succeed(
+            std::process::Command::new("cp")
+                .arg("-a")
+                .arg(&ws)
+                .arg(&merged),
+        );
+        let mut readme = fs::read(merged.join("README.md")).unwrap();
+        readme[0] = b'X';
+        fs::write(merged.join("README.md"), readme).unwrap();
+        let want = packet_of(
+            &merged,
+            tmp.path(),
+            &format!("{name}-want"),
+            &["--zero-mtimes", "--packet-version", asked],
+        );
+        assert!(
+            fs::read(tmp.path().join(format!("{name}.packet"))).unwrap()
+                == fs::read(&want).unwrap(),
+            "{name}: the seal differs from pack of the merged tree"
+        );
+        let i = run(["inspect", want.to_str().unwrap()]).ok().clone();
+        assert_eq!(i["packet_schema"], format!("sessionfs.packet/{asked}"));
+    }
+}

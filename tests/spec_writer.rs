@@ -2,7 +2,8 @@
 //! written from docs/packet-format.md alone, must write the very bytes
 //! `sessionfs pack` writes, and the same digest, for trees that need no
 //! policy decision. Each test builds trees that exercise one part of the
-//! spec; a difference names the first differing byte and its member.
+//! spec, in each version of the format (`sessionfs.packet/2` and `/1`); a
+//! difference names the first differing byte and its member.
 
 mod common;
 
@@ -21,9 +22,16 @@ fn script() -> PathBuf {
 /// Runs the reference writer and returns the digest it prints. A missing
 /// `python3` fails the test: this check must not be skipped.
 #[track_caller]
-fn python_pack(ws: &Path, harness: Option<(&Path, &str)>, out: &Path, zero: bool) -> String {
+fn python_pack(
+    ws: &Path,
+    harness: Option<(&Path, &str)>,
+    out: &Path,
+    zero: bool,
+    version: &str,
+) -> String {
     let mut cmd = Command::new("python3");
     cmd.arg(script())
+        .args(["--packet-version", version])
         .arg("--workspace")
         .arg(ws)
         .arg("-o")
@@ -62,12 +70,28 @@ fn show_block(bytes: &[u8], block: usize) -> String {
     s
 }
 
-/// Packs the tree with both writers and asserts equal bytes and digests.
+/// Packs the tree with both writers, in each version, and asserts equal
+/// bytes and digests.
 #[track_caller]
 fn assert_same(tmp: &Path, name: &str, ws: &Path, harness: Option<(&Path, &str)>, zero: bool) {
+    for version in ["2", "1"] {
+        assert_same_in(tmp, name, ws, harness, zero, version);
+    }
+}
+
+#[track_caller]
+fn assert_same_in(
+    tmp: &Path,
+    name: &str,
+    ws: &Path,
+    harness: Option<(&Path, &str)>,
+    zero: bool,
+    version: &str,
+) {
+    let name = &format!("{name}-v{version}");
     let ours = tmp.join(format!("{name}.rust.packet"));
     let theirs = tmp.join(format!("{name}.py.packet"));
-    let mut extra: Vec<&str> = Vec::new();
+    let mut extra: Vec<&str> = vec!["--packet-version", version];
     if let Some((dir, kind)) = harness {
         extra.extend(["--harness", dir.to_str().unwrap(), "--harness-kind", kind]);
     }
@@ -78,7 +102,7 @@ fn assert_same(tmp: &Path, name: &str, ws: &Path, harness: Option<(&Path, &str)>
     for list in ["excluded", "dropped", "rebased_symlinks"] {
         assert_eq!(result[list], serde_json::json!([]), "{name}: {list}");
     }
-    let digest = python_pack(ws, harness, &theirs, zero);
+    let digest = python_pack(ws, harness, &theirs, zero, version);
     let a = fs::read(&ours).unwrap();
     let b = fs::read(&theirs).unwrap();
     if a != b {

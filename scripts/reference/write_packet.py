@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""A second writer of `sessionfs.packet/1`, written from docs/packet-format.md
+"""A second writer of `sessionfs.packet/2` (and `/1`), written from docs/packet-format.md
 (and the `pack` section of docs/CLI.md) alone, without reading sessionfs's
 source, as a check that the spec suffices to write byte-identical packets.
 tests/spec_writer.rs compares its output with `sessionfs pack`.
 
     write_packet.py --workspace DIR [--harness DIR --harness-kind KIND]
-                    [--zero-mtimes] -o OUT
+                    [--zero-mtimes] [--packet-version 1|2] -o OUT
 
 Prints the packet's digest. It handles only trees that need no policy
 decision: it refuses credentials that pack would exclude, sockets, FIFOs,
@@ -116,19 +116,24 @@ def fold(path):  # §2 collision folding (with Python's Unicode version, not 16.
     return unicodedata.normalize("NFD", unicodedata.normalize("NFD", path).casefold())
 
 
-def hash_file(e):
+def hash_content(path):
+    """(size, SHA-256 of the whole content, SHA-256 of each 4 MiB chunk)."""
     whole, chunks, size = hashlib.sha256(), [], 0
-    with open(e["src"], "rb") as f:
-        while True:
-            block = f.read(CHUNK)
-            if not block:
-                break
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
             whole.update(block)
             chunks.append(hashlib.sha256(block).hexdigest())
             size += len(block)
-    e["size"], e["sha256"] = size, whole.hexdigest()
+    return size, whole.hexdigest(), chunks
+
+
+def hash_file(e, version):
+    size, whole, chunks = hash_content(e["src"])
+    e["size"] = size
     if size > CHUNK:
         e["chunks"] = chunks
+    if version == 1 or size <= CHUNK:  # §3.1: /2 files with chunks carry no sha256
+        e["sha256"] = whole
 
 
 # ---------------------------------------------------------------- the manifest (§3)
@@ -153,7 +158,8 @@ def jentry(e):
         kv += [("size", str(e["size"])), ("mtime_ns", str(e["mtime_ns"]))]
         if e["executable"]:
             kv.append(("executable", "true"))
-        kv.append(("sha256", jstr(e["sha256"])))
+        if "sha256" in e:
+            kv.append(("sha256", jstr(e["sha256"])))
         if "chunks" in e:
             kv.append(("chunks", "[" + ",".join(jstr(c) for c in e["chunks"]) + "]"))
     elif e["type"] == "symlink":
@@ -161,8 +167,8 @@ def jentry(e):
     return "{" + ",".join(f"{jstr(k)}:{v}" for k, v in kv) + "}"
 
 
-def manifest(entries, kind):
-    head = '{"schema":"sessionfs.packet/1",'
+def manifest(entries, kind, version):
+    head = '{"schema":"sessionfs.packet/%d",' % version
     if kind is not None:
         head += f'"harness":{jstr(kind)},'
     return (head + '"entries":[' + ",".join(jentry(e) for e in entries) + "]}").encode()
@@ -252,13 +258,15 @@ def write_packet(out, entries, man):
         for e in entries:
             f.write(member_headers(e))
             if e["type"] == "file":
-                h, n = hashlib.sha256(), 0
+                h, chunks, n = hashlib.sha256(), [], 0
                 with open(e["src"], "rb") as src:
                     while block := src.read(CHUNK):
                         h.update(block)
+                        chunks.append(hashlib.sha256(block).hexdigest())
                         n += len(block)
                         f.write(block)
-                if (n, h.hexdigest()) != (e["size"], e["sha256"]):
+                if (n, h.hexdigest() if "sha256" in e else None, chunks if "chunks" in e else None) \
+                        != (e["size"], e.get("sha256"), e.get("chunks")):
                     fail(f"{e['path']} changed while packing")
                 f.write(b"\0" * pad(n))
         f.write(b"\0" * 1024)
@@ -270,6 +278,7 @@ def main():
     ap.add_argument("--harness")
     ap.add_argument("--harness-kind", choices=KINDS)
     ap.add_argument("--zero-mtimes", action="store_true")
+    ap.add_argument("--packet-version", type=int, choices=(1, 2), default=2)
     ap.add_argument("-o", dest="out", required=True)
     a = ap.parse_args()
     if (a.harness is None) != (a.harness_kind is None):
@@ -296,8 +305,8 @@ def main():
             fail(f"{seen[k]} and {e['path']} collide (§2)")
         seen[k] = e["path"]
         if e["type"] == "file":
-            hash_file(e)
-    man = manifest(entries, a.harness_kind)
+            hash_file(e, a.packet_version)
+    man = manifest(entries, a.harness_kind, a.packet_version)
     write_packet(a.out, entries, man)
     print("sha256:" + hashlib.sha256(man).hexdigest())
 

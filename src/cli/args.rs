@@ -1,7 +1,7 @@
 //! Arguments shared by several subcommands.
 
 use crate::packet::digest::Digest;
-use crate::packet::format::Limits;
+use crate::packet::format::{Limits, Version};
 
 use super::error::CliError;
 
@@ -39,6 +39,26 @@ impl LimitArgs {
             max_path_bytes: check("--max-path-bytes", self.max_path_bytes, c.max_path_bytes)?,
         })
     }
+}
+
+/// What packets a writer (`pack`, `seal`) writes: one definition, so that
+/// the two take the same flag and a seal requested of a daemon carries it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WriteArgs {
+    /// The packet format version to write: 2 (a file over 4 MiB is
+    /// identified by its chunk hashes, so a seal that keeps some of its
+    /// chunks never reads them), or 1 (every file also carries the SHA-256
+    /// of its whole content, for readers from before version 2).
+    #[arg(long, value_name = "N", default_value = "2", value_parser = parse_version)]
+    pub packet_version: Version,
+}
+
+/// Parses a packet format version number (`1`, `2`).
+pub fn parse_version(s: &str) -> Result<Version, String> {
+    Version::ALL
+        .into_iter()
+        .find(|v| v.number().to_string() == s.trim())
+        .ok_or_else(|| format!("`{s}` is not a packet version this sessionfs writes: 1 or 2"))
 }
 
 /// How remote packets are fetched and cached (docs/remote.md): taken by

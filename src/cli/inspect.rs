@@ -7,7 +7,6 @@ use serde::Serialize;
 use super::Output;
 use super::args::LimitArgs;
 use super::error::CliError;
-use crate::packet::format::SCHEMA;
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{EntryKind, Manifest};
 use crate::packet::path::Part;
@@ -39,6 +38,9 @@ pub struct Args {
 struct Result {
     packet: String,
     packet_schema: String,
+    /// The format version's number, for a version this build reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    packet_version: Option<u32>,
     supported: bool,
     digest: String,
     manifest_bytes: u64,
@@ -73,7 +75,8 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let (raw, shown) = super::location::read_manifest(&a.packet, &limits)?;
     let mut out = Result {
         packet: shown.clone(),
-        packet_schema: SCHEMA.into(),
+        packet_schema: String::new(),
+        packet_version: None,
         supported: true,
         digest: raw.digest.to_string(),
         manifest_bytes: raw.bytes.len() as u64,
@@ -97,6 +100,8 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         }
         Err(e) => return Err(super::location::at_shown(&shown)(e)),
     };
+    out.packet_schema = manifest.version.schema().into();
+    out.packet_version = Some(manifest.version.number());
     let count =
         |f: fn(&EntryKind) -> bool| manifest.entries.iter().filter(|e| f(&e.kind)).count() as u64;
     let layout = Layout::compute(&manifest, raw.bytes.len() as u64);

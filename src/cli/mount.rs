@@ -94,6 +94,11 @@ pub struct Args {
     /// never copied to the upper directory, never sealed); repeatable.
     #[arg(long = "secret", value_name = "VIEWPATH=HOSTFILE", value_parser = parse_secret)]
     secrets: Vec<(String, PathBuf)>,
+    /// On SIGTERM (SIGINT, SIGHUP): refuse every change from then on (EROFS),
+    /// seal the view to this file or s3:// object, then unmount once nothing
+    /// holds the mount (docs/pods.md).
+    #[arg(long, value_name = "FILE")]
+    seal_on_term: Option<PathBuf>,
     /// The daemon's log (its stderr), set by the process that starts it.
     #[arg(skip)]
     #[serde(default)]
@@ -396,6 +401,9 @@ fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
         let at = a.mounted_at.as_deref().unwrap_or(&a.mountpoint);
         check_upper_apart(&a.upper, at)?;
         check_upper_parent(&a.upper)?;
+        if let Some(dest) = a.seal_on_term.as_mut() {
+            check_seal_dest(dest)?;
+        }
         // A connection handed over is served here: its descriptor is this
         // process's.
         if !a.foreground && fd.is_none() {
@@ -473,13 +481,6 @@ fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
     let replayed = overlay.records();
     let (connection, unmounter) =
         connection(role, fd, &mountpoint).inspect_err(|_| unmake_upper())?;
-    let opts = daemon::ServeOptions {
-        mountpoint: mountpoint.clone(),
-        allow_other: a.allow_other,
-        threads: usize::from(a.threads),
-        connection,
-        unmounter,
-    };
     // Stderr is the log the starter opened (see spawn_daemon), moved
     // aside as it grows; a daemon without privileges cannot move it in
     // root's runtime directory, and leaves it be.
@@ -511,6 +512,18 @@ fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
         pid: Some(std::process::id()),
     }
     .save(&a.upper);
+    let on_term = a
+        .seal_on_term
+        .as_ref()
+        .map(|dest| seal_on_term(&overlay, dest, &limits, &roots));
+    let opts = daemon::ServeOptions {
+        mountpoint: mountpoint.clone(),
+        allow_other: a.allow_other,
+        threads: usize::from(a.threads),
+        connection,
+        unmounter,
+        on_term,
+    };
     let result = std::cell::RefCell::new(None);
     let served = daemon::serve(
         overlay,
@@ -578,6 +591,69 @@ fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
             Ok(Output::printed())
         }
     }
+}
+
+/// `--seal-on-term`'s destination, checked now rather than when the pod
+/// stops: a local file's directory must exist (the path is made absolute:
+/// the daemon's working directory is not this one's), an object's
+/// location must parse as one that can be written.
+fn check_seal_dest(dest: &mut PathBuf) -> Result<(), CliError> {
+    if super::location::output(dest, "mount --seal-on-term")?.is_some() {
+        return Ok(());
+    }
+    *dest = crate::sys::absolute(dest);
+    let dir = dest.parent().unwrap_or(Path::new("/"));
+    if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+        return Err(CliError::new(
+            Some(ErrorClass::Refused),
+            ErrorKind::TargetUnusable,
+            format!(
+                "{}: --seal-on-term: {}",
+                dest.display(),
+                crate::output::missing_directory(dir)
+            ),
+            Some(crate::packet::path::shown_path(dest)),
+        ));
+    }
+    Ok(())
+}
+
+/// What the daemon does on SIGTERM before it unmounts, with
+/// `--seal-on-term DEST`: refuse every change from then on, and seal the
+/// view to `dest` (waiting for changes in progress), so that every write
+/// the agent saw succeed is in that packet. The result (or the error) goes
+/// to the log, as a warning so that it is kept at the default level.
+fn seal_on_term(
+    overlay: &Arc<Overlay>,
+    dest: &Path,
+    limits: &crate::packet::format::Limits,
+    roots: &std::collections::HashMap<Part, Vec<String>>,
+) -> Box<dyn FnOnce() + Send> {
+    let (overlay, roots) = (overlay.clone(), roots.clone());
+    let req = control::SealRequest {
+        output: dest.to_owned(),
+        max_bytes: limits.max_bytes,
+        max_entries: limits.max_entries,
+        max_path_bytes: limits.max_path_bytes,
+        mode: super::args::file_mode_from_umask(),
+        ..Default::default()
+    };
+    Box::new(move || {
+        overlay.end_changes();
+        // No rebase: how remote packets are read is never asked.
+        let reading = || {
+            Err(crate::daemon::Error::Usage(
+                "no rebase on the way out".into(),
+            ))
+        };
+        match crate::daemon::seal::handle(&overlay, &req, &roots, &reading, None, &|_| {}) {
+            Ok(v) => tracing::warn!(result = %v, "sealed on the way out"),
+            Err(e) => {
+                let e = CliError::from(e);
+                tracing::error!(kind = %e.kind, "the seal on the way out failed: {}", e.message);
+            }
+        }
+    })
 }
 
 /// How the daemon in `role` has its FUSE connection (descriptor `fd`

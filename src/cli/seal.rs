@@ -34,6 +34,7 @@ use crate::packet::error::{ErrorClass, ErrorKind};
 ///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --prefetch none
 ///   sessionfs seal /workspace -o turn-2.packet --file-sha256
 ///   sessionfs seal /workspace -o s3://b/turn-2.packet --verify-copies
+///   sessionfs seal /workspace -o turn-2.packet --packet-version 1   # for older readers
 ///   sessionfs seal /workspace -o t.packet --exclude 'target' --keep '.env.test' --zero-mtimes
 ///   sessionfs seal /workspace -o t.packet --reject-external-symlinks
 ///   sessionfs seal /workspace -o t.packet --max-bytes 8GiB --max-entries 1000000 --max-path-bytes 8192
@@ -86,6 +87,8 @@ pub struct Args {
     #[arg(long)]
     verify_copies: bool,
     #[command(flatten)]
+    write: super::args::WriteArgs,
+    #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
     remote: super::args::RemoteArgs,
@@ -102,6 +105,7 @@ impl Args {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
     let remote = super::location::output(&a.output, "seal -o")?.is_some();
+    super::location::check_digest_named(&a.output, remote)?;
     // Bad patterns are usage errors, as for pack, before any daemon is asked.
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
         .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;
@@ -123,6 +127,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         mode: file_mode_from_umask(),
         file_sha256: a.file_sha256,
         verify_copies: a.verify_copies,
+        packet_version: a.write.packet_version,
         progress: false,
     };
     if let (Some(packet), Some(upper)) = (&a.packet, &a.upper) {

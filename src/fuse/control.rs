@@ -76,6 +76,10 @@ pub struct SealRequest {
     /// upload completes (`--verify-copies`).
     #[serde(default)]
     pub verify_copies: bool,
+    /// The format version to write (the current one when a client from
+    /// before versions leaves it out).
+    #[serde(default)]
+    pub packet_version: crate::packet::format::Version,
     /// Send [`Progress`] lines before the reply (the client draws them).
     #[serde(default)]
     pub progress: bool,

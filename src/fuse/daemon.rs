@@ -29,7 +29,14 @@ pub struct ServeOptions {
     /// asked to (`lazy`: detach a busy mount). `None`: this process, with
     /// `umount2`, or `fusermount3` when it is not root.
     pub unmounter: Option<Unmounter>,
+    /// Run once, on the first SIGTERM, SIGINT or SIGHUP, before the
+    /// unmount: a seal on the way out (`mount --seal-on-term`).
+    pub on_term: Option<Box<dyn FnOnce() + Send>>,
 }
+
+/// How often a daemon told to stop tries again to unmount a mount that is
+/// busy (files open on it, a process working in it).
+pub const TERM_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Unmounts this daemon's mount for it (`true`: detach it even if busy).
 pub type Unmounter = Box<dyn Fn(bool) -> io::Result<()> + Send + Sync>;
@@ -173,24 +180,18 @@ pub fn serve(
 
     {
         let (mountpoint, ours) = (opts.mountpoint.clone(), ours.clone());
+        let on_term = opts.on_term;
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
                 if let Ok(sig) = signals.wait() {
-                    // A pod being stopped sends SIGTERM and then SIGKILL:
-                    // unmount now, or detach if files are still open (the
-                    // daemon then serves them until they are closed).
-                    tracing::info!(?sig, "unmounting on signal");
-                    let r = match unmount(&mountpoint, false, &ours) {
-                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                            tracing::warn!("files are open on the mount: detaching it");
-                            unmount(&mountpoint, true, &ours)
-                        }
-                        r => r,
-                    };
-                    if let Err(e) = r {
-                        tracing::error!(error = %e, "unmount failed");
+                    // A pod being stopped sends SIGTERM, then SIGKILL after
+                    // its grace period (docs/pods.md).
+                    tracing::warn!(?sig, "ending the mount on signal");
+                    if let Some(f) = on_term {
+                        f();
                     }
+                    end_on_signal(&mountpoint, &ours);
                 }
             })?;
     }
@@ -270,6 +271,37 @@ pub fn serve(
     }
     tracing::info!("unmounted");
     result
+}
+
+/// Unmounts once nothing holds the mount, serving it meanwhile; never
+/// detaches it. A detached mount gives its mountpoint's path back to the
+/// directory beneath, where a process still working by path (an agent
+/// writing `/workspace/log`) would write outside the session, and leave
+/// the mountpoint not empty for the next mount (docs/SEMANTICS.md,
+/// "Termination"). A daemon killed meanwhile leaves a dead mount, which
+/// fails every request (`ENOTCONN`) and takes no write either.
+fn end_on_signal(mountpoint: &Path, ours: &Ours) {
+    let mut told = false;
+    loop {
+        match unmount(mountpoint, false, ours) {
+            Ok(()) => return,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                if !told {
+                    tracing::warn!(
+                        "files are open on the mount, or a process works in it: serving until \
+                         they are closed, then unmounting (not detaching: a write by path must \
+                         not land beneath the mountpoint)"
+                    );
+                    told = true;
+                }
+                std::thread::sleep(TERM_RETRY);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot unmount; serving until the mount is taken away, or this daemon is killed");
+                return;
+            }
+        }
+    }
 }
 
 /// The control socket this daemon bound, known by its identity: removed

@@ -28,6 +28,9 @@ pub fn errno(e: &Error) -> Errno {
         // read-only bind mount of it: EROFS for a change (not EACCES,
         // which a chmod could lift), EBUSY for its name, EXDEV for a link.
         Error::ReadOnly => Errno::from_i32(libc::EROFS),
+        // The mount is ending: its changes are over, as a file system
+        // remounted read-only.
+        Error::Ending => Errno::from_i32(libc::EROFS),
         Error::Busy => Errno::from_i32(libc::EBUSY),
         Error::CrossDevice => Errno::from_i32(libc::EXDEV),
         // Never return unverified bytes: the read fails as a device error.

@@ -89,7 +89,7 @@ pub fn hash_new<S: Contents>(
         .collect();
     todo.into_par_iter()
         .map_init(Vec::new, |buf, (i, size)| {
-            let mut h = ContentHasher::new(size);
+            let mut h = ContentHasher::new(size, manifest.version);
             let mut r = src.open(i)?;
             let mut prints = Vec::new();
             let held = if keep.hold_max.is_some_and(|max| size <= max) {
@@ -751,6 +751,10 @@ impl<S: Contents> Assembler<'_, S> {
         }
         let e = &self.manifest.entries[member];
         let Some(f) = e.file() else { return Ok(()) };
+        if !self.manifest.version.whole_file_hash(f.size) {
+            // A `/2` file with chunks has no whole-file hash to check.
+            return Ok(());
+        }
         let start = range(piece, self.manifest, self.layout).start;
         let data = self.layout.data_offset(member, e);
         let from = data + k * CHUNK_SIZE;
@@ -813,6 +817,7 @@ impl<S: Contents> Assembler<'_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::packet::format::Version;
     use crate::packet::manifest::{EntryKind, FileMeta};
 
     fn entry(path: &str, size: Option<u64>) -> Entry {
@@ -878,7 +883,12 @@ mod tests {
     }
 
     fn file_entry(path: &str, data: &[u8]) -> Entry {
-        let mut h = ContentHasher::new(data.len() as u64);
+        file_entry_in(path, data, Default::default())
+    }
+
+    /// A file of `data`, hashed as `version` records it.
+    fn file_entry_in(path: &str, data: &[u8], version: Version) -> Entry {
+        let mut h = ContentHasher::new(data.len() as u64, version);
         h.update(data);
         let (sha256, chunks) = h.finish();
         Entry {
@@ -930,6 +940,7 @@ mod tests {
             }
         }
         let m = Manifest {
+            version: Default::default(),
             harness: None,
             entries,
         };
@@ -1007,6 +1018,7 @@ mod tests {
     /// The fingerprints [`hash_new`] takes of each entry's `data`.
     fn fingerprints_of(entries: &[Entry], data: &[Option<Vec<u8>>]) -> Vec<Vec<u128>> {
         let m = Manifest {
+            version: Default::default(),
             harness: None,
             entries: entries.to_vec(),
         };
@@ -1135,7 +1147,8 @@ mod tests {
         let big: Vec<u8> = (0..(9u32 << 20) + 1000).map(|i| (i % 251) as u8).collect();
         let data = vec![None, Some(big.clone()), Some(b"tail".to_vec())];
         for (wrong, checked) in [(true, true), (true, false), (false, true)] {
-            let mut big_entry = file_entry("workspace/big", &big);
+            // Only `/1` has a whole-file hash beside the chunks.
+            let mut big_entry = file_entry_in("workspace/big", &big, Version::V1);
             if wrong {
                 // Right chunks, a wrong whole: a packet readers refuse.
                 if let EntryKind::File(f) = &mut big_entry.kind {
@@ -1143,6 +1156,7 @@ mod tests {
                 }
             }
             let m = Manifest {
+                version: Version::V1,
                 harness: None,
                 entries: vec![
                     entry("workspace", None),
@@ -1187,6 +1201,7 @@ mod tests {
         }
         // A source with no fingerprint for a file refuses it.
         let m = Manifest {
+            version: Default::default(),
             harness: None,
             entries: vec![
                 entry("workspace", None),
@@ -1204,6 +1219,7 @@ mod tests {
     #[test]
     fn pieces_tile_the_file_in_order() {
         let m = Manifest {
+            version: Default::default(),
             harness: None,
             entries: vec![
                 entry("workspace", None),

@@ -345,6 +345,7 @@ mod tests {
             kind: EntryKind::Dir,
         };
         let parent = Manifest {
+            version: Default::default(),
             harness: None,
             entries: vec![
                 dir.clone(),
@@ -356,6 +357,7 @@ mod tests {
         };
         // b changed, c unchanged, an entry inserted before d.
         let new = Manifest {
+            version: Default::default(),
             harness: None,
             entries: vec![
                 dir,

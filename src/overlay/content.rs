@@ -334,10 +334,11 @@ impl Verifier {
     /// content: always for a file without chunks (its one chunk is the
     /// whole), else once [`Self::mark_whole`] said so. Verifying every
     /// chunk does not prove it: a manifest may pair right chunk hashes
-    /// with a wrong whole hash, and a packet holding it is invalid.
+    /// with a wrong whole hash, and a packet holding it is invalid. (A
+    /// `/2` packet has no such hash: always.)
     pub fn whole_checked(&self, packet: &Packet, i: Idx) -> bool {
         match packet.manifest.entries[i as usize].file() {
-            Some(f) if !f.chunks.is_empty() => {
+            Some(f) if !f.chunks.is_empty() && packet.manifest.version.whole_file_hash(f.size) => {
                 self.is_verified(self.base[i as usize] + chunks_of(f.size, true))
             }
             _ => true,

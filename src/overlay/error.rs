@@ -53,6 +53,10 @@ pub enum Error {
     /// metadata changes of it are refused.
     #[error("read-only file system")]
     ReadOnly,
+    /// The mount is ending (its daemon was told to stop and seals on the
+    /// way out): changes are refused.
+    #[error("read-only file system: the mount is ending (its daemon was told to stop)")]
+    Ending,
     /// A secret's name cannot be removed, renamed or replaced, as a
     /// mount point's cannot.
     #[error("device or resource busy")]

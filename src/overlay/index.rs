@@ -209,6 +209,7 @@ mod tests {
             .collect();
         entries.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
         Manifest {
+            version: Default::default(),
             harness: None,
             entries,
         }

@@ -185,6 +185,10 @@ pub struct Overlay {
     /// metadata, content), exclusively by a seal: a seal sees one state
     /// while readers keep going.
     mutations: RwLock<()>,
+    /// Set when the mount is ending (its daemon was told to stop, and
+    /// seals on the way out): every change is refused from then on, so
+    /// none is acknowledged after the last seal took its view.
+    ending: std::sync::atomic::AtomicBool,
     /// Held by the seal that runs: seals take turns here before they wait
     /// for changes to stop, so a seal waiting behind another can still be
     /// given up (see [`Overlay::seal`]).
@@ -298,6 +302,7 @@ impl Overlay {
             upper: up,
             state: RwLock::new(state),
             mutations: RwLock::new(()),
+            ending: std::sync::atomic::AtomicBool::new(false),
             seal_turn: Mutex::new(()),
             splits: split::Splits::default(),
             page: crate::sys::page_size(),
@@ -695,7 +700,7 @@ impl Overlay {
         caller: Caller,
     ) -> Result<Attr> {
         let name = name_str(name)?;
-        let _m = self.changing();
+        let _m = self.changing()?;
         let mut st = self.state.write();
         let lower = st.lower.clone();
         self.check_mutable_dir(&st, parent)?;
@@ -793,7 +798,7 @@ impl Overlay {
 
     /// `unlink`.
     pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        let _m = self.changing();
+        let _m = self.changing()?;
         let name = name_str(name)?;
         let mut st = self.state.write();
         let lower = st.lower.clone();
@@ -819,7 +824,7 @@ impl Overlay {
 
     /// `rmdir`.
     pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        let _m = self.changing();
+        let _m = self.changing()?;
         let name = name_str(name)?;
         let mut st = self.state.write();
         let lower = st.lower.clone();
@@ -875,7 +880,7 @@ impl Overlay {
         noreplace: bool,
         exchange: bool,
     ) -> Result<()> {
-        let _m = self.changing();
+        let _m = self.changing()?;
         let name = name_str(name)?;
         let newname = name_str(newname)?;
         if noreplace && exchange {
@@ -940,7 +945,7 @@ impl Overlay {
 
     /// `link`: a new name for a file (lower files too: no copy).
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
-        let _m = self.changing();
+        let _m = self.changing()?;
         let newname = name_str(newname)?;
         let mut st = self.state.write();
         let lower = st.lower.clone();
@@ -983,7 +988,7 @@ impl Overlay {
         if self.is_secret(ino) {
             return Err(Error::ReadOnly);
         }
-        let _m = self.changing();
+        let _m = self.changing()?;
         if let Some(size) = req.size {
             if size > MAX_FILE_SIZE {
                 return Err(Error::TooBig);
@@ -1065,8 +1070,23 @@ impl Overlay {
     /// for an operation's first hold: a thread taking it again, while a
     /// seal waits, would wait for that seal and the seal for it; nested
     /// steps ([`Overlay::copy_up`]) take it recursively.
-    fn changing(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
-        self.mutations.read()
+    /// Refused with [`Error::Ending`] once [`Overlay::end_changes`] was
+    /// called: checked with the gate held, so a change either went in
+    /// before a seal that follows the call, or is refused.
+    fn changing(&self) -> Result<parking_lot::RwLockReadGuard<'_, ()>> {
+        let gate = self.mutations.read();
+        if self.ending.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Ending);
+        }
+        Ok(gate)
+    }
+
+    /// Refuses every change from now on ([`Error::Ending`]): for a mount
+    /// that ends with a seal (`mount --seal-on-term`), so that every change
+    /// acknowledged is in that seal's packet. Changes in progress finish;
+    /// a seal after this call waits for them.
+    pub fn end_changes(&self) {
+        self.ending.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Copies a lower file up (if it still is one) and returns its data
@@ -1225,7 +1245,7 @@ impl Overlay {
         if self.is_secret(ino) {
             return Err(Error::ReadOnly);
         }
-        let _m = self.changing();
+        let _m = self.changing()?;
         // As for a file size limit: a write that would cross it writes up
         // to it, one at it fails.
         let room = MAX_FILE_SIZE.saturating_sub(offset);
@@ -1288,7 +1308,7 @@ impl Overlay {
         if self.is_secret(ino) {
             return Err(Error::ReadOnly);
         }
-        let _m = self.changing();
+        let _m = self.changing()?;
         if offset.saturating_add(length) > MAX_FILE_SIZE {
             return Err(Error::TooBig);
         }

@@ -4,7 +4,7 @@ use std::fmt;
 
 use sha2::Digest as _;
 
-use super::format::CHUNK_SIZE;
+use super::format::{CHUNK_SIZE, Version};
 
 /// A SHA-256 value. Shown as 64 lowercase hex digits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -138,10 +138,26 @@ impl serde::Serialize for Sha256 {
     }
 }
 
-/// Hashes a file's content as it streams by: the whole-file hash, and the
-/// per-chunk hashes a manifest carries for files over one chunk.
+/// FORMAT (`/2`): the value that identifies the content of a file with
+/// chunks: SHA-256 of its chunk hashes, each as its 32 raw bytes, in order
+/// (as S3's composite checksums are a hash of the parts' hashes). A writer
+/// that keeps a file's unchanged chunks computes it from the chunk list
+/// alone, without reading them; it is what receipts report as such a
+/// file's `sha256`, and what its ctime stamp is made of on a mount.
+pub fn chunk_list_hash(chunks: &[Sha256]) -> Sha256 {
+    let mut h = sha2::Sha256::new();
+    for c in chunks {
+        h.update(c.0);
+    }
+    Sha256(h.finalize().into())
+}
+
+/// Hashes a file's content as it streams by: the per-chunk hashes a
+/// manifest carries for files over one chunk, and the whole-file hash where
+/// the version carries one ([`Version::whole_file_hash`]).
 pub struct ContentHasher {
-    whole: sha2::Sha256,
+    /// The whole-file hash, when the version carries one for this size.
+    whole: Option<sha2::Sha256>,
     chunk: sha2::Sha256,
     /// Bytes fed into `chunk` so far.
     chunk_fill: u64,
@@ -152,12 +168,13 @@ pub struct ContentHasher {
 }
 
 impl ContentHasher {
-    /// A hasher for a file of `size` bytes (the size decides whether chunk
-    /// hashes are kept; the hasher does not check it).
-    pub fn new(size: u64) -> ContentHasher {
+    /// A hasher for a file of `size` bytes in a manifest of `version` (the
+    /// size decides whether chunk hashes are kept, and with the version,
+    /// whether the whole content is hashed; the hasher does not check it).
+    pub fn new(size: u64, version: Version) -> ContentHasher {
         let chunked = size > CHUNK_SIZE;
         ContentHasher {
-            whole: sha2::Sha256::new(),
+            whole: version.whole_file_hash(size).then(sha2::Sha256::new),
             chunk: sha2::Sha256::new(),
             chunk_fill: 0,
             chunked,
@@ -169,7 +186,9 @@ impl ContentHasher {
     /// Feeds the next bytes of the file.
     pub fn update(&mut self, mut data: &[u8]) {
         self.total += data.len() as u64;
-        self.whole.update(data);
+        if let Some(whole) = &mut self.whole {
+            whole.update(data);
+        }
         if !self.chunked {
             return;
         }
@@ -187,12 +206,18 @@ impl ContentHasher {
         }
     }
 
-    /// The whole-file hash and the chunk hashes (empty for small files).
+    /// The manifest's `sha256` for the file (the whole-file hash, or in
+    /// `/2` the [`chunk_list_hash`] of a file with chunks) and the chunk
+    /// hashes (empty for small files).
     pub fn finish(mut self) -> (Sha256, Vec<Sha256>) {
         if self.chunked && self.chunk_fill > 0 {
             self.chunks.push(Sha256(self.chunk.finalize_reset().into()));
         }
-        (Sha256(self.whole.finalize().into()), self.chunks)
+        let id = match self.whole {
+            Some(whole) => Sha256(whole.finalize().into()),
+            None => chunk_list_hash(&self.chunks),
+        };
+        (id, self.chunks)
     }
 }
 
@@ -227,21 +252,38 @@ mod tests {
         let size = CHUNK_SIZE * 2 + 17;
         let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         // Feed in odd-sized pieces to cross chunk boundaries mid-piece.
-        let mut h = ContentHasher::new(size);
-        for piece in data.chunks(1_000_003) {
-            h.update(piece);
-        }
-        let (whole, chunks) = h.finish();
-        assert_eq!(whole, Sha256::of(&data));
         let expect: Vec<Sha256> = data.chunks(CHUNK_SIZE as usize).map(Sha256::of).collect();
-        assert_eq!(chunks, expect);
+        for (version, id) in [
+            (Version::V1, Sha256::of(&data)),
+            (Version::V2, chunk_list_hash(&expect)),
+        ] {
+            let mut h = ContentHasher::new(size, version);
+            for piece in data.chunks(1_000_003) {
+                h.update(piece);
+            }
+            let (got, chunks) = h.finish();
+            assert_eq!(got, id, "{version:?}");
+            assert_eq!(chunks, expect);
+        }
     }
 
     #[test]
     fn small_files_have_no_chunks() {
-        let mut h = ContentHasher::new(CHUNK_SIZE);
-        h.update(&vec![1u8; CHUNK_SIZE as usize]);
-        let (_, chunks) = h.finish();
-        assert!(chunks.is_empty());
+        let data = vec![1u8; CHUNK_SIZE as usize];
+        for version in Version::ALL {
+            let mut h = ContentHasher::new(CHUNK_SIZE, version);
+            h.update(&data);
+            let (whole, chunks) = h.finish();
+            assert!(chunks.is_empty());
+            assert_eq!(whole, Sha256::of(&data), "{version:?}");
+        }
+    }
+
+    #[test]
+    fn the_chunk_list_hash_is_the_hash_of_the_raw_chunk_hashes() {
+        let chunks = [Sha256([1; 32]), Sha256([2; 32])];
+        let mut raw = vec![1u8; 32];
+        raw.extend([2u8; 32]);
+        assert_eq!(chunk_list_hash(&chunks), Sha256::of(&raw));
     }
 }

@@ -123,9 +123,9 @@ pub enum Error {
         reason: String,
     },
 
-    /// The manifest's schema is not `sessionfs.packet/1`.
+    /// The manifest's schema is not one this build reads.
     #[error(
-        "packet schema `{found}` is not supported: this sessionfs reads `{supported}`; {}",
+        "packet schema `{found}` is not supported: this sessionfs reads {supported}; {}",
         schema_advice(found)
     )]
     UnsupportedSchema {
@@ -610,11 +610,11 @@ mod schema_tests {
         let said = |found: &str| {
             Error::UnsupportedSchema {
                 found: found.into(),
-                supported: "sessionfs.packet/1",
+                supported: "sessionfs.packet/1 or sessionfs.packet/2",
             }
             .to_string()
         };
-        assert!(said("sessionfs.packet/2").contains("upgrade sessionfs"));
+        assert!(said("sessionfs.packet/3").contains("upgrade sessionfs"));
         let other = said("other.thing/1");
         assert!(!other.contains("upgrade"), "{other}");
         assert!(other.contains("not a sessionfs packet"), "{other}");

@@ -1,12 +1,67 @@
-//! Every constant of the `sessionfs.packet/1` format and every limit, in one place.
+//! Every constant of the `sessionfs.packet` format (versions 1 and 2) and
+//! every limit, in one place.
 //!
 //! Constants marked **FORMAT** are part of the on-disk format: changing one
 //! changes the bytes a packet is made of, so it needs a new schema version and
 //! a golden-file update (`tests/golden/`). The limits below them are policy:
 //! a reader refuses a packet over a limit, but the limit does not change bytes.
 
-/// FORMAT: the schema string of this version, the first key of `packet.json`.
-pub const SCHEMA: &str = "sessionfs.packet/1";
+/// A version of the format, named by the schema string that is the first
+/// key of `packet.json`. Readers read every version here; writers write
+/// [`Version::CURRENT`] unless asked for another (`--packet-version`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum Version {
+    /// `sessionfs.packet/1`: every file carries the SHA-256 of its whole
+    /// content, a file over one chunk its chunk hashes as well.
+    #[serde(rename = "1")]
+    V1,
+    /// `sessionfs.packet/2`: a file over one chunk carries its chunk hashes
+    /// only, and its content is identified by them (its [chunk-list
+    /// hash](crate::packet::digest::chunk_list_hash)), so that a writer
+    /// that keeps some chunks of a file never reads or hashes them.
+    #[default]
+    #[serde(rename = "2")]
+    V2,
+}
+
+impl Version {
+    /// What writers write by default.
+    pub const CURRENT: Version = Version::V2;
+    /// Every version, oldest first.
+    pub const ALL: [Version; 2] = [Version::V1, Version::V2];
+
+    /// FORMAT: the schema string.
+    pub fn schema(self) -> &'static str {
+        match self {
+            Version::V1 => "sessionfs.packet/1",
+            Version::V2 => "sessionfs.packet/2",
+        }
+    }
+
+    /// The version a schema string names, if this build reads it.
+    pub fn from_schema(s: &str) -> Option<Version> {
+        Version::ALL.into_iter().find(|v| v.schema() == s)
+    }
+
+    /// The version's number (1, 2).
+    pub fn number(self) -> u32 {
+        match self {
+            Version::V1 => 1,
+            Version::V2 => 2,
+        }
+    }
+
+    /// FORMAT: whether a file of `size` bytes carries `sha256`, the hash of
+    /// its whole content (in `/2`, only files without chunks do).
+    pub fn whole_file_hash(self, size: u64) -> bool {
+        self == Version::V1 || chunk_count(size) == 0
+    }
+}
+
+/// The schema strings this build reads, for messages.
+pub const SUPPORTED_SCHEMAS: &str = "sessionfs.packet/1 or sessionfs.packet/2";
 
 /// FORMAT: name of the first member, the manifest.
 pub const MANIFEST_NAME: &str = "packet.json";

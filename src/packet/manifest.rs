@@ -11,17 +11,19 @@
 
 use std::borrow::Cow;
 
-use super::digest::Sha256;
+use super::digest::{Sha256, chunk_list_hash};
 use super::error::{Error, LimitKind, Result};
 use super::format::{
     HarnessKind, Limits, MAX_FILE_SIZE, MAX_MTIME_NS, MAX_TARGET_BYTES, PART_HARNESS,
-    PART_WORKSPACE, SCHEMA, chunk_count,
+    PART_WORKSPACE, SUPPORTED_SCHEMAS, Version, chunk_count,
 };
 use super::path::{self, check_path, collision_key};
 
 /// A parsed manifest. Entries are in canonical order (raw path bytes).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Manifest {
+    /// The format version it is (to be) written in.
+    pub version: Version,
     /// The harness kind; present exactly when the packet has a harness part.
     pub harness: Option<HarnessKind>,
     /// Every member after the manifest, in order.
@@ -57,7 +59,10 @@ pub struct FileMeta {
     pub mtime_ns: u64,
     /// Mode 0755 instead of 0644.
     pub executable: bool,
-    /// SHA-256 of the whole content.
+    /// What identifies the content: the SHA-256 of the whole content, or,
+    /// for a file with chunks in a `/2` manifest, the [`chunk_list_hash`]
+    /// of its chunks (written nowhere in the manifest: it follows from
+    /// `chunks`).
     pub sha256: Sha256,
     /// SHA-256 of each 4 MiB chunk; empty unless the file exceeds one chunk.
     pub chunks: Box<[Sha256]>,
@@ -84,7 +89,7 @@ impl Entry {
 
     /// Its length in the manifest once hashed (see
     /// [`Manifest::encoded_len`]).
-    fn encoded_len(&self) -> u64 {
+    fn encoded_len(&self, version: Version) -> u64 {
         let digits = |n: u64| n.checked_ilog10().unwrap_or(0) as u64 + 1;
         let hex = 2 + 64; // a quoted hash
         let mut n = b"{\"path\":".len() as u64 + string_len(&self.path);
@@ -97,7 +102,9 @@ impl Entry {
                 if f.executable {
                     n += b",\"executable\":true".len() as u64;
                 }
-                n += b",\"sha256\":".len() as u64 + hex;
+                if version.whole_file_hash(f.size) {
+                    n += b",\"sha256\":".len() as u64 + hex;
+                }
                 let chunks = super::format::chunk_count(f.size);
                 if chunks > 0 {
                     n += b",\"chunks\":[]".len() as u64 + chunks * (hex + 1) - 1;
@@ -146,7 +153,7 @@ impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.entries.len() * 160);
         out.extend_from_slice(b"{\"schema\":");
-        write_string(&mut out, SCHEMA);
+        write_string(&mut out, self.version.schema());
         if let Some(h) = self.harness {
             out.extend_from_slice(b",\"harness\":");
             write_string(&mut out, h.as_str());
@@ -156,7 +163,7 @@ impl Manifest {
             if i > 0 {
                 out.push(b',');
             }
-            encode_entry(&mut out, e);
+            encode_entry(&mut out, e, self.version);
         }
         out.extend_from_slice(b"]}");
         out
@@ -167,13 +174,17 @@ impl Manifest {
     /// without encoding: a writer checks it against the readers' bound
     /// before it hashes anything.
     pub fn encoded_len(&self) -> u64 {
-        let mut n = b"{\"schema\":".len() as u64 + string_len(SCHEMA);
+        let mut n = b"{\"schema\":".len() as u64 + string_len(self.version.schema());
         if let Some(h) = self.harness {
             n += b",\"harness\":".len() as u64 + string_len(h.as_str());
         }
         n += b",\"entries\":[".len() as u64 + 2; // and `]}`
         n += self.entries.len().saturating_sub(1) as u64; // commas
-        n + self.entries.iter().map(Entry::encoded_len).sum::<u64>()
+        n + self
+            .entries
+            .iter()
+            .map(|e| e.encoded_len(self.version))
+            .sum::<u64>()
     }
 
     /// Refuses, as a limit, a manifest whose [encoded
@@ -185,7 +196,10 @@ impl Manifest {
     pub fn check_encoded_len(&self, limits: &Limits) -> Result<()> {
         let len = self.encoded_len();
         if len > limits.max_manifest_bytes() {
-            let largest = self.entries.iter().max_by_key(|e| e.encoded_len());
+            let largest = self
+                .entries
+                .iter()
+                .max_by_key(|e| e.encoded_len(self.version));
             let path = largest.map(|e| &*e.path);
             return Err(LimitKind::ManifestBytes.exceeded(len, limits, path));
         }
@@ -204,7 +218,7 @@ impl Manifest {
     }
 }
 
-fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
+fn encode_entry(out: &mut Vec<u8>, e: &Entry, version: Version) {
     out.extend_from_slice(b"{\"path\":");
     write_string(out, &e.path);
     out.extend_from_slice(b",\"type\":\"");
@@ -221,9 +235,11 @@ fn encode_entry(out: &mut Vec<u8>, e: &Entry) {
             if f.executable {
                 out.extend_from_slice(b",\"executable\":true");
             }
-            out.extend_from_slice(b",\"sha256\":\"");
-            f.sha256.write_hex(out);
-            out.push(b'"');
+            if version.whole_file_hash(f.size) {
+                out.extend_from_slice(b",\"sha256\":\"");
+                f.sha256.write_hex(out);
+                out.push(b'"');
+            }
             if !f.chunks.is_empty() {
                 out.extend_from_slice(b",\"chunks\":[");
                 for (i, c) in f.chunks.iter().enumerate() {
@@ -385,7 +401,7 @@ impl Manifest {
         let text = utf8(bytes)?;
         let manifest = match parse_in_pieces(text, limits) {
             Some(m) => m,
-            None => Parser { text, pos: 0 }.manifest(limits)?,
+            None => Parser::new(text).manifest(limits)?,
         };
         let parents = manifest.validate_tree(limits)?;
         Ok((manifest, parents))
@@ -437,8 +453,9 @@ const PARSE_PIECES: usize = 16;
 /// same check.
 fn parse_in_pieces(text: &str, limits: &Limits) -> Option<Manifest> {
     use rayon::prelude::*;
-    let mut head = Parser { text, pos: 0 };
+    let mut head = Parser::new(text);
     let harness = head.header().ok()?;
+    let version = head.version;
     let bytes = text.as_bytes();
     let start = head.pos;
     // The array ends with the last entry's `}`, then `]}` and nothing after.
@@ -484,7 +501,11 @@ fn parse_in_pieces(text: &str, limits: &Limits) -> Option<Manifest> {
         rest = others;
     }
     let ok = slots.into_par_iter().all(|(slots, from, to)| {
-        let mut p = Parser { text, pos: from };
+        let mut p = Parser {
+            text,
+            pos: from,
+            version,
+        };
         let n = slots.len();
         for (i, slot) in slots.iter_mut().enumerate() {
             let Ok(entry) = p.entry(limits) else {
@@ -509,12 +530,18 @@ fn parse_in_pieces(text: &str, limits: &Limits) -> Option<Manifest> {
     if total_bytes > limits.max_bytes {
         return None;
     }
-    Some(Manifest { harness, entries })
+    Some(Manifest {
+        version,
+        harness,
+        entries,
+    })
 }
 
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
+    /// The version the header named (entries are read by its rules).
+    version: Version,
 }
 
 /// A key just read, with the offset where it starts.
@@ -524,6 +551,14 @@ struct Key<'a> {
 }
 
 impl<'a> Parser<'a> {
+    fn new(text: &'a str) -> Parser<'a> {
+        Parser {
+            text,
+            pos: 0,
+            version: Version::CURRENT,
+        }
+    }
+
     fn bytes(&self) -> &'a [u8] {
         self.text.as_bytes()
     }
@@ -617,11 +652,16 @@ impl<'a> Parser<'a> {
         if self.pos != self.text.len() {
             return Err(self.not_canonical(self.pos, "bytes after the closing `}`"));
         }
-        Ok(Manifest { harness, entries })
+        Ok(Manifest {
+            version: self.version,
+            harness,
+            entries,
+        })
     }
 
-    /// Everything before the first entry: `{`, the schema, the harness
-    /// kind (returned), and `"entries":[`.
+    /// Everything before the first entry: `{`, the schema (its version
+    /// kept in `self.version`), the harness kind (returned), and
+    /// `"entries":[`.
     fn header(&mut self) -> Result<Option<HarnessKind>> {
         self.expect(b'{')?;
         let key = self.key()?;
@@ -629,7 +669,7 @@ impl<'a> Parser<'a> {
             // A future version may order its keys differently: report its
             // schema if it has one, rather than a key-order complaint.
             if let Some(found) = Manifest::sniff_schema(self.bytes()) {
-                if found != SCHEMA {
+                if Version::from_schema(&found).is_none() {
                     return Err(unsupported(found));
                 }
             }
@@ -637,9 +677,10 @@ impl<'a> Parser<'a> {
         }
         self.no_null(&key)?;
         let schema = self.string()?;
-        if schema != SCHEMA {
-            return Err(unsupported(schema.into_owned()));
-        }
+        self.version = match Version::from_schema(&schema) {
+            Some(v) => v,
+            None => return Err(unsupported(schema.into_owned())),
+        };
         let mut key = self.next_key()?;
         let mut harness = None;
         if let Some(k) = key.as_ref().filter(|k| k.name == "harness") {
@@ -758,10 +799,13 @@ impl<'a> Parser<'a> {
             }
             key = self.next_key()?;
         }
-        let key = self.require(key, ENTRY_KEYS, "sha256")?;
-        self.no_null(&key)?;
-        let sha256 = self.hash("sha256")?;
-        let key = self.next_key()?;
+        let mut sha256 = None;
+        if self.version.whole_file_hash(size) {
+            let k = self.require(key, ENTRY_KEYS, "sha256")?;
+            self.no_null(&k)?;
+            sha256 = Some(self.hash("sha256")?);
+            key = self.next_key()?;
+        }
         let want = chunk_count(size);
         let (key, chunks) = if want > 0 {
             let key = self.require(key, ENTRY_KEYS, "chunks")?;
@@ -772,6 +816,8 @@ impl<'a> Parser<'a> {
             (key, Box::default())
         };
         self.end_of_entry(key)?;
+        // `/2`: a file with chunks is known by them.
+        let sha256 = sha256.unwrap_or_else(|| chunk_list_hash(&chunks));
         Ok(EntryKind::File(FileMeta {
             size,
             mtime_ns,
@@ -1063,7 +1109,7 @@ impl<'a> Parser<'a> {
 fn unsupported(found: String) -> Error {
     Error::UnsupportedSchema {
         found,
-        supported: SCHEMA,
+        supported: SUPPORTED_SCHEMAS,
     }
 }
 
@@ -1282,7 +1328,13 @@ mod tests {
                 size,
                 mtime_ns: 1_700_000_000_123_456_789,
                 executable: false,
-                sha256: Sha256([7; 32]),
+                // A file with chunks gets the id `/2` derives, which `/1`
+                // takes as any other whole-file hash: valid in both.
+                sha256: if chunk_count(size) > 0 {
+                    chunk_list_hash(&vec![Sha256([9; 32]); chunk_count(size) as usize])
+                } else {
+                    Sha256([7; 32])
+                },
                 chunks: vec![Sha256([9; 32]); chunk_count(size) as usize].into(),
             }),
         }
@@ -1301,6 +1353,7 @@ mod tests {
             f.executable = true;
         }
         Manifest {
+            version: Default::default(),
             harness: Some(HarnessKind::Codex),
             entries: vec![
                 dir("harness"),
@@ -1318,15 +1371,54 @@ mod tests {
 
     #[test]
     fn encode_parse_round_trip() {
-        let m = sample();
-        let bytes = m.encode();
-        let text = std::str::from_utf8(&bytes).unwrap();
-        assert!(text.starts_with(r#"{"schema":"sessionfs.packet/1","harness":"codex","entries":[{"path":"harness","type":"dir"}"#));
-        assert!(text.contains(r#""target":"run.sh\n\u0001\"\\""#), "{text}");
-        assert!(text.contains(r#""executable":true"#));
-        let parsed = Manifest::parse(&bytes, &Limits::DEFAULT).unwrap();
-        assert_eq!(parsed, m);
-        assert_eq!(parsed.encode(), bytes);
+        for version in Version::ALL {
+            let m = Manifest {
+                version,
+                ..sample()
+            };
+            let bytes = m.encode();
+            let text = std::str::from_utf8(&bytes).unwrap();
+            let schema = version.schema();
+            assert!(text.starts_with(&format!(r#"{{"schema":"{schema}","harness":"codex","entries":[{{"path":"harness","type":"dir"}}"#)));
+            assert!(text.contains(r#""target":"run.sh\n\u0001\"\\""#), "{text}");
+            assert!(text.contains(r#""executable":true"#));
+            // The file with chunks: its whole-file hash in `/1` only.
+            let big = r#"{"path":"workspace/big","type":"file","size":9437184,"mtime_ns":1700000000123456789,"#;
+            let at = text.find(big).unwrap() + big.len();
+            assert_eq!(
+                text[at..].starts_with(r#""sha256":"#),
+                version == Version::V1,
+                "{text}"
+            );
+            let parsed = Manifest::parse(&bytes, &Limits::DEFAULT).unwrap();
+            assert_eq!(parsed, m);
+            assert_eq!(parsed.encode(), bytes);
+        }
+    }
+
+    #[test]
+    fn a_file_with_chunks_is_known_by_them_in_2_only() {
+        let v2 = String::from_utf8(sample().encode()).unwrap();
+        let chunk = format!("\"{}\"", "09".repeat(32));
+        let chunks = format!("\"chunks\":[{chunk},{chunk},{chunk}]");
+        let id = format!("\"sha256\":\"{}\",", chunk_list_hash(&[Sha256([9; 32]); 3]));
+        // `/2` with a whole-file hash beside the chunks: not where it
+        // applies.
+        let with_hash = v2.replacen(&chunks, &format!("{id}{chunks}"), 1);
+        let err = Manifest::parse(with_hash.as_bytes(), &Limits::DEFAULT).unwrap_err();
+        assert_eq!(err.kind(), "manifest_not_canonical", "{err}");
+        // `/1` without one: missing.
+        let v1 = String::from_utf8(
+            Manifest {
+                version: Version::V1,
+                ..sample()
+            }
+            .encode(),
+        )
+        .unwrap();
+        let without = v1.replacen(&id, "", 1);
+        let err = Manifest::parse(without.as_bytes(), &Limits::DEFAULT).unwrap_err();
+        assert_eq!(err.kind(), "manifest_missing_field", "{err}");
     }
 
     #[test]
@@ -1408,6 +1500,7 @@ mod tests {
         }
         entries.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
         Manifest {
+            version: Default::default(),
             harness: None,
             entries,
         }
@@ -1416,7 +1509,7 @@ mod tests {
     /// What the sequential parser alone makes of `bytes`.
     fn sequential(bytes: &[u8], limits: &Limits) -> Result<Manifest> {
         let text = utf8(bytes)?;
-        let m = Parser { text, pos: 0 }.manifest(limits)?;
+        let m = Parser::new(text).manifest(limits)?;
         m.validate(limits)?;
         Ok(m)
     }
@@ -1490,7 +1583,7 @@ mod tests {
                 "manifest_not_canonical",
             ),
             (
-                Box::new(|t| t.replacen("packet/1", "packet/2", 1)),
+                Box::new(|t| t.replacen("packet/2", "packet/3", 1)),
                 "unsupported_schema",
             ),
             // Raw control characters inside a string are not JSON, whether
@@ -1510,7 +1603,7 @@ mod tests {
             (
                 Box::new(|t| {
                     t.replacen(
-                        "{\"schema\":\"sessionfs.packet/1\",",
+                        "{\"schema\":\"sessionfs.packet/2\",",
                         "{\"entries\":[],\"schema\":\"sessionfs.packet/9\",",
                         1,
                     )
@@ -1748,6 +1841,7 @@ mod tests {
         };
         for (len, ok) in [(4095, true), (4096, false), (16_384, false)] {
             let mut m = Manifest {
+                version: Default::default(),
                 harness: None,
                 entries: vec![
                     Entry {

@@ -1,4 +1,4 @@
-//! The session packet format, `sessionfs.packet/1`: manifest, canonical
+//! The session packet format, `sessionfs.packet/1` and `/2`: manifest, canonical
 //! layout, strict reader, writer and digests. No FUSE, no raw syscalls.
 
 pub mod backing;

@@ -399,7 +399,7 @@ impl<B: Source> Packet<B> {
                 return Err(diagnose_blocks(&actual, &expected, start, &e.path));
             }
             if let EntryKind::File(f) = &e.kind {
-                let mut hasher = ContentHasher::new(f.size);
+                let mut hasher = ContentHasher::new(f.size, self.manifest.version);
                 let mut left = f.size;
                 while left > 0 {
                     let piece = r.take(left)?;

@@ -346,6 +346,7 @@ mod tests {
 
     fn m(entries: &[(&str, Option<&str>)]) -> Manifest {
         Manifest {
+            version: Default::default(),
             harness: None,
             entries: entries
                 .iter()

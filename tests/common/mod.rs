@@ -433,6 +433,7 @@ pub fn seal_options(
         limits: sessionfs::api::Limits::DEFAULT,
         roots: Default::default(),
         file_sha256: false,
+        version: sessionfs::api::Version::CURRENT,
         barrier,
         rebase: false,
         cancel: None,

@@ -134,6 +134,13 @@ impl Contents for SealContents<'_> {
     fn check(&self, i: usize) -> Check {
         match &self.items[i].kind {
             ItemKind::File(f) => match (f.from, f.reuse) {
+                // A whole-file hash a `/2` parent does not carry.
+                (Source::Lower(_), Some(_))
+                    if self.opts.version.whole_file_hash(f.size)
+                        && !self.lower.manifest().version.whole_file_hash(f.size) =>
+                {
+                    Check::Compute
+                }
                 (Source::Lower(idx), Some(_)) => {
                     if self.lower.verifier.all_verified(&self.lower.packet, idx) {
                         Check::Trust
@@ -151,6 +158,13 @@ impl Contents for SealContents<'_> {
     /// hash (every file of a packet this daemon wrote is checked).
     fn check_whole(&self, i: usize) -> bool {
         match &self.items[i].kind {
+            // Only a `/1` packet's whole-file hash, copied from a `/1` parent.
+            ItemKind::File(f)
+                if !self.opts.version.whole_file_hash(f.size)
+                    || !self.lower.manifest().version.whole_file_hash(f.size) =>
+            {
+                false
+            }
             ItemKind::File(f) => match (f.from, f.reuse) {
                 (Source::Lower(idx), Some(_)) => {
                     !self.lower.verifier.whole_checked(&self.lower.packet, idx)

@@ -41,8 +41,8 @@ use crate::output::{
     Check, ContentReader, Contents, Keep, Output, RemoteOutput, Uploaded, WriteOptions, WriteStats,
     Writing, hash_new, write_in_order,
 };
-use crate::packet::digest::{Digest, Sha256};
-use crate::packet::format::{Limits, MAX_MTIME_NS, chunk_count};
+use crate::packet::digest::{Digest, Sha256, chunk_list_hash};
+use crate::packet::format::{Limits, MAX_MTIME_NS, Version, chunk_count};
 use crate::packet::layout::Layout;
 use crate::packet::manifest::{Entry, EntryKind, FileMeta, Manifest};
 use crate::packet::path::Part;
@@ -72,6 +72,8 @@ pub struct SealOptions {
     pub roots: HashMap<Part, Vec<String>>,
     /// Compute the SHA-256 of the whole packet file (`--file-sha256`).
     pub file_sha256: bool,
+    /// The format version to write.
+    pub version: Version,
     /// Test hook: pause at named points (see `barrier`).
     pub barrier: Option<PathBuf>,
     /// After sealing, continue on the new packet with an empty upper
@@ -150,6 +152,11 @@ pub enum Change {
         /// New content hash of a file.
         #[serde(skip_serializing_if = "Option::is_none")]
         new_sha256: Option<Sha256>,
+        /// For a file with chunks: how many of its chunks are not the
+        /// parent's at the same place (a partly written file: an append
+        /// changes one or two).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        chunks_changed: Option<u64>,
     },
     /// An entry gone.
     Deleted {
@@ -221,6 +228,10 @@ pub struct SealOutcome {
     pub report: ScanReport,
     /// Whether the mount now serves the new packet.
     pub rebased: bool,
+    /// A digest-named file output held the packet already (verified):
+    /// nothing was written (without `--rebase` only).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub already_there: bool,
     /// Every change, for the receipt.
     #[serde(skip)]
     pub changes: Vec<Change>,
@@ -366,7 +377,7 @@ impl Overlay {
         phase("collected");
         opts.refuse_if_cancelled()?;
 
-        let mut manifest = manifest_of(lower.manifest(), &items, opts.zero_mtimes);
+        let mut manifest = manifest_of(lower.manifest(), &items, opts.zero_mtimes, opts.version);
         report
             .check_manifest(&manifest, &opts.limits, opts.reject_external_symlinks)
             .map_err(refusal)?;
@@ -374,14 +385,56 @@ impl Overlay {
 
         let sources = SealContents::new(opts, self, &lower, &items);
         let stats = WriteStats::default();
-        hash_new_content(&mut manifest, &sources, &stats)?;
+        hash_new_content(&mut manifest, &sources, &stats, lower.manifest())?;
         crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Hashed);
         phase("hashed");
         opts.refuse_if_cancelled()?;
 
-        let written = write_packet(opts, &manifest, &sources, &stats, progress, &phase)?;
-        let (committed, upload) =
-            commit_packet(opts, &lower, written.output, &written.digest, &phase)?;
+        // A digest-named file output is named now, before anything is
+        // written; the packet already there (verified whole) is not
+        // written again, unless the mount is to move onto it (then it is
+        // written again, the same bytes, and the mount moves onto the
+        // file the seal wrote, as always).
+        let (output, there) = match &opts.remote {
+            None if crate::output::digest_named(&opts.output) => {
+                let bytes = manifest.encode();
+                let digest = Digest::of_manifest(&bytes);
+                let to = crate::output::digest_name(&opts.output, &digest);
+                let there = match crate::output::at_digest_name(&to, &digest, &opts.limits)? {
+                    crate::output::AtDigestName::Same { len, file_sha256 } if !opts.rebase => {
+                        Some(Written {
+                            output: None,
+                            unverified_copied_bytes: 0,
+                            digest,
+                            file_sha256: opts.file_sha256.then_some(file_sha256),
+                            packet_bytes: len,
+                            manifest_len: bytes.len() as u64,
+                        })
+                    }
+                    _ => None,
+                };
+                (to, there)
+            }
+            _ => (opts.output.clone(), None),
+        };
+        let output = &output;
+        let already_there = there.is_some();
+        let (written, committed, upload) = match there {
+            Some(written) => (written, None, None),
+            None => {
+                let mut written =
+                    write_packet(opts, output, &manifest, &sources, &stats, progress, &phase)?;
+                let (committed, upload) = commit_packet(
+                    opts,
+                    output,
+                    &lower,
+                    written.output.take(),
+                    &written.digest,
+                    &phase,
+                )?;
+                (written, committed, upload)
+            }
+        };
 
         let placed = match (&committed, &opts.remote) {
             (Some(c), _) => Some(rebase::Placed::File(c)),
@@ -391,7 +444,7 @@ impl Overlay {
         if let Some(placed) = placed.filter(|_| opts.rebase) {
             let mut moved = Moved::default();
             let rebased = self.rebase_onto(
-                &opts.output,
+                output,
                 (placed, written.digest),
                 &items,
                 &opts.limits,
@@ -400,7 +453,7 @@ impl Overlay {
             );
             renumbered.append(&mut moved.renumbered);
             rebased.map_err(|e| Error::Rebase {
-                output: crate::packet::path::shown_path(&opts.output),
+                output: crate::packet::path::shown_path(output),
                 digest: written.digest.to_string(),
                 moved: moved.serves_new,
                 source: Box::new(e),
@@ -411,7 +464,7 @@ impl Overlay {
         let changes = receipt(lower.manifest(), &items, &manifest);
         let count = |f: fn(&Change) -> bool| changes.iter().filter(|c| f(c)).count() as u64;
         Ok(SealOutcome {
-            output: opts.output.clone(),
+            output: output.clone(),
             digest: written.digest,
             parent: lower.packet.digest,
             file_sha256: written.file_sha256,
@@ -431,6 +484,7 @@ impl Overlay {
             report,
             rebased: opts.rebase,
             unverified_copied_bytes: upload.map(|_| written.unverified_copied_bytes),
+            already_there,
             upload,
             changes,
         })
@@ -443,6 +497,7 @@ impl Overlay {
 /// in the file they were verified in.
 fn write_packet(
     opts: &SealOptions,
+    to: &std::path::Path,
     manifest: &Manifest,
     sources: &SealContents<'_>,
     stats: &WriteStats,
@@ -456,7 +511,7 @@ fn write_packet(
     let mut copying = None;
     let output = match &opts.remote {
         None => {
-            let output = Output::create(&opts.output)?;
+            let output = Output::create(to)?;
             output.size_for(&layout)?;
             Writing::File(output)
         }
@@ -523,8 +578,8 @@ fn write_packet(
     crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Synced);
     phase("synced");
     Ok(Written {
-        output,
         unverified_copied_bytes,
+        output: Some(output),
         digest: Digest::of_manifest(&manifest_bytes),
         file_sha256,
         packet_bytes: layout.total_len(),
@@ -532,18 +587,20 @@ fn write_packet(
     })
 }
 
-/// Puts the written packet in place at `opts.output`: the file committed,
-/// or the upload completed.
+/// Puts the written packet in place at `to`: the file committed, or the
+/// upload completed.
 fn commit_packet(
     opts: &SealOptions,
+    to: &std::path::Path,
     lower: &Lower,
-    output: Writing,
+    output: Option<Writing>,
     digest: &Digest,
     phase: &dyn Fn(&str),
 ) -> Result<(Option<crate::output::Committed>, Option<Uploaded>)> {
     let output = match output {
-        Writing::File(o) => o,
-        Writing::Remote(r) => {
+        None => return Ok((None, None)),
+        Some(Writing::File(o)) => o,
+        Some(Writing::Remote(r)) => {
             let uploaded = r.commit(digest)?;
             crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
             phase("committed");
@@ -552,7 +609,7 @@ fn commit_packet(
     };
     // Over the packet this mount serves (`--rebase` onto the same
     // path), the rename is the seal's own change to it.
-    let committed = if lower.serves(&opts.output) {
+    let committed = if lower.serves(to) {
         lower
             .verifier
             .around_own_rename(&lower.packet, || output.commit(opts.mode))?
@@ -673,21 +730,24 @@ fn prove_copies(
 
 /// A packet written and synced, not yet in place.
 struct Written {
-    output: Writing,
     /// Of the bytes the store copies (none for a file).
     unverified_copied_bytes: u64,
+    /// The packet written (taken by the commit).
+    output: Option<Writing>,
     digest: Digest,
     file_sha256: Option<Sha256>,
     packet_bytes: u64,
     manifest_len: u64,
 }
 
-/// The manifest of `items`: the old manifest's hashes for reused content,
-/// placeholders for the rest until [`hash_new_content`] fills them in.
-fn manifest_of(old: &Manifest, items: &[Item], zero_mtimes: bool) -> Manifest {
+/// The manifest of `items` in `version`: the old manifest's hashes for
+/// reused content, placeholders for the rest until [`hash_new_content`]
+/// fills them in.
+fn manifest_of(old: &Manifest, items: &[Item], zero_mtimes: bool, version: Version) -> Manifest {
     // The harness part cannot be removed on a mount, so its kind carries over.
     let has_harness = items.iter().any(|i| i.path == "harness");
     let mut manifest = Manifest {
+        version,
         harness: if has_harness { old.harness } else { None },
         entries: Vec::with_capacity(items.len()),
     };
@@ -697,7 +757,11 @@ fn manifest_of(old: &Manifest, items: &[Item], zero_mtimes: bool) -> Manifest {
             ItemKind::Symlink(t, _) => EntryKind::Symlink(t.as_str().into()),
             ItemKind::File(f) => {
                 let (sha256, chunks) = match f.reuse.and_then(|i| old.entries[i as usize].file()) {
-                    Some(m) => (m.sha256, m.chunks.clone()),
+                    // A `/2` id from a `/1` parent follows from the chunk
+                    // list; a whole-file hash a `/2` parent lacks is
+                    // computed (`SealContents::check`).
+                    Some(m) if version.whole_file_hash(m.size) => (m.sha256, m.chunks.clone()),
+                    Some(m) => (chunk_list_hash(&m.chunks), m.chunks.clone()),
                     None => (
                         Sha256::default(),
                         vec![Sha256::default(); chunk_count(f.size) as usize].into(),
@@ -727,8 +791,27 @@ fn hash_new_content(
     manifest: &mut Manifest,
     sources: &SealContents<'_>,
     stats: &WriteStats,
+    old: &Manifest,
 ) -> Result<()> {
     for h in hash_new(manifest, sources, stats, Keep::default(), &|_| {})? {
+        // Parent content hashed for a whole-file hash its `/2` manifest
+        // lacks: its chunks must be the parent's, or the new packet would
+        // vouch for bytes the parent's hashes refuse.
+        if let ItemKind::File(FileItem {
+            from: Source::Lower(idx),
+            ..
+        }) = &sources.items[h.entry].kind
+            && let Some(f) = old.entries[*idx as usize].file()
+            && *f.chunks != *h.chunks
+        {
+            let at = f.chunks.iter().zip(&h.chunks).position(|(a, b)| a != b);
+            let start = at.unwrap_or(0) as u64 * crate::packet::format::CHUNK_SIZE;
+            return Err(Error::Packet(crate::output::content_mismatch(
+                &old.entries[*idx as usize].path,
+                start,
+                (start + crate::packet::format::CHUNK_SIZE).min(f.size),
+            )));
+        }
         if let EntryKind::File(f) = &mut manifest.entries[h.entry].kind {
             f.sha256 = h.sha256;
             f.chunks = h.chunks.into();

@@ -12,6 +12,19 @@ pub(super) fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Cha
         .map(|(i, e)| (&*e.path, i))
         .collect();
     let sha = |e: &Entry| e.file().map(|f| f.sha256);
+    // An old file's id as the new packet's version gives it: a chunked
+    // file of a `/1` parent is known by its chunk list in a `/2` packet,
+    // and equal content has the new id whatever the parent's version.
+    let old_sha = |o: &Entry, n: Option<&Entry>| {
+        let f = o.file()?;
+        match n.and_then(Entry::file) {
+            Some(nf) if same_content(f, nf) => Some(nf.sha256),
+            _ if !f.chunks.is_empty() && !new.version.whole_file_hash(f.size) => {
+                Some(chunk_list_hash(&f.chunks))
+            }
+            _ => Some(f.sha256),
+        }
+    };
     let origin_of = |it: &Item| {
         match &it.kind {
             ItemKind::File(f) => f.origin,
@@ -38,12 +51,12 @@ pub(super) fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Cha
             // From the lower entry at the same path.
             (Some(o), Some(p)) if o == p => {
                 accounted[o] = true;
-                if old.entries[o] != *e {
-                    changes.push(Change::Modified {
-                        path: e.path.to_string(),
-                        old_sha256: sha(&old.entries[o]),
-                        new_sha256: sha(e),
-                    });
+                if !same_entry(&old.entries[o], e) {
+                    changes.push(modified(
+                        &old.entries[o],
+                        e,
+                        old_sha(&old.entries[o], Some(e)),
+                    ));
                 }
             }
             // A lower entry moved here (directories are not reported: their
@@ -54,7 +67,7 @@ pub(super) fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Cha
                 changes.push(Change::Renamed {
                     from: old.entries[o].path.to_string(),
                     to: e.path.to_string(),
-                    old_sha256: sha(&old.entries[o]),
+                    old_sha256: old_sha(&old.entries[o], Some(e)),
                     new_sha256: sha(e),
                 });
             }
@@ -62,12 +75,12 @@ pub(super) fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Cha
             (_, Some(p)) => {
                 if !accounted[p] && old.entries[p].type_name() == e.type_name() {
                     accounted[p] = true;
-                    if old.entries[p] != *e {
-                        changes.push(Change::Modified {
-                            path: e.path.to_string(),
-                            old_sha256: sha(&old.entries[p]),
-                            new_sha256: sha(e),
-                        });
+                    if !same_entry(&old.entries[p], e) {
+                        changes.push(modified(
+                            &old.entries[p],
+                            e,
+                            old_sha(&old.entries[p], Some(e)),
+                        ));
                     }
                 } else {
                     changes.push(Change::Added {
@@ -92,7 +105,7 @@ pub(super) fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Cha
     let mut deleted: BTreeMap<&str, Option<Sha256>> = BTreeMap::new();
     for (i, e) in old.entries.iter().enumerate() {
         if !accounted[i] && !new_has(new, &e.path) {
-            deleted.insert(&e.path, sha(e));
+            deleted.insert(&e.path, old_sha(e, None));
         }
     }
     for (path, old_sha256) in deleted {
@@ -104,6 +117,52 @@ pub(super) fn receipt(old: &Manifest, items: &[Item], new: &Manifest) -> Vec<Cha
     // By path (a rename by its new one), as the receipt promises.
     changes.sort_by(|a, b| a.path().as_bytes().cmp(b.path().as_bytes()));
     changes
+}
+
+/// Whether two files hold the same content, whatever the versions of
+/// their manifests: the same chunk list, or the same whole-content hash.
+fn same_content(a: &FileMeta, b: &FileMeta) -> bool {
+    a.size == b.size
+        && if a.chunks.is_empty() {
+            a.sha256 == b.sha256
+        } else {
+            a.chunks == b.chunks
+        }
+}
+
+/// Whether an entry is unchanged: path, type, and for a file its
+/// content, mtime and executable bit, for a symlink its target.
+fn same_entry(a: &Entry, b: &Entry) -> bool {
+    a.path == b.path
+        && match (&a.kind, &b.kind) {
+            (EntryKind::Dir, EntryKind::Dir) => true,
+            (EntryKind::Symlink(x), EntryKind::Symlink(y)) => x == y,
+            (EntryKind::File(x), EntryKind::File(y)) => {
+                x.mtime_ns == y.mtime_ns && x.executable == y.executable && same_content(x, y)
+            }
+            _ => false,
+        }
+}
+
+/// `old` modified into `new`, with how many chunks changed when both have
+/// chunks (a partly written large file: an append, a page of a database).
+fn modified(old: &Entry, new: &Entry, old_sha256: Option<Sha256>) -> Change {
+    let chunks_changed = match (old.file(), new.file()) {
+        (Some(a), Some(b)) if !b.chunks.is_empty() => Some(
+            b.chunks
+                .iter()
+                .enumerate()
+                .filter(|(k, c)| a.chunks.get(*k) != Some(c))
+                .count() as u64,
+        ),
+        _ => None,
+    };
+    Change::Modified {
+        path: new.path.to_string(),
+        old_sha256,
+        new_sha256: new.file().map(|f| f.sha256),
+        chunks_changed,
+    }
 }
 
 impl Change {
@@ -167,6 +226,7 @@ mod tests {
 
     fn manifest(entries: Vec<Entry>) -> Manifest {
         Manifest {
+            version: Default::default(),
             harness: None,
             entries,
         }
@@ -238,6 +298,7 @@ mod tests {
                 path: "workspace/a.txt".into(),
                 old_sha256: Some(Sha256::of(b"a")),
                 new_sha256: Some(Sha256::of(b"A")),
+                chunks_changed: None,
             }
         );
         // Nothing changed: nothing to report.
@@ -248,5 +309,75 @@ mod tests {
             .map(|(i, e)| item(e, Some(i as Idx)))
             .collect();
         assert_eq!(receipt(&old, &items, &old), vec![]);
+    }
+
+    /// A file of `chunks` (one 4 MiB chunk per hash, the last of 1 byte),
+    /// identified as `version` identifies it.
+    fn chunked(path: &str, chunks: &[u8], version: Version) -> Entry {
+        let list: Vec<Sha256> = chunks.iter().map(|&c| Sha256([c; 32])).collect();
+        Entry {
+            path: path.into(),
+            kind: EntryKind::File(FileMeta {
+                size: (chunks.len() as u64 - 1) * crate::packet::format::CHUNK_SIZE + 1,
+                mtime_ns: 0,
+                executable: false,
+                sha256: if version == Version::V1 {
+                    Sha256([0xee; 32])
+                } else {
+                    chunk_list_hash(&list)
+                },
+                chunks: list.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_partly_written_file_is_modified_with_its_changed_chunks_whatever_the_versions() {
+        let v = |version, entries| Manifest {
+            version,
+            harness: None,
+            entries,
+        };
+        let root = entry("workspace", None);
+        for parent in Version::ALL {
+            let old = v(
+                parent,
+                vec![
+                    root.clone(),
+                    chunked("workspace/db", &[1, 2, 3], parent),
+                    chunked("workspace/same", &[7, 8], parent),
+                ],
+            );
+            let new = v(
+                Version::V2,
+                vec![
+                    root.clone(),
+                    chunked("workspace/db", &[1, 2, 4, 5], Version::V2),
+                    chunked("workspace/same", &[7, 8], Version::V2),
+                ],
+            );
+            let items: Vec<Item> = new
+                .entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| item(e, Some(i as Idx)))
+                .collect();
+            // The untouched file is not modified by the change of version,
+            // and the old id is given in the new packet's terms.
+            assert_eq!(
+                receipt(&old, &items, &new),
+                vec![Change::Modified {
+                    path: "workspace/db".into(),
+                    old_sha256: Some(chunk_list_hash(&[
+                        Sha256([1; 32]),
+                        Sha256([2; 32]),
+                        Sha256([3; 32])
+                    ])),
+                    new_sha256: new.entries[1].file().map(|f| f.sha256),
+                    chunks_changed: Some(2),
+                }],
+                "parent {parent:?}"
+            );
+        }
     }
 }
