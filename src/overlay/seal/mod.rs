@@ -695,6 +695,7 @@ fn copy_source(
         bucket: bucket.clone(),
         key: key.clone(),
         etag,
+        len: lower.packet.layout.total_len(),
     };
     Some((source, copies::CopyParent { spool }))
 }
