@@ -37,6 +37,23 @@ pub fn output(arg: &Path, what: &str) -> Result<Option<(Location, Settings)>, Cl
     }
 }
 
+/// A `{digest}` in an output (`pack -o`, `seal -o`): in a local file's
+/// name only (its directory exists); an `s3://` key's is not taken yet.
+pub fn check_digest_named(output: &Path, remote: bool) -> Result<(), CliError> {
+    if !crate::output::digest_named(output) {
+        return Ok(());
+    }
+    if remote {
+        return Err(CliError::usage(format!(
+            "{}: {} in an s3:// key is not supported by this build; name a local file by its \
+             digest, or give the key",
+            output.display(),
+            crate::output::DIGEST_PLACEHOLDER
+        )));
+    }
+    crate::output::check_digest_template(output).map_err(CliError::usage)
+}
+
 /// A packet argument as results give it: a local path made absolute (the
 /// result is read where a relative path may not lead), a remote location
 /// as shown.

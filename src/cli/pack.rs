@@ -31,6 +31,7 @@ use crate::source::tar::TarIn;
 ///   sessionfs pack --workspace ./repo --file-sha256 -o s.packet   # for a whole-file checksum
 ///   sessionfs pack --workspace ./repo --packet-version 1 -o s.packet   # for older readers
 ///   sessionfs pack --workspace ./repo -o s3://bucket/sessions/s.packet   # upload as it writes
+///   sessionfs pack --workspace ./repo -o 'packets/{digest}.packet'   # named by its digest
 ///   sessionfs pack --workspace ./big -o s.packet --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs pack --workspace ./deep -o s.packet --max-path-bytes 8192
 ///   sessionfs pack --workspace-tar ws.tar -o s.packet   # a tar, never extracted
@@ -73,7 +74,9 @@ pub struct Args {
     harness_kind: Option<KindArg>,
     /// Where to write the packet: a file, or `s3://BUCKET/KEY` to upload
     /// it as it is written (multipart; nothing is replaced there: see
-    /// docs/remote.md).
+    /// docs/remote.md). `{digest}` in the file's name is replaced with
+    /// `sha256-<hex>`; a packet already there is verified, not written
+    /// again (`already_there`).
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
     /// Record every mtime as 0 (content-only addressing: the digest then
@@ -142,6 +145,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let started = std::time::Instant::now();
     let limits = a.limits.limits()?;
     let remote = super::location::output(&a.output, "pack -o")?;
+    super::location::check_digest_named(&a.output, remote.is_some())?;
     let kind = a
         .harness_kind
         .map_or(HarnessKind::Generic, HarnessKind::from);
@@ -190,10 +194,14 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     })?;
     drop(progress);
     tracing::info!(digest = %outcome.digest, entries = outcome.entries, "packed");
+    let output = match outcome.upload {
+        Some(_) => super::location::shown(&super::location::parse(&a.output)?),
+        None => crate::packet::path::shown_path(&outcome.output),
+    };
     Ok(Output::new(
         "sessionfs.pack-result/2",
         Result {
-            output: super::location::shown(&super::location::parse(&a.output)?),
+            output,
             outcome,
             seconds: started.elapsed().as_secs_f64(),
         },

@@ -96,6 +96,7 @@ impl Args {
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
     let remote = super::location::output(&a.output, "seal -o")?.is_some();
+    super::location::check_digest_named(&a.output, remote)?;
     // Bad patterns are usage errors, as for pack, before any daemon is asked.
     crate::source::policy::Policy::new(None, &a.exclude, &a.keep)
         .map_err(|reason| CliError::from(crate::source::Error::Pattern(reason)))?;

@@ -251,7 +251,7 @@ fn upload_trace(
     trace: &crate::packet::trace::Trace,
 ) -> bool {
     match crate::store::upload::put_new(location, settings, &trace.encode()) {
-        Ok(crate::store::Completion::Created) => true,
+        Ok(crate::store::Completion::Created { .. }) => true,
         Ok(crate::store::Completion::Exists) => {
             tracing::info!(
                 trace = location.shown(),
@@ -279,6 +279,19 @@ fn check_destinations(overlay: &Overlay, req: &SealRequest, remote: bool) -> Res
             path,
         )
     };
+    // (The command checks it first; a request may come from elsewhere.)
+    if crate::output::digest_named(&req.output) {
+        let why = match remote {
+            true => Err(format!(
+                "{} in an s3:// key is not supported by this build",
+                crate::output::DIGEST_PLACEHOLDER
+            )),
+            false => crate::output::check_digest_template(&req.output),
+        };
+        if let Err(why) = why {
+            return Err(refuse(&req.output, why));
+        }
+    }
     let local_output = std::iter::once(&req.output).filter(|_| !remote);
     for path in local_output.clone().chain(&req.receipt) {
         let dir = match path.parent() {

@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -214,6 +214,14 @@ impl Output {
         })
     }
 
+    /// Names the destination `dest` instead, in the same directory (a
+    /// digest-named output, once its digest is known).
+    pub fn retarget(&mut self, dest: &Path) {
+        debug_assert_eq!(parent_dir(dest), parent_dir(&self.dest));
+        self.existed = std::fs::symlink_metadata(dest).is_ok();
+        self.dest = dest.to_owned();
+    }
+
     /// Where the packet goes once committed.
     pub fn dest(&self) -> &Path {
         &self.dest
@@ -375,6 +383,108 @@ impl Committed {
         (m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec())
             == (p.dev(), p.ino(), w.len(), w.mtime(), w.mtime_nsec())
             && (m.ctime(), m.ctime_nsec()) == (p.ctime(), p.ctime_nsec())
+    }
+}
+
+/// What an output (`pack -o`, `seal -o`, a path or an `s3://` key) may
+/// hold to be named by the packet's digest: each one is replaced with
+/// `sha256-<64 hex>` (the digest with `-` for `:`, which object stores and
+/// file systems take alike) once the digest is known, before anything is
+/// written.
+pub const DIGEST_PLACEHOLDER: &str = "{digest}";
+
+/// Whether `dest` is named by the digest (holds [`DIGEST_PLACEHOLDER`]).
+pub fn digest_named(dest: &Path) -> bool {
+    dest.as_os_str()
+        .as_bytes()
+        .windows(DIGEST_PLACEHOLDER.len())
+        .any(|w| w == DIGEST_PLACEHOLDER.as_bytes())
+}
+
+/// Why a digest-named local output cannot be, if it cannot: the
+/// placeholder must be in the file's name, its directory being one that
+/// exists.
+pub fn check_digest_template(dest: &Path) -> std::result::Result<(), String> {
+    let in_name = dest.file_name().is_some_and(|n| digest_named(Path::new(n)));
+    let in_dir = dest.parent().is_some_and(digest_named);
+    if in_dir || !in_name {
+        return Err(format!(
+            "{}: {DIGEST_PLACEHOLDER} may stand only in the file's name (`dir/{DIGEST_PLACEHOLDER}.packet`), \
+             whose directory exists",
+            dest.display()
+        ));
+    }
+    Ok(())
+}
+
+/// `template` with every [`DIGEST_PLACEHOLDER`] replaced by `digest`
+/// spelt `sha256-<hex>`.
+pub fn digest_name(template: &Path, digest: &crate::packet::digest::Digest) -> PathBuf {
+    let hex = digest.to_string().replacen(':', "-", 1);
+    let bytes = template.as_os_str().as_bytes();
+    let mut out = Vec::with_capacity(bytes.len() + hex.len());
+    let mut rest = bytes;
+    while let Some(k) = rest
+        .windows(DIGEST_PLACEHOLDER.len())
+        .position(|w| w == DIGEST_PLACEHOLDER.as_bytes())
+    {
+        out.extend_from_slice(&rest[..k]);
+        out.extend_from_slice(hex.as_bytes());
+        rest = &rest[k + DIGEST_PLACEHOLDER.len()..];
+    }
+    out.extend_from_slice(rest);
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// What is at a digest-named destination.
+pub enum AtDigestName {
+    /// Nothing: the packet is written there.
+    Nothing,
+    /// The packet itself, every byte verified (a valid packet with this
+    /// digest has exactly these bytes): nothing is written. Its length
+    /// and `file_sha256`.
+    Same {
+        /// Its length.
+        len: u64,
+        /// SHA-256 of the whole file.
+        file_sha256: Sha256,
+    },
+}
+
+/// What is at `dest`, named by `digest`: nothing, or that packet (read
+/// and verified whole under `limits`); anything else there (another file,
+/// a damaged copy, a directory) is refused, left as it is: a name that
+/// promises a packet is written once.
+pub fn at_digest_name(
+    dest: &Path,
+    digest: &crate::packet::digest::Digest,
+    limits: &crate::packet::format::Limits,
+) -> Result<AtDigestName> {
+    match std::fs::symlink_metadata(dest) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(AtDigestName::Nothing),
+        Err(e) => return Err(Error::io_at(dest, "cannot stat the output", e)),
+        Ok(m) if !m.is_file() => {
+            return Err(unusable(
+                dest,
+                "is named by this packet's digest but is not a regular file; it is left as it \
+                 is: remove it, or name another output",
+            ));
+        }
+        Ok(_) => {}
+    }
+    let checked = crate::packet::reader::Packet::open(dest, limits).and_then(|p| {
+        p.check_digest(Some(digest))?;
+        crate::packet::verify::verify(&p, &|_| {}).map(|r| (p.len(), r.file_sha256))
+    });
+    match checked {
+        Ok((len, file_sha256)) => Ok(AtDigestName::Same { len, file_sha256 }),
+        Err(e) => Err(unusable(
+            dest,
+            format!(
+                "is named by this packet's digest but does not hold it ({e}); it is left as \
+                 it is: remove it (it is damaged, or another file), then write again"
+            ),
+        )),
     }
 }
 

@@ -129,6 +129,13 @@ pub struct PackOutcome {
     /// For an upload: bytes sent and copied, parts.
     #[serde(flatten)]
     pub upload: Option<Uploaded>,
+    /// Where the packet is: the output, its `{digest}` filled in.
+    #[serde(skip)]
+    pub output: PathBuf,
+    /// A digest-named file output held the packet already (verified):
+    /// nothing was written.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub already_there: bool,
 }
 
 /// What [`pack`] tells its progress display: it works in two passes over
@@ -368,6 +375,29 @@ pub fn pack(
     }
     let manifest_bytes = manifest.encode();
     let layout = Layout::compute(&manifest, manifest_bytes.len() as u64);
+    let digest = Digest::of_manifest(&manifest_bytes);
+    let mut placed_at = opts.output.clone();
+    // A digest-named file: known now, before anything is written; the
+    // packet already there (verified) is not written again.
+    if let Writing::File(o) = &mut output
+        && crate::output::digest_named(&opts.output)
+    {
+        placed_at = crate::output::digest_name(&opts.output, &digest);
+        if let crate::output::AtDigestName::Same { len, file_sha256 } =
+            crate::output::at_digest_name(&placed_at, &digest, &opts.limits)?
+        {
+            let spooled = spooled_bytes(&tars);
+            return Ok(outcome(
+                opts,
+                &manifest,
+                (digest, len, file_sha256),
+                spooled,
+                scan.report,
+                placed_at,
+            ));
+        }
+        o.retarget(&placed_at);
+    }
     match &mut output {
         Writing::File(o) => o.size_for(&layout)?,
         Writing::Remote(r) => r.plan(&layout, None)?,
@@ -406,11 +436,30 @@ pub fn pack(
         }
         e => e,
     })?;
-    let digest = Digest::of_manifest(&manifest_bytes);
     tracing::debug!(elapsed = ?t.elapsed(), "written");
     let upload = match output {
         Writing::File(o) => {
-            o.commit(opts.mode)?;
+            match o.commit(opts.mode) {
+                Ok(_) => {}
+                // Another pack of the same tree placed it meanwhile.
+                Err(e) if crate::output::digest_named(&opts.output) => {
+                    if let Ok(crate::output::AtDigestName::Same { len, file_sha256 }) =
+                        crate::output::at_digest_name(&placed_at, &digest, &opts.limits)
+                    {
+                        let spooled = spooled_bytes(&tars);
+                        return Ok(outcome(
+                            opts,
+                            &manifest,
+                            (digest, len, file_sha256),
+                            spooled,
+                            scan.report,
+                            placed_at,
+                        ));
+                    }
+                    return Err(e.into());
+                }
+                Err(e) => return Err(e.into()),
+            }
             None
         }
         Writing::Remote(r) => Some(r.commit(&digest)?),
@@ -429,10 +478,47 @@ pub fn pack(
         dirs: count(|e| matches!(e.kind, EntryKind::Dir)),
         symlinks: count(|e| matches!(e.kind, EntryKind::Symlink(_))),
         content_bytes: manifest.content_bytes(),
-        spooled_bytes: tars.iter().filter_map(|t| t.spooled).reduce(|a, b| a + b),
+        spooled_bytes: spooled_bytes(&tars),
         report: scan.report,
         upload,
+        output: placed_at,
+        already_there: false,
     })
+}
+
+/// Bytes the tar streams read from pipes spooled, if any was.
+fn spooled_bytes(tars: &[TarInput]) -> Option<u64> {
+    tars.iter().filter_map(|t| t.spooled).reduce(|a, b| a + b)
+}
+
+/// The outcome of a pack whose digest-named output held the packet
+/// already (its digest, length and `file_sha256`, verified): nothing was
+/// written.
+fn outcome(
+    opts: &PackOptions,
+    manifest: &Manifest,
+    (digest, len, file_sha256): (Digest, u64, Sha256),
+    spooled_bytes: Option<u64>,
+    report: ScanReport,
+    output: PathBuf,
+) -> PackOutcome {
+    let count =
+        |pred: fn(&Entry) -> bool| manifest.entries.iter().filter(|e| pred(e)).count() as u64;
+    PackOutcome {
+        digest,
+        file_sha256: opts.file_sha256.then_some(file_sha256),
+        packet_bytes: len,
+        entries: manifest.entries.len() as u64,
+        files: count(|e| matches!(e.kind, EntryKind::File(_))),
+        dirs: count(|e| matches!(e.kind, EntryKind::Dir)),
+        symlinks: count(|e| matches!(e.kind, EntryKind::Symlink(_))),
+        content_bytes: manifest.content_bytes(),
+        spooled_bytes,
+        report,
+        upload: None,
+        output,
+        already_there: true,
+    }
 }
 
 /// The memory for the content of small files held from the hashing pass

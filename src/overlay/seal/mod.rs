@@ -217,6 +217,10 @@ pub struct SealOutcome {
     pub report: ScanReport,
     /// Whether the mount now serves the new packet.
     pub rebased: bool,
+    /// A digest-named file output held the packet already (verified):
+    /// nothing was written (without `--rebase` only).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub already_there: bool,
     /// Every change, for the receipt.
     #[serde(skip)]
     pub changes: Vec<Change>,
@@ -375,9 +379,50 @@ impl Overlay {
         phase("hashed");
         opts.refuse_if_cancelled()?;
 
-        let written = write_packet(opts, &manifest, &sources, &stats, progress, &phase)?;
-        let (committed, upload) =
-            commit_packet(opts, &lower, written.output, &written.digest, &phase)?;
+        // A digest-named file output is named now, before anything is
+        // written; the packet already there (verified whole) is not
+        // written again, unless the mount is to move onto it (then it is
+        // written again, the same bytes, and the mount moves onto the
+        // file the seal wrote, as always).
+        let (output, there) = match &opts.remote {
+            None if crate::output::digest_named(&opts.output) => {
+                let bytes = manifest.encode();
+                let digest = Digest::of_manifest(&bytes);
+                let to = crate::output::digest_name(&opts.output, &digest);
+                let there = match crate::output::at_digest_name(&to, &digest, &opts.limits)? {
+                    crate::output::AtDigestName::Same { len, file_sha256 } if !opts.rebase => {
+                        Some(Written {
+                            output: None,
+                            digest,
+                            file_sha256: opts.file_sha256.then_some(file_sha256),
+                            packet_bytes: len,
+                            manifest_len: bytes.len() as u64,
+                        })
+                    }
+                    _ => None,
+                };
+                (to, there)
+            }
+            _ => (opts.output.clone(), None),
+        };
+        let output = &output;
+        let already_there = there.is_some();
+        let (written, committed, upload) = match there {
+            Some(written) => (written, None, None),
+            None => {
+                let mut written =
+                    write_packet(opts, output, &manifest, &sources, &stats, progress, &phase)?;
+                let (committed, upload) = commit_packet(
+                    opts,
+                    output,
+                    &lower,
+                    written.output.take(),
+                    &written.digest,
+                    &phase,
+                )?;
+                (written, committed, upload)
+            }
+        };
 
         let placed = match (&committed, &opts.remote) {
             (Some(c), _) => Some(rebase::Placed::File(c)),
@@ -387,7 +432,7 @@ impl Overlay {
         if let Some(placed) = placed.filter(|_| opts.rebase) {
             let mut moved = Moved::default();
             let rebased = self.rebase_onto(
-                &opts.output,
+                output,
                 (placed, written.digest),
                 &items,
                 &opts.limits,
@@ -396,7 +441,7 @@ impl Overlay {
             );
             renumbered.append(&mut moved.renumbered);
             rebased.map_err(|e| Error::Rebase {
-                output: crate::packet::path::shown_path(&opts.output),
+                output: crate::packet::path::shown_path(output),
                 digest: written.digest.to_string(),
                 moved: moved.serves_new,
                 source: Box::new(e),
@@ -407,7 +452,7 @@ impl Overlay {
         let changes = receipt(lower.manifest(), &items, &manifest);
         let count = |f: fn(&Change) -> bool| changes.iter().filter(|c| f(c)).count() as u64;
         Ok(SealOutcome {
-            output: opts.output.clone(),
+            output: output.clone(),
             digest: written.digest,
             parent: lower.packet.digest,
             file_sha256: written.file_sha256,
@@ -426,6 +471,7 @@ impl Overlay {
             bytes_copied: stats.copied.load(Ordering::Relaxed),
             report,
             rebased: opts.rebase,
+            already_there,
             upload,
             changes,
         })
@@ -438,6 +484,7 @@ impl Overlay {
 /// in the file they were verified in.
 fn write_packet(
     opts: &SealOptions,
+    to: &std::path::Path,
     manifest: &Manifest,
     sources: &SealContents<'_>,
     stats: &WriteStats,
@@ -451,7 +498,7 @@ fn write_packet(
     let mut copying = false;
     let output = match &opts.remote {
         None => {
-            let output = Output::create(&opts.output)?;
+            let output = Output::create(to)?;
             output.size_for(&layout)?;
             Writing::File(output)
         }
@@ -512,7 +559,7 @@ fn write_packet(
     crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Synced);
     phase("synced");
     Ok(Written {
-        output,
+        output: Some(output),
         digest: Digest::of_manifest(&manifest_bytes),
         file_sha256,
         packet_bytes: layout.total_len(),
@@ -520,18 +567,20 @@ fn write_packet(
     })
 }
 
-/// Puts the written packet in place at `opts.output`: the file committed,
-/// or the upload completed.
+/// Puts the written packet in place at `to`: the file committed, or the
+/// upload completed.
 fn commit_packet(
     opts: &SealOptions,
+    to: &std::path::Path,
     lower: &Lower,
-    output: Writing,
+    output: Option<Writing>,
     digest: &Digest,
     phase: &dyn Fn(&str),
 ) -> Result<(Option<crate::output::Committed>, Option<Uploaded>)> {
     let output = match output {
-        Writing::File(o) => o,
-        Writing::Remote(r) => {
+        None => return Ok((None, None)),
+        Some(Writing::File(o)) => o,
+        Some(Writing::Remote(r)) => {
             let uploaded = r.commit(digest)?;
             crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Committed);
             phase("committed");
@@ -540,7 +589,7 @@ fn commit_packet(
     };
     // Over the packet this mount serves (`--rebase` onto the same
     // path), the rename is the seal's own change to it.
-    let committed = if lower.serves(&opts.output) {
+    let committed = if lower.serves(to) {
         lower
             .verifier
             .around_own_rename(&lower.packet, || output.commit(opts.mode))?
@@ -603,12 +652,14 @@ fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option
         bucket: bucket.clone(),
         key: key.clone(),
         etag,
+        len: lower.packet.layout.total_len(),
     })
 }
 
 /// A packet written and synced, not yet in place.
 struct Written {
-    output: Writing,
+    /// The packet written (taken by the commit).
+    output: Option<Writing>,
     digest: Digest,
     file_sha256: Option<Sha256>,
     packet_bytes: u64,
