@@ -34,8 +34,21 @@ if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import jsonschema' 2>/d
   .venv/bin/pip install -q jsonschema
 fi
 
-# moto's S3 server for tests/remote.rs: the image's Python may have it.
-if ! python3 -c 'import moto.server' 2>/dev/null && ! .venv/bin/python3 -c 'import moto.server' 2>/dev/null; then
-  echo "deps: installing moto[server] into .venv" >&2
-  .venv/bin/pip install -q 'moto[server]'
-fi
+# moto's S3 server for the remote suites, pinned with all it pulls in, in
+# .venv; the newest moto in a venv of its own (tests/remote_write.rs), which
+# takes what it shares with .venv from there (a .pth), so only what differs
+# is installed. The tests use these, never a moto found elsewhere.
+moto_venv() { # VENV REQUIREMENTS [SHARED-VENV]
+  local want; want=$(grep -o '^moto==.*' "$2" | cut -d= -f3)
+  [ -x "$1/bin/python3" ] || python3 -m venv "$1"
+  if [ -n "${3:-}" ]; then
+    "$3/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+      >"$("$1/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/shared.pth"
+  fi
+  if [ "$("$1/bin/python3" -c 'import moto; print(moto.__version__)' 2>/dev/null)" != "$want" ]; then
+    echo "deps: installing moto[server] $want into $1" >&2
+    "$1/bin/pip" install -q -r "$2"
+  fi
+}
+moto_venv .venv scripts/requirements-moto.txt
+moto_venv .venv-moto-newest scripts/requirements-moto-newest.txt .venv

@@ -151,6 +151,9 @@ kinds! {
     RemoteUnavailable = "remote_unavailable",
     /// Another object is at the key a packet was to be written to.
     RemoteExists = "remote_exists",
+    /// The store replaced what an upload completed at once: it does not
+    /// honour conditional writes.
+    RemoteOverwritten = "remote_overwritten",
     /// A mount that could not be made.
     MountFailed = "mount_failed",
     /// A mountpoint that cannot be used.

@@ -459,3 +459,367 @@ fn signatures_are_accepted_by_a_strict_server() {
         "SignatureDoesNotMatch",
     );
 }
+
+/// A server that accepts connections and never answers.
+fn silent_server() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in l.incoming() {
+            held.push(c);
+        }
+    });
+    port
+}
+
+/// The environment of web identity credentials exchanged at STS `sts`
+/// (a port), the token in `token`.
+fn web_identity(token: &Path, sts: u16) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", String::new()),
+        ("AWS_SECRET_ACCESS_KEY", String::new()),
+        ("AWS_SESSION_TOKEN", String::new()),
+        (
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            token.to_str().unwrap().into(),
+        ),
+        (
+            "AWS_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/sessionfs".into(),
+        ),
+        ("AWS_ENDPOINT_URL_STS", format!("http://127.0.0.1:{sts}")),
+        ("SESSIONFS_REMOTE_TIMEOUT", "3".into()),
+    ]
+}
+
+/// Issue 32, finding 5: STS is bounded like every request. An STS
+/// endpoint that accepts and never answers fails the command within the
+/// time bound (it waited for good before); and a read answered
+/// `400 ExpiredToken` whose renewal hangs fails within the read's bound.
+#[test]
+fn credential_exchanges_and_renewals_are_bounded() {
+    let (tmp, moto, b) = setup();
+    moto.put(&b, "k", &std::fs::read(sample_packet(tmp.path())).unwrap());
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "webid-token\n").unwrap();
+    let loc = format!("s3://{b}/k");
+    let timed = |port: u16, env: &[(&'static str, String)]| {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let t0 = Instant::now();
+        let r = remote(port, &["inspect", &loc], &env);
+        (r, t0.elapsed())
+    };
+    let (r, took) = timed(moto.port, &web_identity(&token, silent_server()));
+    says(r.fails(9, "remote_config"), "STS");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    // STS answers the first exchange, and never the renewal.
+    let sts = Proxy::start(moto.port);
+    sts.inject([Fault::Pass, Fault::Delay(Duration::from_secs(120))]);
+    let s3 = Proxy::start(moto.port);
+    s3.inject([Fault::Status(400, "ExpiredToken")]);
+    let (r, took) = timed(s3.port, &web_identity(&token, sts.port));
+    says(r.fails(9, "remote_config"), "no answer within");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    assert_eq!(sts.requests().len(), 2, "{:?}", sts.requests());
+}
+
+/// Issue 32, finding 8 (its logs half): an endpoint's user information is
+/// never printed, debug logs included.
+#[test]
+fn endpoint_user_information_is_never_logged() {
+    let (tmp, moto, b) = setup();
+    moto.put(&b, "k", &std::fs::read(sample_packet(tmp.path())).unwrap());
+    let endpoint = format!("http://someone:pw-MUST-NOT-LEAK@127.0.0.1:{}", moto.port);
+    let r = remote(
+        moto.port,
+        &["inspect", &format!("s3://{b}/k")],
+        &[("AWS_ENDPOINT_URL", &endpoint), ("SESSIONFS_LOG", "trace")],
+    );
+    r.ok();
+    assert!(r.stderr.contains("s3 configuration"), "{}", r.stderr);
+    assert!(!r.stderr.contains("MUST-NOT-LEAK"), "{}", r.stderr);
+    assert!(!r.json.to_string().contains("MUST-NOT-LEAK"));
+    // Nor in an error about it.
+    let r = remote(
+        moto.port,
+        &["inspect", &format!("s3://{b}/nothing-here")],
+        &[("AWS_ENDPOINT_URL", &endpoint), ("SESSIONFS_LOG", "trace")],
+    );
+    r.fails(9, "remote_not_found");
+    assert!(!r.stderr.contains("MUST-NOT-LEAK"), "{}", r.stderr);
+}
+
+/// The AWS-exact proxy's rules, one table: what AWS S3 refuses, it
+/// refuses the same way; what AWS takes, it takes.
+#[test]
+fn the_aws_exact_proxy_refuses_what_aws_refuses() {
+    use s3::{Req, UploadState, aws_refusal};
+    let sha = s3::sha256_b64(b"body");
+    let signed = "host;x-amz-checksum-sha256;x-amz-sdk-checksum-algorithm";
+    let with_sha = UploadState {
+        algorithm: Some("sha256".into()),
+        parts: [(1, 5 << 20), (2, 5 << 20), (3, 10)].into(),
+    };
+    let small = UploadState {
+        algorithm: Some("sha256".into()),
+        parts: [(1, 5 << 20), (2, 100), (3, 10)].into(),
+    };
+    let plain = UploadState::default();
+    let complete = |parts: &[(u32, bool)]| {
+        let mut b = String::from("<CompleteMultipartUpload>");
+        for (n, c) in parts {
+            b.push_str("<Part>");
+            if *c {
+                b.push_str("<ChecksumSHA256>x</ChecksumSHA256>");
+            }
+            b.push_str(&format!(
+                "<ETag>e</ETag><PartNumber>{n}</PartNumber></Part>"
+            ));
+        }
+        b + "</CompleteMultipartUpload>"
+    };
+    let all = complete(&[(1, true), (2, true), (3, true)]);
+    let one_missing = complete(&[(1, true), (2, false), (3, true)]);
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        &'a [u8],
+        Option<&'a UploadState>,
+        Option<u64>,
+        Option<&'a str>,
+    );
+    let part_q = format!("partNumber=1&uploadId=u&X-Amz-SignedHeaders={signed}");
+    let cases: Vec<Case> = vec![
+        (
+            "a part as sent",
+            "PUT",
+            &part_q,
+            vec![
+                ("content-length", "4"),
+                ("x-amz-checksum-sha256", &sha),
+                ("x-amz-sdk-checksum-algorithm", "SHA256"),
+            ],
+            b"body",
+            Some(&with_sha),
+            None,
+            None,
+        ),
+        (
+            "a damaged part",
+            "PUT",
+            &part_q,
+            vec![
+                ("content-length", "4"),
+                ("x-amz-checksum-sha256", &sha),
+                ("x-amz-sdk-checksum-algorithm", "SHA256"),
+            ],
+            b"bodz",
+            Some(&with_sha),
+            None,
+            Some("BadDigest"),
+        ),
+        (
+            "a part without the upload's checksum",
+            "PUT",
+            "partNumber=1&uploadId=u&X-Amz-SignedHeaders=host",
+            vec![("content-length", "4")],
+            b"body",
+            Some(&with_sha),
+            None,
+            Some("InvalidRequest"),
+        ),
+        (
+            "a checksum the upload did not ask for",
+            "PUT",
+            &part_q,
+            vec![
+                ("content-length", "4"),
+                ("x-amz-checksum-sha256", &sha),
+                ("x-amz-sdk-checksum-algorithm", "SHA256"),
+            ],
+            b"body",
+            Some(&plain),
+            None,
+            Some("InvalidRequest"),
+        ),
+        (
+            "an unsigned x-amz header",
+            "PUT",
+            "partNumber=1&uploadId=u&X-Amz-SignedHeaders=host",
+            vec![("content-length", "4"), ("x-amz-checksum-sha256", &sha)],
+            b"body",
+            Some(&with_sha),
+            None,
+            Some("AccessDenied"),
+        ),
+        (
+            "a chunked PUT",
+            "PUT",
+            "partNumber=1&uploadId=u&X-Amz-SignedHeaders=host",
+            vec![("transfer-encoding", "chunked")],
+            b"",
+            Some(&plain),
+            None,
+            Some("NotImplemented"),
+        ),
+        (
+            "an aws-chunked PUT",
+            "PUT",
+            "X-Amz-SignedHeaders=host;content-encoding;x-amz-content-sha256",
+            vec![
+                ("transfer-encoding", "chunked"),
+                ("content-encoding", "aws-chunked"),
+                ("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"),
+            ],
+            b"",
+            None,
+            None,
+            None,
+        ),
+        (
+            "a PUT without a length",
+            "PUT",
+            "X-Amz-SignedHeaders=host",
+            vec![],
+            b"",
+            None,
+            None,
+            Some("MissingContentLength"),
+        ),
+        (
+            "a POST without a length",
+            "POST",
+            "uploads=&X-Amz-SignedHeaders=host",
+            vec![],
+            b"",
+            None,
+            None,
+            Some("MissingContentLength"),
+        ),
+        (
+            "a GET without a length",
+            "GET",
+            "X-Amz-SignedHeaders=host",
+            vec![],
+            b"",
+            None,
+            None,
+            None,
+        ),
+        (
+            "part 10,001",
+            "PUT",
+            "partNumber=10001&uploadId=u&X-Amz-SignedHeaders=host",
+            vec![("content-length", "0")],
+            b"",
+            Some(&plain),
+            None,
+            Some("InvalidArgument"),
+        ),
+        (
+            "part 0",
+            "PUT",
+            "partNumber=0&uploadId=u&X-Amz-SignedHeaders=host",
+            vec![("content-length", "0")],
+            b"",
+            Some(&plain),
+            None,
+            Some("InvalidArgument"),
+        ),
+        (
+            "a copy within the source",
+            "PUT",
+            "partNumber=1&uploadId=u&X-Amz-SignedHeaders=host;x-amz-copy-source;x-amz-copy-source-range",
+            vec![
+                ("content-length", "0"),
+                ("x-amz-copy-source", "/b/k"),
+                ("x-amz-copy-source-range", "bytes=0-99"),
+            ],
+            b"",
+            Some(&plain),
+            Some(100),
+            None,
+        ),
+        (
+            "a copy beyond the source",
+            "PUT",
+            "partNumber=1&uploadId=u&X-Amz-SignedHeaders=host;x-amz-copy-source;x-amz-copy-source-range",
+            vec![
+                ("content-length", "0"),
+                ("x-amz-copy-source", "/b/k"),
+                ("x-amz-copy-source-range", "bytes=0-100"),
+            ],
+            b"",
+            Some(&plain),
+            Some(100),
+            Some("InvalidArgument"),
+        ),
+        (
+            "a complete with every checksum",
+            "POST",
+            "uploadId=u&X-Amz-SignedHeaders=host",
+            vec![("content-length", "1")],
+            all.as_bytes(),
+            Some(&with_sha),
+            None,
+            None,
+        ),
+        (
+            "a complete missing a part's checksum",
+            "POST",
+            "uploadId=u&X-Amz-SignedHeaders=host",
+            vec![("content-length", "1")],
+            one_missing.as_bytes(),
+            Some(&with_sha),
+            None,
+            Some("InvalidRequest"),
+        ),
+        (
+            "a complete with a small part inside",
+            "POST",
+            "uploadId=u&X-Amz-SignedHeaders=host",
+            vec![("content-length", "1")],
+            all.as_bytes(),
+            Some(&small),
+            None,
+            Some("EntityTooSmall"),
+        ),
+        (
+            "a header-signed request",
+            "PUT",
+            "",
+            vec![
+                ("content-length", "0"),
+                (
+                    "authorization",
+                    "AWS4-HMAC-SHA256 Credential=a/b, SignedHeaders=host;x-amz-date, Signature=s",
+                ),
+                ("x-amz-date", "d"),
+                ("x-amz-meta-x", "y"),
+            ],
+            b"",
+            None,
+            None,
+            Some("AccessDenied"),
+        ),
+    ];
+    for (what, method, query, headers, body, upload, source, want) in cases {
+        let req = Req {
+            method,
+            path: "/b/k",
+            query: url::form_urlencoded::parse(query.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            body,
+        };
+        let got = aws_refusal(&req, upload, source);
+        assert_eq!(got.as_ref().map(|r| r.1), want, "{what}: {got:?}");
+    }
+}

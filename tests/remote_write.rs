@@ -161,13 +161,16 @@ fn uploads_retry_through_503s_resets_and_a_failed_completion() {
     let proxy = Proxy::start(moto.port);
     let ws = tmp.path().join("ws");
     tree(&ws, 6);
-    // Requests: the start, two parts, the completion. The parts meet a
-    // 503 SlowDown, a reset and a 500; the completion a 503.
+    // Requests: a look at the key, the start, two parts, another look,
+    // the completion. The parts meet a 503 SlowDown, a reset and a 500;
+    // the completion a 503.
     proxy.inject([
+        Fault::Pass,
         Fault::Pass,
         Fault::Status(503, "SlowDown"),
         Fault::Reset,
         Fault::Status(500, "InternalError"),
+        Fault::Pass,
         Fault::Pass,
         Fault::Pass,
         Fault::Status(503, "SlowDown"),
@@ -479,8 +482,9 @@ fn a_failed_seal_upload_is_aborted_and_leaves_nothing_at_the_key() {
     let s = Session::new(2);
     let upper = s.changes(1, 2);
     let proxy = Proxy::start(s3::moto().port);
-    // The start, then its one part refused (not retried).
-    proxy.inject([Fault::Pass, Fault::Status(403, "AccessDenied")]);
+    // A look at the key, the start, then its one part refused (not
+    // retried).
+    proxy.inject([Fault::Pass, Fault::Pass, Fault::Status(403, "AccessDenied")]);
     let url = format!("s3://{}/failed.packet", s.bucket);
     let r = seal_at(
         proxy.port,
@@ -716,4 +720,178 @@ fn a_seal_of_a_remote_parent_copies_what_it_does_not_fetch() {
         all >= got + copied.saturating_sub(16 << 20),
         "{all} fetched without copies, {got} with"
     );
+}
+
+/// `pack --workspace WS -o s3://BUCKET/KEY` against `port`.
+fn pack_to(port: u16, ws: &Path, bucket: &str, key: &str) -> Run {
+    let url = format!("s3://{bucket}/{key}");
+    remote(
+        port,
+        &["pack", "--workspace", ws.to_str().unwrap(), "-o", &url],
+        &[],
+    )
+}
+
+/// `verify s3://BUCKET/KEY` against `port`.
+fn verify_at(port: u16, bucket: &str, key: &str) -> Run {
+    remote(port, &["verify", &format!("s3://{bucket}/{key}")], &[])
+}
+
+/// Issue 32, finding 4: a part whose body is damaged on the way is
+/// refused by the store (its SHA-256 travels with it) and sent again; the
+/// pack succeeds and the object verifies. (Without a checksum, the
+/// damaged part was kept: `verify` then said `content_mismatch`.)
+#[test]
+fn a_part_damaged_on_the_way_is_refused_and_sent_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (moto, b) = (s3::moto(), bucket());
+    let ws = tmp.path().join("ws");
+    tree(&ws, 3);
+    let proxy = Proxy::start(moto.port);
+    // A look at the key, the start, then the first part's body damaged.
+    proxy.inject([Fault::Pass, Fault::Pass, Fault::CorruptRequest(4096)]);
+    let (local, r) = pack_both(tmp.path(), &ws, proxy.port, &b, "flip.packet", &[]);
+    assert!(r["already_there"].is_null(), "{r}");
+    let puts = proxy
+        .requests()
+        .iter()
+        .filter(|l| l.starts_with(&format!("PUT /{b}/flip.packet ")))
+        .count();
+    assert_eq!(puts as u64, r["parts"].as_u64().unwrap() + 1, "{r}");
+    assert!(moto.get(&b, "flip.packet").unwrap() == local);
+    verify_at(moto.port, &b, "flip.packet").ok();
+}
+
+/// Issue 32, finding 4, second run: `already_there` means the object
+/// holds exactly the bytes the command would have written. The same
+/// packet uploaded before is proven by its checksum (one HEAD, nothing
+/// read, nothing sent); one put there without a checksum is read and
+/// verified; one with the same manifest and length but a byte changed is
+/// refused, saying so, and left as it is.
+#[test]
+fn already_there_means_the_same_bytes_not_the_same_manifest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (moto, b) = (s3::moto(), bucket());
+    let ws = tmp.path().join("ws");
+    tree(&ws, 3);
+    let (local, _) = pack_both(tmp.path(), &ws, moto.port, &b, "p.packet", &[]);
+    let proxy = Proxy::start(moto.port);
+    let again = pack_to(proxy.port, &ws, &b, "p.packet");
+    let v = again.ok();
+    assert_eq!(v["already_there"], true, "{v}");
+    assert_eq!(v["uploaded_bytes"], 0, "{v}");
+    let log = proxy.requests();
+    assert!(
+        log.iter().all(|l| l.starts_with("HEAD ")),
+        "only a look at the key: {log:#?}"
+    );
+    // Put there by another tool: no checksum to compare, so read whole.
+    moto.put(&b, "plain.packet", &local);
+    proxy.clear();
+    let v = pack_to(proxy.port, &ws, &b, "plain.packet").ok().clone();
+    assert_eq!(v["already_there"], true, "{v}");
+    assert!(s3::gets(&proxy) >= 1, "{:?}", proxy.requests());
+    // A byte of a file's content flipped: same manifest, same length.
+    let mut bad = local.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x01;
+    moto.put(&b, "bad.packet", &bad);
+    let r = pack_to(proxy.port, &ws, &b, "bad.packet");
+    let e = r.fails(9, "remote_exists");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("whose bytes are not this packet's"), "{msg}");
+    assert!(
+        moto.get(&b, "bad.packet").unwrap() == bad,
+        "it was replaced"
+    );
+    moto.assert_no_uploads(&b);
+}
+
+/// Issue 32, finding 10: "never replaces" does not rest on the store
+/// honouring `If-None-Match`. Through a store that drops it, an object at
+/// the key is seen first (a HEAD) and left as it is; and an object
+/// replaced right after the completion (which the condition would have
+/// refused) is caught after the fact, as `remote_overwritten`.
+#[test]
+fn a_store_that_ignores_if_none_match_never_replaces_a_packet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (moto, b) = (s3::moto(), bucket());
+    let ws = tmp.path().join("ws");
+    tree(&ws, 0);
+    let other = tmp.path().join("other");
+    tree(&other, 1);
+    pack_to(moto.port, &other, &b, "victim.packet").ok();
+    let before = moto.get(&b, "victim.packet").unwrap();
+    let proxy = Proxy::start(moto.port);
+    proxy.drop_header("if-none-match");
+    let r = pack_to(proxy.port, &ws, &b, "victim.packet");
+    r.fails(9, "remote_exists");
+    assert!(moto.get(&b, "victim.packet").unwrap() == before, "replaced");
+    // A packet of one part: a look, the start, the part, a look, the
+    // completion (after which another write lands), a look.
+    let b2 = b.clone();
+    proxy.inject([
+        Fault::Pass,
+        Fault::Pass,
+        Fault::Pass,
+        Fault::Pass,
+        Fault::After(Box::new(move || {
+            s3::moto().put(&b2, "raced.packet", b"another writer's object")
+        })),
+    ]);
+    let r = pack_to(proxy.port, &ws, &b, "raced.packet");
+    let e = r.fails(9, "remote_overwritten");
+    assert!(
+        e["message"].as_str().unwrap().contains("If-None-Match"),
+        "{e}"
+    );
+    moto.assert_no_uploads(&b);
+}
+
+/// The newest moto (a venv of its own, scripts/deps.sh) takes a pack, a
+/// seal that copies, and reads, through the AWS-exact proxy: a change in
+/// the ecosystem shows up here, by name. (moto 5.2.6 with botocore 1.44
+/// answers `?uploads=1` with HTTP 500: issue 32, finding 2.)
+#[test]
+fn the_newest_moto_takes_a_pack_a_seal_and_reads() {
+    const NEWEST: &str = "5.2.6";
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv-moto-newest");
+    let newest = s3::start_moto(&s3::venv_python(venv, NEWEST));
+    let b = "newest";
+    newest.create_bucket(b);
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    tree(&ws, 4);
+    let named = |what: &str, r: &Run| {
+        assert_eq!(
+            r.code, 0,
+            "moto {NEWEST} (the newest, .venv-moto-newest) refused {what}: {} {}",
+            r.json, r.stderr
+        );
+    };
+    let r = pack_to(newest.port, &ws, b, "parent.packet");
+    named("a pack to s3://", &r);
+    let parent = tmp.path().join("parent.packet");
+    std::fs::write(&parent, newest.get(b, "parent.packet").unwrap()).unwrap();
+    let upper = tmp.path().join("upper");
+    let o = common::overlay_of(&parent, &upper);
+    let small = o.lookup(sessionfs::api::ROOT, b"small").unwrap().ino;
+    let f = o.lookup(small, b"s00.txt").unwrap().ino;
+    o.write(f, 0, b"changed").unwrap();
+    drop(o);
+    let parent_url = format!("s3://{b}/parent.packet");
+    let r = seal_at(
+        newest.port,
+        parent.to_str().unwrap(),
+        &upper,
+        &format!("s3://{b}/child.packet"),
+        &[],
+        &[("SESSIONFS_SEAL_COPY_FROM", &parent_url)],
+    );
+    named("a seal to s3:// that copies", &r);
+    assert!(r.json["copied_bytes"].as_u64().unwrap() > 0, "{}", r.json);
+    for key in ["parent.packet", "child.packet"] {
+        let r = verify_at(newest.port, b, key);
+        named(&format!("reads of {key}"), &r);
+    }
 }

@@ -251,7 +251,7 @@ fn upload_trace(
     trace: &crate::packet::trace::Trace,
 ) -> bool {
     match crate::store::upload::put_new(location, settings, &trace.encode()) {
-        Ok(crate::store::Completion::Created) => true,
+        Ok(crate::store::Completion::Created { .. }) => true,
         Ok(crate::store::Completion::Exists) => {
             tracing::info!(
                 trace = location.shown(),

@@ -50,10 +50,13 @@ pub enum Connection {
     /// (`mount PACKET /dev/fd/N`, or a privileged mounter): fuser's
     /// `Session::from_fd` serves it, starting with the kernel's
     /// `FUSE_INIT`, so the connection must be fresh (never served).
+    /// Linux only: macOS has no such hand-over (macFUSE mounts itself).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     Fd(std::os::fd::OwnedFd),
     /// A privileged mounter is asked to mount as the given file system
     /// name (once the control socket is bound) and hands the connection
-    /// over.
+    /// over. Linux only, as `Fd`.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     Ask(Asker),
 }
 
@@ -72,7 +75,8 @@ pub fn fs_name(digest: &crate::packet::digest::Digest) -> String {
 
 /// The mount options a mounter gives the kernel for a FUSE connection on
 /// descriptor `fd` (what fuser gives it when it mounts, and the type
-/// `fuse.sessionfs`): pure, so tests read it.
+/// `fuse.sessionfs`): pure, so tests read it. Linux's mount(2) options.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub fn kernel_options(fd: i32, uid: u32, gid: u32, allow_other: bool) -> String {
     let mut o = format!("fd={fd},rootmode=40000,user_id={uid},group_id={gid},default_permissions");
     if allow_other {

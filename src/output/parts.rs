@@ -105,17 +105,44 @@ pub fn send_part_len(total: u64) -> u64 {
         .max(SEND_PART_MIN)
 }
 
-/// Why a packet cannot be uploaded.
+/// Why a packet cannot be uploaded as planned.
 #[derive(Debug, PartialEq, Eq)]
-pub struct TooLarge(pub u64);
+pub enum PlanError {
+    /// The packet, of this many bytes, does not fit in [`MAX_PARTS`]
+    /// parts of at most [`MAX_PART`].
+    TooLarge(u64),
+    /// A run to copy is not within the packet and the source, or not in
+    /// order: a bug of the caller, caught before any request.
+    BadRun(String),
+    /// A part breaks one of S3's rules (a bug of the planner, caught
+    /// before any request).
+    BadPart(String),
+}
 
-/// The parts of a packet of `total` bytes with `runs` copyable (in
-/// order, not overlapping, within `0..total`): as many bytes copied as
-/// S3's rules let, the rest sent in parts of [`send_part_len`].
-pub fn plan(total: u64, runs: &[CopyRun]) -> Result<Vec<Part>, TooLarge> {
+/// The parts of a packet of `total` bytes with `runs` copyable from a
+/// source of `source_len` bytes (in order, not overlapping, within
+/// `0..total` and the source): as many bytes copied as S3's rules let, the
+/// rest sent in parts of [`send_part_len`]. The plan is checked against
+/// S3's rules ([`check`]) before it is returned.
+pub fn plan(total: u64, runs: &[CopyRun], source_len: u64) -> Result<Vec<Part>, PlanError> {
     let send = send_part_len(total);
     if send > MAX_PART / 2 {
-        return Err(TooLarge(total));
+        return Err(PlanError::TooLarge(total));
+    }
+    let mut at = 0;
+    for (k, r) in runs.iter().enumerate() {
+        let len = r.dst.end.checked_sub(r.dst.start);
+        let in_source = len
+            .and_then(|l| r.src.checked_add(l))
+            .is_some_and(|e| e <= source_len);
+        if r.dst.start < at || r.dst.end > total || !in_source {
+            return Err(PlanError::BadRun(format!(
+                "run {k} (bytes {}..{} from {} of a source of {source_len}) is out of order or \
+                 outside the packet of {total} bytes or the source",
+                r.dst.start, r.dst.end, r.src
+            )));
+        }
+        at = r.dst.end;
     }
     // Each copy is a part at least this long; should there be too many
     // parts, fewer and longer copies are kept.
@@ -123,10 +150,58 @@ pub fn plan(total: u64, runs: &[CopyRun]) -> Result<Vec<Part>, TooLarge> {
     loop {
         let parts = plan_with(total, runs, min_copy, send);
         if parts.len() <= MAX_PARTS {
+            check(&parts, total, source_len)?;
             return Ok(parts);
         }
         min_copy *= 2;
     }
+}
+
+/// Checks `parts` against S3's rules for a packet of `total` bytes copied
+/// in part from a source of `source_len` bytes: they tile `0..total` in
+/// order; each is at most [`MAX_PART`] and, but the last, at least
+/// [`MIN_PART`]; there are at most [`MAX_PARTS`]; a copied part's range
+/// lies within the source (S3: `EntityTooSmall`, `EntityTooLarge`,
+/// `InvalidArgument` for a part number over 10,000, `InvalidRange`).
+pub fn check(parts: &[Part], total: u64, source_len: u64) -> Result<(), PlanError> {
+    if parts.len() > MAX_PARTS {
+        return Err(PlanError::BadPart(format!(
+            "{} parts, more than S3's {MAX_PARTS}",
+            parts.len()
+        )));
+    }
+    let mut at = 0;
+    for (k, p) in parts.iter().enumerate() {
+        let n = k + 1;
+        let bad = |what: String| Err(PlanError::BadPart(format!("part {n}: {what}")));
+        if p.range.start != at || p.range.end < p.range.start {
+            return bad(format!("bytes {:?} do not follow byte {at}", p.range));
+        }
+        if p.len() > MAX_PART {
+            return bad(format!("{} bytes, more than S3's {MAX_PART}", p.len()));
+        }
+        if n < parts.len() && p.len() < MIN_PART {
+            return bad(format!(
+                "{} bytes, less than S3's {MIN_PART} for a part but the last",
+                p.len()
+            ));
+        }
+        if let Some(src) = p.copy_from
+            && src.checked_add(p.len()).is_none_or(|e| e > source_len)
+        {
+            return bad(format!(
+                "copies bytes {src}..+{} of a source of {source_len} bytes",
+                p.len()
+            ));
+        }
+        at = p.range.end;
+    }
+    if at != total {
+        return Err(PlanError::BadPart(format!(
+            "the parts end at byte {at}, the packet at {total}"
+        )));
+    }
+    Ok(())
 }
 
 /// [`plan`] keeping only copies of at least `min_copy` bytes, sent bytes
@@ -197,6 +272,8 @@ mod tests {
     use crate::packet::manifest::{Entry, EntryKind, FileMeta};
 
     const M: u64 = 1 << 20;
+    /// A source long enough for every run of the tables.
+    const SOURCE: u64 = 1 << 50;
 
     fn run(start: u64, end: u64, src: u64) -> CopyRun {
         CopyRun {
@@ -221,7 +298,8 @@ mod tests {
 
     /// Every plan tiles the packet, keeps S3's rules, and copies bytes
     /// from where the runs say.
-    fn check(total: u64, runs: &[CopyRun], parts: &[Part]) {
+    fn check_plan(total: u64, runs: &[CopyRun], parts: &[Part]) {
+        check(parts, total, SOURCE).unwrap();
         let mut at = 0;
         for (k, p) in parts.iter().enumerate() {
             assert_eq!(p.range.start, at, "part {k} leaves a gap or overlaps");
@@ -299,8 +377,8 @@ mod tests {
             ),
         ];
         for (what, total, runs, want) in cases {
-            let got = plan(total, &runs).unwrap();
-            check(total, &runs, &got);
+            let got = plan(total, &runs, SOURCE).unwrap();
+            check_plan(total, &runs, &got);
             assert_eq!(got, want, "{what}");
         }
     }
@@ -309,8 +387,8 @@ mod tests {
     fn long_copies_are_split_and_part_counts_stay_within_limits() {
         let total = 12 << 30;
         let runs = vec![run(8 * M, total, 0)];
-        let parts = plan(total, &runs).unwrap();
-        check(total, &runs, &parts);
+        let parts = plan(total, &runs, SOURCE).unwrap();
+        check_plan(total, &runs, &parts);
         assert_eq!(parts.iter().filter(|p| p.copy_from.is_some()).count(), 3);
         // Many short runs, each long enough alone: too many parts at
         // first, so the shorter ones are sent.
@@ -318,10 +396,91 @@ mod tests {
         let runs: Vec<CopyRun> = (0..15_000u64)
             .map(|k| run(k * 13 * M + 6 * M, k * 13 * M + 6 * M + (5 + k % 3) * M, k))
             .collect();
-        let parts = plan(total, &runs).unwrap();
-        check(total, &runs, &parts);
+        let parts = plan(total, &runs, SOURCE).unwrap();
+        check_plan(total, &runs, &parts);
         assert_eq!(send_part_len(total), 20 * M);
-        assert!(plan(u64::MAX / 2, &[]).is_err());
+        assert!(plan(u64::MAX / 2, &[], 0).is_err());
+    }
+
+    /// What S3 refuses, the planner and its check refuse first, naming
+    /// the run or part.
+    #[test]
+    fn runs_and_parts_outside_s3_rules_are_refused_before_any_request() {
+        let bad_runs: &[(&str, u64, Vec<CopyRun>, u64)] = &[
+            (
+                "beyond the source",
+                40 * M,
+                vec![run(5 * M, 40 * M, 10 * M)],
+                40 * M,
+            ),
+            (
+                "beyond the packet",
+                40 * M,
+                vec![run(5 * M, 41 * M, 0)],
+                SOURCE,
+            ),
+            (
+                "out of order",
+                60 * M,
+                vec![run(30 * M, 50 * M, 0), run(5 * M, 20 * M, 0)],
+                SOURCE,
+            ),
+            ("reversed", 60 * M, vec![run(30 * M, 20 * M, 0)], SOURCE),
+            (
+                "overflowing",
+                60 * M,
+                vec![run(5 * M, 20 * M, u64::MAX - M)],
+                u64::MAX,
+            ),
+        ];
+        for (what, total, runs, source) in bad_runs {
+            assert!(
+                matches!(plan(*total, runs, *source), Err(PlanError::BadRun(_))),
+                "{what}"
+            );
+        }
+        let ok = vec![
+            sent(0, 8 * M),
+            copied(8 * M, 20 * M, 0),
+            sent(20 * M, 21 * M),
+        ];
+        assert_eq!(check(&ok, 21 * M, 12 * M), Ok(()));
+        let bad_parts: &[(&str, Vec<Part>, u64, u64)] = &[
+            (
+                "a short part but the last",
+                vec![sent(0, M), sent(M, 10 * M)],
+                10 * M,
+                0,
+            ),
+            (
+                "a gap",
+                vec![sent(0, 8 * M), sent(9 * M, 10 * M)],
+                10 * M,
+                0,
+            ),
+            ("short of the end", vec![sent(0, 8 * M)], 10 * M, 0),
+            (
+                "a part over 5 GiB",
+                vec![sent(0, MAX_PART + 1)],
+                MAX_PART + 1,
+                0,
+            ),
+            ("a copy beyond the source", ok.clone(), 21 * M, 12 * M - 1),
+            (
+                "more than 10,000 parts",
+                (0..MAX_PARTS as u64 + 1)
+                    .map(|k| sent(k * 5 * M, (k + 1) * 5 * M))
+                    .collect(),
+                (MAX_PARTS as u64 + 1) * 5 * M,
+                0,
+            ),
+        ];
+        for (what, parts, total, source) in bad_parts {
+            assert!(
+                matches!(check(parts, *total, *source), Err(PlanError::BadPart(_))),
+                "{what}"
+            );
+        }
     }
 
     fn file(path: &str, size: u64, tag: u8) -> Entry {

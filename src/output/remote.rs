@@ -10,27 +10,35 @@
 //! the others, in file order, to a [`Feeder`], which assembles the sent
 //! parts and queues them, and the copies, for uploader threads
 //! ([`RemoteOutput::run_jobs`]). Memory: the part being assembled, one
-//! queued, and one per uploader.
+//! queued, and one per uploader. Every part sent carries its SHA-256,
+//! which the store checks (docs/remote.md, "What is verified").
 //!
-//! The object appears at the key only when the upload completes
-//! ([`RemoteOutput::commit`]), and only where nothing is there yet; the
-//! same packet already there counts as written. An upload that fails, or
-//! is interrupted (SIGINT, SIGTERM, SIGHUP: see [`crate::interrupt`]), is
-//! aborted; one that cannot be (the process killed) is left to the
-//! bucket's lifecycle rule (docs/remote.md).
+//! An object never replaces another: a HEAD before the upload starts (and
+//! another just before it completes) looks at the key, and the completion
+//! is conditional (`If-None-Match: *`) against a write in between. Where
+//! something is there, nothing is uploaded: the parts are only hashed, and
+//! [`compare_at_key`] decides whether the object holds exactly the bytes
+//! this command would have written (`already_there`), or says what differs.
+//! After a completion, a HEAD checks that the object at the key is the one
+//! completed (a store that ignores `If-None-Match` is caught there). An
+//! upload that fails, or is interrupted (SIGINT, SIGTERM, SIGHUP: see
+//! [`crate::interrupt`]), is aborted; one that cannot be (the process
+//! killed) is left to the bucket's lifecycle rule (docs/remote.md).
 
 use std::ops::Range;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, mpsc};
 
 use serde::Serialize;
 
-use super::parts::{CopyRun, Part, plan};
+use super::parts::{CopyRun, Part, PlanError, plan};
 use crate::packet::digest::Digest;
 use crate::packet::error::{Error, Result};
 use crate::packet::format::Limits;
 use crate::packet::layout::Layout;
-use crate::store::{Completion, CopySource, Location, Settings, Upload};
+use crate::store::upload::{composite, same_checksum, sha256_b64};
+use crate::store::{Completion, CopySource, Head, Key, Location, PartDone, Settings, Upload};
 
 /// Threads sending parts: two requests in flight keep a link busy while
 /// the next part is assembled (four measured no faster on a store 10 ms
@@ -39,12 +47,17 @@ pub const UPLOADERS: usize = 2;
 
 /// A packet being uploaded to one key.
 pub struct RemoteOutput {
-    upload: Upload,
+    key: Key,
+    /// The upload, unless something was at the key when it was to start:
+    /// then the parts are only hashed, to compare.
+    upload: Option<Upload>,
+    /// What a HEAD saw at the key when the upload was to start.
+    found: Option<Head>,
     location: Location,
     settings: Settings,
     parts: Vec<Part>,
     copy_from: Option<CopySource>,
-    etags: Mutex<Vec<Option<String>>>,
+    done_parts: Mutex<Vec<Option<PartDone>>>,
     sent: AtomicU64,
     copied: AtomicU64,
     /// The upload is aborted if the process is interrupted (until done).
@@ -62,10 +75,97 @@ pub struct Uploaded {
     pub copied_bytes: u64,
     /// Parts of the upload.
     pub parts: u64,
-    /// The same packet was already at the key: nothing was replaced, and
-    /// the upload was aborted.
+    /// The object at the key already held exactly the bytes this command
+    /// would have written (proven: see [`compare_at_key`]); nothing was
+    /// replaced or uploaded.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub already_there: bool,
+}
+
+/// What is at a key, against the packet a command would write there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AtKey {
+    /// Nothing.
+    Nothing,
+    /// Exactly the bytes of the packet, proven as said.
+    Same(Proof),
+    /// Something else: what it is, and how it differs.
+    Differs(String),
+}
+
+/// How an object was proven to hold a packet's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// The store's composite checksum of the object equals the one of the
+    /// parts this command hashed (same part layout, same bytes): one HEAD.
+    Checksum,
+    /// The object was read and verified whole: a valid packet with this
+    /// digest and length is, byte for byte, the packet (the format is
+    /// canonical, every content byte checked against the manifest).
+    Verified,
+}
+
+/// Compares what is at `location` with the packet of manifest digest
+/// `digest` and `len` bytes: [`AtKey::Same`] only if the object holds
+/// exactly the packet's bytes. `checksum` is the composite checksum this
+/// command's parts would have (`BASE64-N`, [`crate::store::upload::composite`]),
+/// if known: where the store's equals it, one HEAD proves it; otherwise the
+/// object is read and verified whole (its cost: a download of the object,
+/// docs/remote.md). `head` is what a HEAD of the key just saw, if one did.
+pub fn compare_at_key(
+    location: &Location,
+    settings: &Settings,
+    digest: &Digest,
+    len: u64,
+    checksum: Option<&str>,
+    head: Option<Head>,
+) -> Result<AtKey> {
+    let head = match head {
+        Some(h) => h,
+        None => match Key::new(location, settings)?.head()? {
+            Some(h) => h,
+            None => return Ok(AtKey::Nothing),
+        },
+    };
+    if head.len == len
+        && let (Some(theirs), Some(ours)) = (&head.sha256, checksum)
+        && same_checksum(theirs, ours)
+    {
+        return Ok(AtKey::Same(Proof::Checksum));
+    }
+    let object = crate::store::open_remote(location, settings, crate::store::FIRST_FETCH)?;
+    let shown = location.shown();
+    let boxed: Box<dyn crate::store::ReadAt> = Box::new(object);
+    let packet = match crate::packet::reader::Packet::from_source(
+        boxed,
+        Path::new(&shown),
+        &Limits::DEFAULT,
+    ) {
+        Ok(p) => p,
+        Err(Error::Store(e)) => return Err(e.into()),
+        Err(e) => {
+            return Ok(AtKey::Differs(format!(
+                "an object of {} bytes that is not a sessionfs packet ({})",
+                head.len,
+                e.kind().as_str()
+            )));
+        }
+    };
+    if packet.digest != *digest || packet.len() != len {
+        return Ok(AtKey::Differs(format!(
+            "another packet ({}, {} bytes)",
+            packet.digest,
+            packet.len()
+        )));
+    }
+    match crate::packet::verify::verify(&packet, &|_| {}) {
+        Ok(_) => Ok(AtKey::Same(Proof::Verified)),
+        Err(Error::Store(e)) => Err(e.into()),
+        Err(e) => Ok(AtKey::Differs(format!(
+            "an object with this packet's manifest ({digest}) whose bytes are not this \
+             packet's: {e}"
+        ))),
+    }
 }
 
 /// An internal inconsistency of the feeder (a bug, never input): an error
@@ -78,32 +178,45 @@ fn internal(what: String) -> Error {
 }
 
 impl RemoteOutput {
-    /// Starts a multipart upload to `location` (`s3://BUCKET/KEY`),
-    /// aborted if the process is interrupted before it completes.
+    /// Prepares the packet's upload to `location` (`s3://BUCKET/KEY`):
+    /// looks at the key, and, where nothing is there, starts a multipart
+    /// upload, aborted if the process is interrupted before it completes.
     pub fn create(location: &Location, settings: &Settings) -> Result<RemoteOutput> {
-        let upload = Upload::create(location, settings)?;
-        let abort = upload.clone();
-        let pending = crate::interrupt::undo_on_interrupt(
-            format!("the upload to {}", upload.shown()),
-            Box::new(move || abort.abort().map_err(std::io::Error::other)),
-        );
+        let key = Key::new(location, settings)?;
+        let found = key.head()?;
+        let upload = match &found {
+            Some(h) => {
+                tracing::info!(location = %key.shown(), len = h.len, "something is at the key: nothing is uploaded, the packet is compared with it");
+                None
+            }
+            None => Some(key.upload()?),
+        };
+        let pending = upload.as_ref().map(|u| {
+            let abort = u.clone();
+            crate::interrupt::undo_on_interrupt(
+                format!("the upload to {}", u.shown()),
+                Box::new(move || abort.abort().map_err(std::io::Error::other)),
+            )
+        });
         Ok(RemoteOutput {
+            key,
             upload,
+            found,
             location: location.clone(),
             settings: settings.clone(),
             parts: Vec::new(),
             copy_from: None,
-            etags: Mutex::new(Vec::new()),
+            done_parts: Mutex::new(Vec::new()),
             sent: AtomicU64::new(0),
             copied: AtomicU64::new(0),
-            pending: Some(pending),
+            pending,
             done: false,
         })
     }
 
     /// The location, as shown.
     pub fn shown(&self) -> &str {
-        self.upload.shown()
+        self.key.shown()
     }
 
     /// Plans the parts of the packet laid out as `layout`: bytes `runs`
@@ -115,16 +228,22 @@ impl RemoteOutput {
     ) -> Result<()> {
         let total = layout.total_len();
         let (copy_from, runs) = parent.unzip();
+        let source_len = copy_from.as_ref().map_or(0, |c| c.len);
         self.parts =
-            plan(total, runs.as_deref().unwrap_or_default()).map_err(|_| Error::FormatLimit {
-                path: self.shown().into(),
-                reason: format!(
-                    "a packet of {total} bytes is too large for one upload (S3 takes at most \
-                     10,000 parts of 5 GiB)"
-                ),
+            plan(total, runs.as_deref().unwrap_or_default(), source_len).map_err(|e| match e {
+                PlanError::TooLarge(_) => Error::FormatLimit {
+                    path: self.shown().into(),
+                    reason: format!(
+                        "a packet of {total} bytes is too large for one upload (S3 takes at \
+                         most 10,000 parts of 5 GiB)"
+                    ),
+                },
+                PlanError::BadRun(what) | PlanError::BadPart(what) => {
+                    internal(format!("the upload's plan: {what}"))
+                }
             })?;
         self.copy_from = copy_from;
-        *self.etags.lock().unwrap_or_else(|p| p.into_inner()) = vec![None; self.parts.len()];
+        *self.done_parts.lock().unwrap_or_else(|p| p.into_inner()) = vec![None; self.parts.len()];
         tracing::debug!(location = %self.shown(), parts = self.parts.len(), copies = self.parts.iter().filter(|p| p.copy_from.is_some()).count(), "upload planned");
         Ok(())
     }
@@ -148,6 +267,56 @@ impl RemoteOutput {
         }
     }
 
+    /// One part: sent (or, with no upload, only hashed), or copied.
+    fn run_job(&self, job: Job) -> (u16, crate::store::Result<PartDone>) {
+        let t0 = std::time::Instant::now();
+        match job {
+            Job::Send { number, bytes } => {
+                let Some(upload) = &self.upload else {
+                    let hashed = PartDone {
+                        etag: String::new(),
+                        sha256: Some(sha256_b64(&bytes)),
+                    };
+                    return (number, Ok(hashed));
+                };
+                let r = upload.part(number, &bytes);
+                self.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                tracing::debug!(
+                    part = number,
+                    bytes = bytes.len(),
+                    ms = t0.elapsed().as_millis() as u64,
+                    "part sent"
+                );
+                (number, r)
+            }
+            Job::Copy {
+                number,
+                range,
+                from,
+            } => {
+                let len = range.end - range.start;
+                let (Some(upload), Some(src)) = (&self.upload, &self.copy_from) else {
+                    // Nothing to copy into (or from): the store's checksum
+                    // of the copied bytes stays unknown.
+                    let unknown = PartDone {
+                        etag: String::new(),
+                        sha256: None,
+                    };
+                    return (number, Ok(unknown));
+                };
+                let r = upload.copy_part(number, src, from..from + len);
+                self.copied.fetch_add(len, Ordering::Relaxed);
+                tracing::debug!(
+                    part = number,
+                    bytes = len,
+                    ms = t0.elapsed().as_millis() as u64,
+                    "part copied"
+                );
+                (number, r)
+            }
+        }
+    }
+
     /// An uploader thread: sends or copies the parts queued on `rx` until
     /// the feeder is gone. After a failure (`failed` set, by any thread)
     /// it takes what is queued and drops it, so the feeder never waits
@@ -167,50 +336,14 @@ impl RemoteOutput {
             if failed.load(Ordering::Relaxed) {
                 continue;
             }
-            let t0 = std::time::Instant::now();
-            let (number, done) = match job {
-                Job::Send { number, bytes } => {
-                    let r = self.upload.part(number, &bytes);
-                    self.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    tracing::debug!(
-                        part = number,
-                        bytes = bytes.len(),
-                        ms = t0.elapsed().as_millis() as u64,
-                        "part sent"
-                    );
-                    (number, r)
-                }
-                Job::Copy {
-                    number,
-                    range,
-                    from,
-                } => {
-                    let len = range.end - range.start;
-                    let r = match &self.copy_from {
-                        Some(src) => self.upload.copy_part(number, src, from..from + len),
-                        None => Err(crate::store::Error::BadResponse {
-                            location: self.shown().into(),
-                            what: "a copied part without a parent to copy from".into(),
-                        }),
-                    };
-                    self.copied.fetch_add(len, Ordering::Relaxed);
-                    tracing::debug!(
-                        part = number,
-                        bytes = len,
-                        ms = t0.elapsed().as_millis() as u64,
-                        "part copied"
-                    );
-                    (number, r)
-                }
-            };
-            match done {
-                Ok(etag) => {
-                    let mut etags = self.etags.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(slot) = etags.get_mut(usize::from(number) - 1) {
-                        *slot = Some(etag);
+            match self.run_job(job) {
+                (number, Ok(part)) => {
+                    let mut parts = self.done_parts.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(slot) = parts.get_mut(usize::from(number) - 1) {
+                        *slot = Some(part);
                     }
                 }
-                Err(e) => {
+                (_, Err(e)) => {
                     failed.store(true, Ordering::Relaxed);
                     if first.is_ok() {
                         first = Err(e.into());
@@ -221,48 +354,130 @@ impl RemoteOutput {
     }
 
     /// Completes the upload of the packet whose digest is `digest`: the
-    /// object appears at the key. Something already there is left as it
-    /// is: the same packet (its digest and length) counts as written,
-    /// anything else fails with `remote_exists`.
+    /// object appears at the key, where nothing is. Something already
+    /// there is left as it is: an object holding exactly this packet's
+    /// bytes counts as written (`already_there`), anything else fails with
+    /// `remote_exists`, saying what differs.
     pub fn commit(mut self, digest: &Digest) -> Result<Uploaded> {
-        let etags: Vec<String> = {
-            let etags = self.etags.lock().unwrap_or_else(|p| p.into_inner());
-            etags
+        let parts: Vec<PartDone> = {
+            let parts = self.done_parts.lock().unwrap_or_else(|p| p.into_inner());
+            parts
                 .iter()
                 .cloned()
                 .collect::<Option<_>>()
                 .ok_or_else(|| internal("a part was not uploaded".into()))?
         };
         let total = self.parts.last().map_or(0, |p| p.range.end);
+        let ours = composite(&parts);
         let mut uploaded = Uploaded {
             uploaded_bytes: self.sent.load(Ordering::Relaxed),
             copied_bytes: self.copied.load(Ordering::Relaxed),
-            parts: etags.len() as u64,
+            parts: parts.len() as u64,
             already_there: false,
         };
-        {
+        let Some(upload) = self.upload.clone() else {
+            let found = self.found.clone();
+            return self.settle(digest, total, ours, found, uploaded);
+        };
+        // Again just before completing: a store that ignores the
+        // condition below then replaces nothing written meanwhile.
+        if let Some(h) = self.key.head()? {
+            self.abort();
+            return self.settle(digest, total, ours, Some(h), uploaded);
+        }
+        let completed = {
             // An interrupt sees the upload either not completed (and
             // aborts it) or completed (and lets the run report it).
             let _commit = crate::interrupt::creating();
-            if self.upload.complete(&etags)? == Completion::Created {
+            let c = upload.complete(&parts)?;
+            if matches!(c, Completion::Created { .. }) {
                 self.done = true;
                 self.pending = None;
                 crate::interrupt::committed();
-                tracing::info!(location = %self.shown(), parts = uploaded.parts, uploaded = uploaded.uploaded_bytes, copied = uploaded.copied_bytes, "uploaded");
+            }
+            c
+        };
+        let Completion::Created { etag, sha256 } = completed else {
+            self.abort();
+            uploaded.uploaded_bytes = self.sent.load(Ordering::Relaxed);
+            return self.settle(digest, total, ours, None, uploaded);
+        };
+        // The store assembled what it was sent: its checksum of the object
+        // is the one of the parts it checked.
+        if let (Some(o), Some(t)) = (&ours, &sha256)
+            && !same_checksum(t, o)
+        {
+            return Err(crate::store::Error::BadResponse {
+                location: self.shown().into(),
+                what: format!(
+                    "the store completed the object with the checksum {t}, not {o} (that of \
+                     the parts it accepted): what is at the key is not proven to be this packet"
+                ),
+            }
+            .into());
+        }
+        // And the object at the key is the one completed.
+        let now = self.key.head()?;
+        let ours_there = match (&now, &etag) {
+            (Some(h), Some(e)) => h.etag.as_deref().is_none_or(|t| t == e),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if !ours_there {
+            return Err(crate::store::Error::Overwritten {
+                location: self.shown().into(),
+                what: format!(
+                    "the object this upload completed (ETag {}) is no longer what is at the key \
+                     ({}): another write replaced it at once, which a store that honours \
+                     `If-None-Match: *` refuses; do not rely on this store never to replace a \
+                     packet",
+                    etag.as_deref().unwrap_or("none given"),
+                    now.and_then(|h| h.etag)
+                        .map_or("nothing".into(), |e| format!("ETag {e}"))
+                ),
+            }
+            .into());
+        }
+        tracing::info!(location = %self.shown(), parts = uploaded.parts, uploaded = uploaded.uploaded_bytes, copied = uploaded.copied_bytes, "uploaded");
+        Ok(uploaded)
+    }
+
+    /// Decides what an upload that did not complete (something is at the
+    /// key) ends with: success if it holds exactly this packet, else
+    /// `remote_exists` saying what differs.
+    fn settle(
+        &self,
+        digest: &Digest,
+        total: u64,
+        ours: Option<String>,
+        head: Option<Head>,
+        mut uploaded: Uploaded,
+    ) -> Result<Uploaded> {
+        let t = std::time::Instant::now();
+        let found = compare_at_key(
+            &self.location,
+            &self.settings,
+            digest,
+            total,
+            ours.as_deref(),
+            head,
+        )?;
+        tracing::debug!(location = %self.shown(), ?found, elapsed = ?t.elapsed(), "compared with what is at the key");
+        let what = match found {
+            AtKey::Same(proof) => {
+                tracing::info!(location = %self.shown(), ?proof, "the same packet is already there");
+                crate::interrupt::committed();
+                uploaded.already_there = true;
                 return Ok(uploaded);
             }
-        }
-        self.abort();
-        let there = self.existing()?;
-        if there.as_ref() == Some(&(*digest, total)) {
-            tracing::info!(location = %self.shown(), "the same packet is already there");
-            crate::interrupt::committed();
-            uploaded.already_there = true;
-            return Ok(uploaded);
-        }
-        let what = match there {
-            Some((d, len)) => format!("another packet ({d}, {len} bytes)"),
-            None => "an object that is not a sessionfs packet".into(),
+            AtKey::Differs(what) => what,
+            AtKey::Nothing => {
+                return Err(crate::store::Error::Changed {
+                    location: self.shown().into(),
+                    what: "what was at the key is gone; run the command again".into(),
+                }
+                .into());
+            }
         };
         Err(crate::store::Error::Exists {
             location: self.shown().into(),
@@ -275,19 +490,6 @@ impl RemoteOutput {
         .into())
     }
 
-    /// The digest and length of the packet at the key, or `None` when
-    /// what is there is not a packet.
-    fn existing(&self) -> Result<Option<(Digest, u64)>> {
-        use crate::store::ReadAt;
-        let object =
-            crate::store::open_remote(&self.location, &self.settings, crate::store::FIRST_FETCH)?;
-        match crate::packet::reader::read_raw_manifest(&object as &dyn ReadAt, &Limits::DEFAULT) {
-            Ok(raw) => Ok(Some((raw.digest, object.len()))),
-            Err(Error::Store(e)) => Err(e.into()),
-            Err(_) => Ok(None),
-        }
-    }
-
     /// Aborts the upload (once), logging a failure: the parts then stay
     /// until the bucket's lifecycle rule removes them.
     fn abort(&mut self) {
@@ -295,7 +497,8 @@ impl RemoteOutput {
             return;
         }
         self.pending = None;
-        if let Err(e) = self.upload.abort() {
+        let Some(upload) = &self.upload else { return };
+        if let Err(e) = upload.abort() {
             tracing::warn!(location = %self.shown(), error = %e, "cannot abort the upload; its parts stay until the bucket's AbortIncompleteMultipartUpload rule removes them");
         }
     }

@@ -74,6 +74,17 @@ pub enum Error {
         what: String,
     },
 
+    /// The object an upload completed was replaced at once by another
+    /// write: the store does not honour `If-None-Match: *` (a conditional
+    /// completion), so it cannot be trusted never to replace an object.
+    #[error("{location}: {what}")]
+    Overwritten {
+        /// The location, as shown.
+        location: String,
+        /// What was seen.
+        what: String,
+    },
+
     /// Every attempt failed with a transient error (5xx, throttling,
     /// timeout, reset connection, a body cut short) until the attempts or
     /// the time per read ran out.
@@ -119,6 +130,7 @@ impl Error {
             Error::BadResponse { .. } => ErrorKind::RemoteBadResponse,
             Error::Unavailable { .. } => ErrorKind::RemoteUnavailable,
             Error::Exists { .. } => ErrorKind::RemoteExists,
+            Error::Overwritten { .. } => ErrorKind::RemoteOverwritten,
             Error::Corrupt { .. } => ErrorKind::ContentMismatch,
         }
     }
@@ -133,6 +145,7 @@ impl Error {
             | Error::BadResponse { location, .. }
             | Error::Unavailable { location, .. }
             | Error::Exists { location, .. }
+            | Error::Overwritten { location, .. }
             | Error::Corrupt { location, .. } => location,
         }
     }

@@ -17,7 +17,9 @@ pub mod error;
 pub mod remote;
 pub mod spool;
 pub mod sts;
+pub mod transport;
 pub mod upload;
+mod xml;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -25,7 +27,7 @@ use std::path::PathBuf;
 pub use deadline::Deadline;
 pub use error::{Error, Result};
 pub use remote::{Remote, Settings};
-pub use upload::{Completion, CopySource, Upload};
+pub use upload::{Completion, CopySource, Head, Key, PartDone, Upload};
 
 /// The first request for a remote packet asks for this many bytes: the
 /// manifest's header and, for packets of up to a few thousand entries,
@@ -178,8 +180,9 @@ fn literal_url_path(raw: &str, url: &url::Url) -> std::result::Result<(), String
     Ok(())
 }
 
-/// An URL without user information, query and fragment.
-fn shown_url(u: &url::Url) -> String {
+/// An URL without user information, query and fragment: how an URL
+/// (a location, an endpoint) is shown in messages and logs.
+pub(crate) fn shown_url(u: &url::Url) -> String {
     let mut u = u.clone();
     let _ = u.set_username("");
     let _ = u.set_password(None);

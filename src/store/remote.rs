@@ -7,7 +7,6 @@
 //! within a bound on the total time of one read ([`Settings::read_timeout`]);
 //! anything else fails at once with an error naming the location.
 
-use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,6 +14,7 @@ use std::time::Duration;
 use super::aws::{CredentialSource, S3Config};
 use super::deadline::Deadline;
 use super::error::{Error, Result};
+use super::transport::{Method, Request, Response, Transport, TransportError, Ureq};
 use super::{Location, ReadAt};
 
 /// How remote reads behave.
@@ -116,11 +116,18 @@ const EXPIRED: &[&str] = &[
     "InvalidToken",
 ];
 
+/// S3 error codes of HTTP 400 that a new attempt may cure: the request
+/// arrived damaged or cut short (its body no longer matched the checksum
+/// or the `Content-Length` it was sent with), or came too slowly.
+const RETRY_400: &[&str] = &["BadDigest", "IncompleteBody", "RequestTimeout"];
+
 /// The credentials the configuration gives now (web identity exchanged
-/// through STS), and where they came from (for logs: no secret).
+/// through STS, within `deadline`), and where they came from (for logs: no
+/// secret).
 fn credentials_now(
-    agent: &ureq::Agent,
+    transport: &dyn Transport,
     shown: &str,
+    deadline: Deadline,
 ) -> Result<(S3Config, rusty_s3::Credentials, String)> {
     let c = S3Config::from_env().map_err(|reason| Error::Config {
         location: shown.to_owned(),
@@ -128,7 +135,7 @@ fn credentials_now(
     })?;
     let creds = match &c.credentials {
         CredentialSource::Static(creds) => creds.clone(),
-        CredentialSource::WebIdentity(w) => super::sts::assume_role(w, agent, shown)?,
+        CredentialSource::WebIdentity(w) => super::sts::assume_role(w, transport, shown, deadline)?,
     };
     let credentials = match &creds.session_token {
         Some(t) => rusty_s3::Credentials::new_with_token(
@@ -145,14 +152,14 @@ fn credentials_now(
     Ok((c, credentials, source))
 }
 
-/// The requests of one location: its target, signed or not, the HTTP
-/// agent, the settings and the retry loop with its time bound. Shared by
-/// ranged reads ([`Remote`]) and uploads ([`super::upload::Upload`]).
+/// The requests of one location: its target, signed or not, the
+/// transport, the settings and the retry loop with its time bound. Shared
+/// by ranged reads ([`Remote`]) and uploads ([`super::upload::Upload`]).
 #[derive(Clone)]
 pub(crate) struct Client {
     pub(crate) shown: String,
     pub(crate) target: Target,
-    pub(crate) agent: ureq::Agent,
+    pub(crate) transport: Arc<dyn Transport>,
     pub(crate) settings: Settings,
     /// Requests sent (attempts included), for logs and tests.
     requests: Arc<AtomicU64>,
@@ -169,6 +176,7 @@ pub struct Remote {
 }
 
 /// What one attempt ended with, short of success.
+#[derive(Debug)]
 pub(crate) enum Failure {
     /// Worth another attempt: why this one failed.
     Retry(String),
@@ -183,14 +191,6 @@ pub(crate) enum Failure {
     Fatal(Error),
 }
 
-/// Why a request was not answered.
-enum Sent {
-    /// It could not be built (a header value that cannot be sent).
-    Build(ureq::http::Error),
-    /// It failed on the way.
-    Transport(ureq::Error),
-}
-
 /// A successful ranged response.
 struct Fetched {
     bytes: Vec<u8>,
@@ -198,32 +198,97 @@ struct Fetched {
     etag: Option<String>,
 }
 
+/// Signs a request for `key` of `bucket` with `creds` (SigV4, presigned in
+/// the query): `query` holds the subresources and parameters (an empty
+/// value is sent bare, `?uploads`, as the AWS SDKs send it), and every one
+/// of `headers` is signed, so an `x-amz-*` header never goes out unsigned.
+pub(crate) fn presign(
+    bucket: &rusty_s3::Bucket,
+    key: &str,
+    creds: &rusty_s3::Credentials,
+    method: Method,
+    query: &[(&str, &str)],
+    headers: &[(&str, &str)],
+) -> std::result::Result<url::Url, String> {
+    let url = bucket
+        .object_url(key)
+        .map_err(|e| format!("cannot make the object's URL: {e}"))?;
+    // The signer merges these with its own, in order: both must be sorted.
+    let mut query: Vec<(&str, &str)> = query.to_vec();
+    query.sort_unstable();
+    let lowered: Vec<(String, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim()))
+        .collect();
+    let mut headers: Vec<(&str, &str)> = lowered.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    headers.sort_unstable();
+    let mut url = rusty_s3::signing::sign(
+        &jiff::Timestamp::now(),
+        method.for_signing(),
+        url,
+        creds.key(),
+        creds.secret(),
+        creds.token(),
+        bucket.region(),
+        PRESIGN_FOR.as_secs(),
+        query.iter().copied(),
+        headers.iter().copied(),
+    );
+    // `uploads=` and `uploads` sign alike (SigV4 gives a bare parameter an
+    // empty value); the bare form is what S3 documents and SDKs send.
+    let bare: Vec<&str> = query
+        .iter()
+        .filter(|(_, v)| v.is_empty())
+        .map(|(k, _)| *k)
+        .collect();
+    if !bare.is_empty()
+        && let Some(q) = url.query()
+    {
+        let q = q
+            .split('&')
+            .map(|p| match p.strip_suffix('=') {
+                Some(k) if bare.contains(&k) => k,
+                _ => p,
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        url.set_query(Some(&q));
+    }
+    Ok(url)
+}
+
 impl Client {
-    /// The client of `location` (which must be remote): the S3
+    /// The client of `location` (which must be remote), over HTTP: the S3
     /// configuration read and credentials found (web identity exchanged
     /// through STS), no request sent to the location yet.
     pub(crate) fn new(location: &Location, settings: &Settings) -> Result<Client> {
+        Client::with_transport(location, settings, Arc::new(Ureq::new()))
+    }
+
+    /// [`Client::new`] over `transport`.
+    pub(crate) fn with_transport(
+        location: &Location,
+        settings: &Settings,
+        transport: Arc<dyn Transport>,
+    ) -> Result<Client> {
         let shown = location.shown();
         let config_error = |reason: String| Error::Config {
             location: shown.clone(),
             reason,
         };
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(settings.request_timeout.min(Duration::from_secs(10))))
-            .build()
-            .into();
         let target = match location {
             Location::Local(_) => {
                 return Err(config_error("a local path is not a remote object".into()));
             }
             Location::S3 { bucket, key } => {
-                let (c, credentials, source) = credentials_now(&agent, &shown)?;
+                let (c, credentials, source) =
+                    credentials_now(&*transport, &shown, Deadline::for_operation(settings))?;
                 let style = if c.path_style || bucket.contains('.') {
                     rusty_s3::UrlStyle::Path
                 } else {
                     rusty_s3::UrlStyle::VirtualHost
                 };
+                let endpoint = super::shown_url(&c.endpoint);
                 let b = rusty_s3::Bucket::new(
                     c.endpoint.clone(),
                     style,
@@ -232,11 +297,10 @@ impl Client {
                 )
                 .map_err(|e| {
                     config_error(format!(
-                        "cannot address bucket `{bucket}` at {}: {e}",
-                        c.endpoint
+                        "cannot address bucket `{bucket}` at {endpoint}: {e}"
                     ))
                 })?;
-                tracing::debug!(location = %shown, endpoint = %c.endpoint, region = %c.region, path_style = c.path_style, credentials = %source, "s3 configuration");
+                tracing::debug!(location = %shown, %endpoint, region = %c.region, path_style = c.path_style, credentials = %source, "s3 configuration");
                 Target::S3 {
                     bucket: b,
                     key: key.clone(),
@@ -248,7 +312,7 @@ impl Client {
         Ok(Client {
             shown,
             target,
-            agent,
+            transport,
             settings: settings.clone(),
             requests: Arc::default(),
         })
@@ -332,59 +396,56 @@ impl Client {
         }
     }
 
-    /// Sends one request: `method` to `url` with `headers` (those the
-    /// signature covers among them) and `body`, within `timeout`. A
-    /// transport failure comes back classified.
+    /// Sends one request for the object: `method` with `query`
+    /// (subresources, parameters: S3 only), `headers` (every one of them
+    /// signed) and `body`, within `timeout`; signed now with the
+    /// credentials of the moment. A transport failure comes back
+    /// classified.
     pub(crate) fn send(
         &self,
-        method: &str,
-        url: &url::Url,
+        method: Method,
+        query: &[(&str, &str)],
         headers: &[(&str, &str)],
-        body: Option<&[u8]>,
+        body: &[u8],
         timeout: Duration,
-    ) -> std::result::Result<ureq::http::Response<ureq::Body>, Failure> {
-        let mut req = ureq::http::Request::builder()
-            .method(method)
-            .uri(url.as_str());
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let sent = match body {
-            Some(b) => self.run(req.body(b), timeout),
-            None => self.run(req.body(()), timeout),
+    ) -> std::result::Result<Response, Failure> {
+        let url = match &self.target {
+            Target::S3 {
+                bucket,
+                key,
+                credentials,
+            } => presign(bucket, key, &credentials.get(), method, query, headers)
+                .map_err(|what| self.bad(what))?,
+            Target::Http(u) => u.clone(),
         };
-        sent.map_err(|e| match e {
-            Sent::Build(e) => Failure::Fatal(Error::BadResponse {
-                location: self.shown.clone(),
-                what: format!("cannot build the {method} request: {e}"),
-            }),
-            Sent::Transport(e) => self.transport(e),
+        let req = Request {
+            method,
+            url: &url,
+            headers,
+            body,
+        };
+        self.transport
+            .send(&req, timeout)
+            .map_err(|e| self.transport_failure(e, timeout))
+    }
+
+    /// A final bad-response failure.
+    pub(crate) fn bad(&self, what: String) -> Failure {
+        Failure::Fatal(Error::BadResponse {
+            location: self.shown.clone(),
+            what,
         })
     }
 
-    /// [`Client::send`] for one kind of body.
-    fn run<B: ureq::AsSendBody>(
-        &self,
-        req: std::result::Result<ureq::http::Request<B>, ureq::http::Error>,
-        timeout: Duration,
-    ) -> std::result::Result<ureq::http::Response<ureq::Body>, Sent> {
-        let req = self
-            .agent
-            .configure_request(req.map_err(Sent::Build)?)
-            .timeout_global(Some(timeout.max(Duration::from_millis(1))))
-            .build();
-        self.agent.run(req).map_err(Sent::Transport)
-    }
-
     /// What a response of an unexpected `status` means, the same for
-    /// every request: 404 and 401/403 are final, 5xx, 429 and S3's
-    /// `RequestTimeout` worth another attempt, anything else a bad response.
-    pub(crate) fn status_failure(
-        &self,
-        status: u16,
-        resp: &mut ureq::http::Response<ureq::Body>,
-    ) -> Failure {
-        let code = error_code(resp);
+    /// every request: 404 and 401/403 are final, 5xx, 429 and a request
+    /// that arrived damaged (`BadDigest`) or cut short worth another
+    /// attempt, anything else a bad response.
+    pub(crate) fn status_failure(&self, status: u16, resp: &mut Response) -> Failure {
+        let code = resp
+            .read_limited(ERROR_BODY_MAX)
+            .ok()
+            .and_then(|b| super::xml::error_code(&b));
         match status {
             400 | 401 | 403 if code.as_deref().is_some_and(|c| EXPIRED.contains(&c)) => {
                 Failure::Expired {
@@ -401,51 +462,49 @@ impl Client {
                 status,
                 code: code.unwrap_or_else(|| "AccessDenied".into()),
             }),
-            429 | 500..=599 => Failure::Retry(format!(
+            // 501: the store does not do what was asked (S3 answers it to
+            // a chunked upload, `Transfer-Encoding`): no attempt cures it.
+            429 | 500 | 502..=599 => Failure::Retry(format!(
                 "HTTP {status}{}",
                 code.map_or(String::new(), |c| format!(" {c}"))
             )),
-            _ if code.as_deref() == Some("RequestTimeout") => {
-                Failure::Retry(format!("HTTP {status} RequestTimeout"))
+            400 if code.as_deref().is_some_and(|c| RETRY_400.contains(&c)) => {
+                Failure::Retry(format!("HTTP 400 {}", code.unwrap_or_default()))
             }
-            _ => Failure::Fatal(Error::BadResponse {
-                location: self.shown.clone(),
-                what: format!(
-                    "unexpected HTTP {status}{}",
-                    code.map_or(String::new(), |c| format!(" ({c})"))
-                ),
-            }),
+            _ => self.bad(format!(
+                "unexpected HTTP {status}{}",
+                code.map_or(String::new(), |c| format!(" ({c})"))
+            )),
         }
     }
 
     /// Classifies a transport error: what a retry may cure, or not.
-    fn transport(&self, e: ureq::Error) -> Failure {
+    fn transport_failure(&self, e: TransportError, timeout: Duration) -> Failure {
         match e {
-            ureq::Error::Io(_)
-            | ureq::Error::Timeout(_)
-            | ureq::Error::ConnectionFailed
-            | ureq::Error::Protocol(_)
-            | ureq::Error::BodyStalled => Failure::Retry(e.to_string()),
-            ureq::Error::HostNotFound => Failure::Fatal(Error::Config {
+            TransportError::Timeout(what) => Failure::Retry(format!(
+                "no complete answer within {timeout:.1?} (timeout: {what})"
+            )),
+            TransportError::Connection(_) | TransportError::Protocol(_) => {
+                Failure::Retry(e.to_string())
+            }
+            TransportError::HostNotFound => Failure::Fatal(Error::Config {
                 location: self.shown.clone(),
                 reason: "cannot resolve the endpoint's host name".into(),
             }),
-            other => Failure::Fatal(Error::BadResponse {
-                location: self.shown.clone(),
-                what: format!("the request failed: {other}"),
-            }),
+            TransportError::Request(what) => self.bad(format!("the request failed: {what}")),
         }
     }
 
     /// Replaces the credentials, which the store said have expired
     /// (`code`), with those their source gives now: the environment and
     /// the profile files read again (a sidecar may have rewritten them),
-    /// a web identity token (which the pod rotates) exchanged again.
-    fn renew(&self, code: &str, _deadline: Deadline) -> Result<()> {
+    /// a web identity token (which the pod rotates) exchanged again, within
+    /// the operation's `deadline`.
+    fn renew(&self, code: &str, deadline: Deadline) -> Result<()> {
         let Target::S3 { credentials, .. } = &self.target else {
             return Ok(());
         };
-        let (_, fresh, source) = credentials_now(&self.agent, &self.shown)?;
+        let (_, fresh, source) = credentials_now(&*self.transport, &self.shown, deadline)?;
         *credentials.0.write() = fresh;
         tracing::info!(location = %self.shown, code, credentials = %source, "credentials expired; renewed from their source");
         Ok(())
@@ -455,19 +514,51 @@ impl Client {
     pub(crate) fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
+
+    /// A client of `s3://bkt/dir/k.packet` at a made-up endpoint, signed
+    /// with made-up keys, over `transport`, with short waits: for table
+    /// tests, which read no environment.
+    #[cfg(test)]
+    pub(crate) fn for_tests(transport: Arc<dyn Transport>, settings: Settings) -> Client {
+        let bucket = rusty_s3::Bucket::new(
+            "http://127.0.0.1:9".parse().unwrap(),
+            rusty_s3::UrlStyle::Path,
+            "bkt".to_owned(),
+            "us-east-1".to_owned(),
+        )
+        .unwrap();
+        Client {
+            shown: "s3://bkt/dir/k.packet".into(),
+            target: Target::S3 {
+                bucket,
+                key: "dir/k.packet".into(),
+                credentials: Creds(Arc::new(parking_lot::RwLock::new(
+                    rusty_s3::Credentials::new("AKIDTEST", "secret"),
+                ))),
+            },
+            transport,
+            settings,
+            requests: Arc::default(),
+        }
+    }
 }
 
 impl Remote {
     /// Opens `location` (which must be remote) with one request for its
     /// first `first_bytes` bytes; see [`super::open_remote`].
     pub fn open(location: &Location, settings: &Settings, first_bytes: u64) -> Result<Remote> {
+        Remote::open_with(Client::new(location, settings)?, first_bytes)
+    }
+
+    /// [`Remote::open`] through `client`.
+    fn open_with(client: Client, first_bytes: u64) -> Result<Remote> {
+        let deadline = Deadline::for_operation(&client.settings);
         let mut remote = Remote {
-            client: Client::new(location, settings)?,
+            client,
             len: 0,
             etag: None,
             head: Vec::new(),
         };
-        let deadline = Deadline::for_operation(settings);
         let first = remote.fetch(0, first_bytes.max(1), true, deadline)?;
         remote.len = first.total;
         // A weak ETag (`W/"…"`) never satisfies If-Match, which compares
@@ -493,26 +584,6 @@ impl Remote {
         )
     }
 
-    /// The URL of one request, signed now for S3.
-    fn url(&self, if_match: Option<&str>) -> url::Url {
-        match &self.client.target {
-            Target::S3 {
-                bucket,
-                key,
-                credentials,
-            } => {
-                use rusty_s3::S3Action;
-                let credentials = credentials.get();
-                let mut get = bucket.get_object(Some(&credentials), key);
-                if let Some(tag) = if_match {
-                    get.headers_mut().insert("if-match", tag.to_owned());
-                }
-                get.sign(PRESIGN_FOR)
-            }
-            Target::Http(u) => u.clone(),
-        }
-    }
-
     /// One request for bytes `start..end`.
     fn attempt(
         &self,
@@ -522,29 +593,17 @@ impl Remote {
         timeout: Duration,
     ) -> std::result::Result<Fetched, Failure> {
         let if_match = if first { None } else { self.etag.as_deref() };
-        let url = self.url(if_match);
         let range = format!("bytes={start}-{}", end - 1);
         let mut headers = vec![("range", range.as_str())];
         if let Some(tag) = if_match {
             headers.push(("if-match", tag));
         }
-        let mut resp = self.client.send("GET", &url, &headers, None, timeout)?;
-        let status = resp.status().as_u16();
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let etag = header("etag");
-        let range = header("content-range");
+        let mut resp = self.client.send(Method::Get, &[], &headers, &[], timeout)?;
+        let status = resp.status;
+        let etag = resp.header("etag").map(str::to_owned);
+        let range = resp.header("content-range").map(str::to_owned);
         tracing::debug!(location = %self.client.shown, start, end, status, "ranged GET");
-        let bad = |what: String| {
-            Failure::Fatal(Error::BadResponse {
-                location: self.client.shown.clone(),
-                what,
-            })
-        };
+        let bad = |what: String| self.client.bad(what);
         match status {
             206 => {
                 let (s, e, total) =
@@ -595,20 +654,13 @@ impl Remote {
     }
 
     /// Reads exactly `n` bytes of body; a body cut short is transient.
-    fn read_body(
-        &self,
-        resp: &mut ureq::http::Response<ureq::Body>,
-        n: u64,
-    ) -> std::result::Result<Vec<u8>, Failure> {
+    fn read_body(&self, resp: &mut Response, n: u64) -> std::result::Result<Vec<u8>, Failure> {
         let len = usize::try_from(n).map_err(|_| {
-            Failure::Fatal(Error::BadResponse {
-                location: self.client.shown.clone(),
-                what: format!("a range of {n} bytes does not fit in memory"),
-            })
+            self.client
+                .bad(format!("a range of {n} bytes does not fit in memory"))
         })?;
         let mut bytes = vec![0u8; len];
-        let mut reader = resp.body_mut().with_config().limit(n).reader();
-        reader.read_exact(&mut bytes).map_err(|e| {
+        resp.read_exact_into(&mut bytes).map_err(|e| {
             Failure::Retry(format!(
                 "the body ended or failed after fewer than {n} bytes: {e}"
             ))
@@ -683,25 +735,6 @@ fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
     (s <= l && l < total).then_some((s, l + 1, total))
 }
 
-/// The `<Code>` of an S3 error body, if it has one (the message is left
-/// out: some quote the request, and nothing of a request is shown).
-pub(crate) fn error_code(resp: &mut ureq::http::Response<ureq::Body>) -> Option<String> {
-    let mut body = Vec::new();
-    resp.body_mut()
-        .with_config()
-        .limit(ERROR_BODY_MAX)
-        .reader()
-        .take(ERROR_BODY_MAX)
-        .read_to_end(&mut body)
-        .ok()?;
-    let text = String::from_utf8_lossy(&body);
-    let code = text.split_once("<Code>")?.1.split_once("</Code>")?.0;
-    (!code.is_empty()
-        && code.len() <= 64
-        && code.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'))
-    .then(|| code.to_owned())
-}
-
 /// `wait` scaled by a random factor in [0.5, 1): retries of many readers
 /// spread out instead of arriving together.
 fn jitter(wait: Duration) -> Duration {
@@ -733,6 +766,206 @@ mod tests {
         for (v, want) in cases {
             assert_eq!(parse_content_range(v), *want, "{v}");
         }
+    }
+
+    use crate::store::transport::mock::{Answer, Scripted};
+    use std::time::Instant;
+
+    /// Settings with short waits, so the tables run fast.
+    fn quick() -> Settings {
+        Settings {
+            read_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(2),
+            max_attempts: 6,
+            backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+        }
+    }
+
+    fn client(answers: Vec<Answer>, settings: Settings) -> (Client, Arc<Scripted>) {
+        let t = Arc::new(Scripted::new(answers));
+        (Client::for_tests(t.clone(), settings), t)
+    }
+
+    /// A `206` of `body` as bytes `start..` of an object of `total`.
+    fn partial(body: &[u8], start: u64, total: u64, etag: &str) -> Answer {
+        let end = start + body.len() as u64 - 1;
+        Answer::Reply(
+            206,
+            vec![
+                ("content-range", format!("bytes {start}-{end}/{total}")),
+                ("etag", etag.into()),
+            ],
+            body.to_vec(),
+        )
+    }
+
+    /// What each status (and S3 error code) means to the retry loop, in
+    /// one table: final (and as which error kind), worth another attempt,
+    /// or expired credentials.
+    #[test]
+    fn statuses_map_to_retry_renew_or_a_final_kind() {
+        use crate::kind::ErrorKind as K;
+        enum Want {
+            Retry,
+            Expired,
+            Fatal(K),
+        }
+        let cases: &[(u16, &str, Want)] = &[
+            (500, "InternalError", Want::Retry),
+            (503, "SlowDown", Want::Retry),
+            (429, "TooManyRequests", Want::Retry),
+            (400, "RequestTimeout", Want::Retry),
+            (400, "BadDigest", Want::Retry),
+            (400, "IncompleteBody", Want::Retry),
+            (400, "ExpiredToken", Want::Expired),
+            (403, "InvalidToken", Want::Expired),
+            (404, "NoSuchKey", Want::Fatal(K::RemoteNotFound)),
+            (403, "AccessDenied", Want::Fatal(K::RemoteDenied)),
+            (403, "SignatureDoesNotMatch", Want::Fatal(K::RemoteDenied)),
+            (400, "InvalidRequest", Want::Fatal(K::RemoteBadResponse)),
+            (501, "NotImplemented", Want::Fatal(K::RemoteBadResponse)),
+            (
+                411,
+                "MissingContentLength",
+                Want::Fatal(K::RemoteBadResponse),
+            ),
+            (400, "InvalidDigest", Want::Fatal(K::RemoteBadResponse)),
+        ];
+        for (status, code, want) in cases {
+            let (c, _) = client(vec![Answer::Error(*status, code)], quick());
+            let mut resp = c
+                .send(Method::Get, &[], &[], &[], Duration::from_secs(1))
+                .unwrap();
+            let got = c.status_failure(resp.status, &mut resp);
+            let ok = match (&got, want) {
+                (Failure::Retry(why), Want::Retry) => why.contains(code),
+                (Failure::Expired { code: c, .. }, Want::Expired) => c == code,
+                (Failure::Fatal(e), Want::Fatal(k)) => e.kind() == *k,
+                _ => false,
+            };
+            assert!(ok, "HTTP {status} {code}: {got:?}");
+        }
+    }
+
+    /// Transient failures are retried, each kind once here, and the read
+    /// then succeeds; the requests are counted.
+    #[test]
+    fn reads_retry_through_errors_resets_and_short_bodies() {
+        let answers = vec![
+            partial(b"0123", 0, 10, "\"e\""),
+            Answer::Error(503, "SlowDown"),
+            Answer::Reset,
+            Answer::Cut(
+                206,
+                vec![("content-range", "bytes 4-7/10".into())],
+                b"4567".to_vec(),
+                2,
+            ),
+            Answer::Hang(Duration::from_millis(10)),
+            partial(b"4567", 4, 10, "\"e\""),
+        ];
+        let (c, t) = client(answers, quick());
+        let r = Remote::open_with(c, 4).unwrap();
+        assert_eq!((r.len(), r.etag()), (10, Some("\"e\"")));
+        let mut buf = [0u8; 4];
+        r.read_exact_at(&mut buf, 4, r.deadline()).unwrap();
+        assert_eq!(&buf, b"4567");
+        assert_eq!(r.requests(), 6);
+        // Every read after the first is pinned to the first ETag.
+        let sent = t.sent();
+        assert_eq!(sent[0].header("if-match"), None);
+        assert!(
+            sent[1..]
+                .iter()
+                .all(|s| s.header("if-match") == Some("\"e\""))
+        );
+        assert!(
+            sent.iter()
+                .all(|s| s.method == Method::Get && s.body.is_empty())
+        );
+    }
+
+    /// A read of a store that never answers takes the operation's bound,
+    /// not attempts x bound: every request gets only what is left.
+    #[test]
+    fn a_hung_store_fails_within_the_operation_deadline() {
+        let mut s = quick();
+        s.request_timeout = Duration::from_millis(400);
+        s.max_attempts = 100;
+        let (c, t) = client(
+            (0..100)
+                .map(|_| Answer::Hang(Duration::from_secs(60)))
+                .collect(),
+            s,
+        );
+        let t0 = Instant::now();
+        let deadline = Deadline::after(Duration::from_millis(1000));
+        let e = c
+            .retrying(
+                deadline,
+                || "read".into(),
+                |timeout| c.send(Method::Get, &[], &[], &[], timeout).map(|_| ()),
+            )
+            .unwrap_err();
+        let took = t0.elapsed();
+        assert_eq!(e.kind(), crate::kind::ErrorKind::RemoteUnavailable, "{e}");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+        let asked: Duration = t.sent().iter().map(|s| s.timeout).sum();
+        assert!(asked <= Duration::from_millis(1000), "{asked:?}");
+        assert!(
+            t.sent()
+                .iter()
+                .all(|s| s.timeout <= Duration::from_millis(400))
+        );
+        // An expired deadline sends nothing.
+        let before = t.sent().len();
+        let e = c
+            .retrying(
+                Deadline::after(Duration::ZERO),
+                || "read".into(),
+                |timeout| c.send(Method::Get, &[], &[], &[], timeout).map(|_| ()),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("ran out before a request"), "{e}");
+        assert_eq!(t.sent().len(), before);
+    }
+
+    /// A presigned request signs every header it sends and sends a bare
+    /// subresource bare (`?uploads`, as the AWS SDKs do).
+    #[test]
+    fn presigned_requests_sign_every_header_and_keep_subresources_bare() {
+        let bucket = rusty_s3::Bucket::new(
+            "http://127.0.0.1:9".parse().unwrap(),
+            rusty_s3::UrlStyle::Path,
+            "bkt".to_owned(),
+            "us-east-1".to_owned(),
+        )
+        .unwrap();
+        let creds = rusty_s3::Credentials::new_with_token("AKID", "secret", "tok");
+        let url = presign(
+            &bucket,
+            "a b/k",
+            &creds,
+            Method::Post,
+            &[("uploads", "")],
+            &[
+                ("X-Amz-Checksum-Algorithm", "SHA256"),
+                ("if-none-match", "*"),
+            ],
+        )
+        .unwrap();
+        let q = url.query().unwrap();
+        assert!(q.split('&').any(|p| p == "uploads"), "{q}");
+        assert!(!q.contains("uploads="), "{q}");
+        let signed = url
+            .query_pairs()
+            .find(|(k, _)| k == "X-Amz-SignedHeaders")
+            .unwrap()
+            .1
+            .into_owned();
+        assert_eq!(signed, "host;if-none-match;x-amz-checksum-algorithm");
+        assert_eq!(url.path(), "/bkt/a%20b/k");
     }
 
     #[test]

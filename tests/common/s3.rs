@@ -1,7 +1,9 @@
-//! Real S3 for the tests: moto's server on 127.0.0.1, and a proxy of our
-//! own between sessionfs and it that counts requests and injects faults.
+//! Real S3 for the tests: moto's server on 127.0.0.1, behind a proxy of
+//! our own in its AWS-exact mode (it refuses what AWS S3 refuses and moto
+//! takes: [`aws_refusal`], each rule with its source), and fault proxies
+//! in front of that which count requests and inject faults.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -18,29 +20,39 @@ pub const TOKEN: &str = "token-MUST-NOT-LEAK-91c2";
 /// stdin and exits when it closes, so it ends with the test process
 /// however that ends (statics are never dropped).
 pub struct Moto {
+    /// Where sessionfs is pointed: the AWS-exact proxy in front of moto.
     pub port: u16,
+    /// moto itself, for the tests' own set-up and checks.
+    pub moto_port: u16,
     _child: Mutex<Child>,
 }
 
-/// The Python with moto: the project's .venv (scripts/deps.sh), else the
-/// system's.
+/// The moto version scripts/deps.sh pins into the project's .venv.
+pub const MOTO_PINNED: &str = "5.2.1";
+
+/// The Python of the project's .venv (scripts/deps.sh), with moto at the
+/// pinned version: never a moto found elsewhere first, whose version
+/// nobody chose.
 fn python() -> String {
-    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv/bin/python3");
-    let has_moto = |py: &str| {
-        Command::new(py)
-            .args(["-c", "import moto.server"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if has_moto(venv) {
-        return venv.into();
-    }
-    assert!(
-        has_moto("python3"),
-        "moto's server is not installed: run scripts/deps.sh (pip install 'moto[server]')"
+    venv_python(concat!(env!("CARGO_MANIFEST_DIR"), "/.venv"), MOTO_PINNED)
+}
+
+/// The Python of the venv at `venv`, checked to hold moto `version`.
+pub fn venv_python(venv: &str, version: &str) -> String {
+    let py = format!("{venv}/bin/python3");
+    let found = Command::new(&py)
+        .args(["-c", "import moto.server, moto; print(moto.__version__)"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    assert_eq!(
+        found.as_deref(),
+        Some(version),
+        "{venv} must hold moto {version}: run scripts/deps.sh"
     );
-    "python3".into()
+    py
 }
 
 /// A free port on 127.0.0.1 (free when asked).
@@ -64,16 +76,24 @@ fn wait_listening(port: u16, what: &str) {
     }
 }
 
-/// The shared moto server, started on first use.
+/// The shared moto server (behind the AWS-exact proxy), started on first
+/// use.
 pub fn moto() -> &'static Moto {
     static MOTO: OnceLock<Moto> = OnceLock::new();
-    MOTO.get_or_init(|| {
+    MOTO.get_or_init(|| start_moto(&python()))
+}
+
+/// A moto server run by `python`, behind an AWS-exact proxy. It reads its
+/// stdin and exits when it closes, so it ends with the test process
+/// however that ends.
+pub fn start_moto(python: &str) -> Moto {
+    {
         let port = free_port();
         let script = "import os, sys, threading\n\
 threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()\n\
 from moto.server import main\n\
 main(['-H', '127.0.0.1', '-p', sys.argv[1]])\n";
-        let child = Command::new(python())
+        let child = Command::new(python)
             .args(["-c", script, &port.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -81,11 +101,16 @@ main(['-H', '127.0.0.1', '-p', sys.argv[1]])\n";
             .spawn()
             .expect("start moto");
         wait_listening(port, "moto");
-        Moto {
-            port,
+        let exact = Proxy::aws_exact(port);
+        let moto = Moto {
+            port: exact.port,
+            moto_port: port,
             _child: Mutex::new(child),
-        }
-    })
+        };
+        // The proxy's threads run for the process's life.
+        std::mem::forget(exact);
+        moto
+    }
 }
 
 fn bucket_at(port: u16, name: &str) -> rusty_s3::Bucket {
@@ -107,7 +132,7 @@ impl Moto {
     /// Creates bucket `name`.
     pub fn create_bucket(&self, name: &str) {
         use rusty_s3::S3Action;
-        let b = bucket_at(self.port, name);
+        let b = bucket_at(self.moto_port, name);
         let creds = credentials();
         let url = b.create_bucket(&creds).sign(Duration::from_secs(600));
         let r = ureq::put(url.as_str()).send_empty().unwrap();
@@ -121,7 +146,7 @@ impl Moto {
     /// Puts `bytes` at `bucket/key`.
     pub fn put(&self, bucket: &str, key: &str, bytes: &[u8]) {
         use rusty_s3::S3Action;
-        let b = bucket_at(self.port, bucket);
+        let b = bucket_at(self.moto_port, bucket);
         let creds = credentials();
         let url = b
             .put_object(Some(&creds), key)
@@ -173,27 +198,324 @@ pub enum Fault {
     Delay(Duration),
     /// Run this first, then forward it.
     Before(Box<dyn FnOnce() + Send>),
+    /// Forward it, then run this before the answer goes back.
+    After(Box<dyn FnOnce() + Send>),
     /// Forward it, and flip the bits of the answer's body byte at this
     /// index (a corrupted response).
     Corrupt(usize),
+    /// Flip the bits of the request's body byte at this index (clamped
+    /// to the body), then forward it: a body damaged on the way.
+    CorruptRequest(usize),
+}
+
+/// A request as the proxy sees it.
+pub struct Req<'a> {
+    pub method: &'a str,
+    /// The path, still percent-encoded.
+    pub path: &'a str,
+    /// The query's pairs, decoded; a bare `uploads` has an empty value.
+    pub query: Vec<(String, String)>,
+    /// The headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    pub body: &'a [u8],
+}
+
+impl Req<'_> {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// What the AWS-exact proxy knows of a multipart upload in progress.
+#[derive(Clone, Debug, Default)]
+pub struct UploadState {
+    /// `x-amz-checksum-algorithm` of its creation, in lower case.
+    pub algorithm: Option<String>,
+    /// The length of each part stored, by number.
+    pub parts: HashMap<u32, u64>,
+}
+
+/// A refusal as AWS S3 answers it: status, code, message.
+pub type Refusal = (u16, &'static str, String);
+
+/// S3's smallest part but the last, and most parts.
+const MIN_PART: u64 = 5 << 20;
+const MAX_PART_NUMBER: u32 = 10_000;
+
+/// What AWS S3 refuses (and moto takes) about `req`, as AWS answers it;
+/// `upload` is the state of the upload it belongs to, `source_len` the
+/// length of a copy's source. Each rule names its source.
+pub fn aws_refusal(
+    req: &Req,
+    upload: Option<&UploadState>,
+    source_len: Option<u64>,
+) -> Option<Refusal> {
+    let refuse = |status, code, msg: String| Some((status, code, msg));
+    let has_body = matches!(req.method, "PUT" | "POST");
+    // A chunked body that is not `aws-chunked` (SigV4 streaming): 501
+    // NotImplemented, "A header you provided implies functionality that is
+    // not implemented" (Header: Transfer-Encoding). Source: S3 API
+    // Reference, Error responses, "List of error codes" (NotImplemented),
+    // https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html;
+    // observed on AWS with ureq 3's body-less PUT (issue 32, finding 1).
+    let chunked = req
+        .header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let aws_chunked = req
+        .header("content-encoding")
+        .is_some_and(|v| v.contains("aws-chunked"))
+        || req
+            .header("x-amz-content-sha256")
+            .is_some_and(|v| v.starts_with("STREAMING-"));
+    if chunked && !aws_chunked {
+        return refuse(
+            501,
+            "NotImplemented",
+            "A header you provided implies functionality that is not implemented (Transfer-Encoding)".into(),
+        );
+    }
+    // A PUT or POST without Content-Length: 411 MissingContentLength,
+    // "You must provide the Content-Length HTTP header". Source: the same
+    // list of error codes (MissingContentLength).
+    if has_body && !chunked && req.header("content-length").is_none() {
+        return refuse(
+            411,
+            "MissingContentLength",
+            "You must provide the Content-Length HTTP header.".into(),
+        );
+    }
+    // Every x-amz-* header sent must be signed: 403 AccessDenied, "There
+    // were headers present in the request which were not signed". Source:
+    // S3 API Reference, "Authenticating Requests: Using Query Parameters"
+    // (sigv4-query-string-auth: "any x-amz-* headers that you plan to add
+    // to the request are also required to be signed") and "Signature
+    // Calculations for the Authorization Header" (sigv4-header-based-auth).
+    let signed: Option<Vec<String>> = req
+        .param("X-Amz-SignedHeaders")
+        .map(|v| v.split(';').map(str::to_owned).collect())
+        .or_else(|| {
+            let auth = req.header("authorization")?;
+            let list = auth.split("SignedHeaders=").nth(1)?.split(',').next()?;
+            Some(list.split(';').map(str::to_owned).collect())
+        });
+    if let Some(signed) = &signed
+        && let Some((h, _)) = req
+            .headers
+            .iter()
+            .find(|(h, _)| h.starts_with("x-amz-") && !signed.contains(h))
+    {
+        return refuse(
+            403,
+            "AccessDenied",
+            format!("There were headers present in the request which were not signed: {h}"),
+        );
+    }
+    let part_number = req
+        .param("partNumber")
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let upload_id = req.param("uploadId");
+    // UploadPart and UploadPartCopy: part numbers 1 to 10,000: 400
+    // InvalidArgument, "Part number must be an integer between 1 and
+    // 10000, inclusive". Source: S3 API Reference, UploadPart
+    // ("Part numbers can be any number from 1 to 10,000, inclusive"),
+    // https://docs.aws.amazon.com/AmazonS3/latest/API/API_UploadPart.html,
+    // and S3 User Guide, "Amazon S3 multipart upload limits"
+    // (https://docs.aws.amazon.com/AmazonS3/latest/userguide/qfacts.html).
+    if req.method == "PUT"
+        && upload_id.is_some()
+        && let Some(n) = part_number
+    {
+        if !(1..=MAX_PART_NUMBER).contains(&n) {
+            return refuse(
+                400,
+                "InvalidArgument",
+                "Part number must be an integer between 1 and 10000, inclusive".into(),
+            );
+        }
+        if let Some(source) = req.header("x-amz-copy-source") {
+            // A copy range within the source: AWS answers 400
+            // InvalidArgument "Range specified is not valid for source
+            // object of size: N" (observed direct to S3, versity/versitygw
+            // issue 610; the API reference, UploadPartCopy, says the range
+            // is "bytes=first-last", zero-based, within the source).
+            let range = req
+                .header("x-amz-copy-source-range")
+                .and_then(|r| r.strip_prefix("bytes="))
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+            let Some((first, last)) = range else {
+                return refuse(
+                    400,
+                    "InvalidArgument",
+                    "The x-amz-copy-source-range value must be of the form bytes=first-last".into(),
+                );
+            };
+            if let Some(len) = source_len
+                && (first > last || last >= len)
+            {
+                return refuse(
+                    400,
+                    "InvalidArgument",
+                    format!(
+                        "Range specified is not valid for source object of size: {len} ({source})"
+                    ),
+                );
+            }
+        } else {
+            // A part's checksum must match its body: 400 BadDigest.
+            // Source: S3 User Guide, "Checking object integrity" (the
+            // checksum sent is checked on upload) and the list of error
+            // codes (BadDigest: "The Content-MD5 or checksum value that
+            // you specified did not match what the server received").
+            let want = req.header("x-amz-checksum-sha256");
+            if let Some(want) = want
+                && want != sha256_b64(req.body)
+            {
+                return refuse(
+                    400,
+                    "BadDigest",
+                    "The SHA256 you specified did not match the calculated checksum.".into(),
+                );
+            }
+            // The part's checksum type must be the upload's: 400
+            // InvalidRequest, "Checksum Type mismatch occurred, expected
+            // checksum Type: X, actual checksum Type: Y". Source: AWS's
+            // answer quoted in apache/arrow-rs issue 6793 and
+            // aws/aws-sdk-java issue 3173; S3 API Reference, UploadPart
+            // (x-amz-checksum-algorithm "must be the same for all parts
+            // and it match the checksum value supplied in the
+            // CreateMultipartUpload request").
+            let expected = upload.and_then(|u| u.algorithm.clone());
+            let actual = want.map(|_| "sha256".to_owned());
+            if upload.is_some() && expected != actual {
+                return refuse(
+                    400,
+                    "InvalidRequest",
+                    format!(
+                        "Checksum Type mismatch occurred, expected checksum Type: {}, actual checksum Type: {}",
+                        expected.as_deref().unwrap_or("null"),
+                        actual.as_deref().unwrap_or("null")
+                    ),
+                );
+            }
+        }
+    }
+    // CompleteMultipartUpload.
+    if req.method == "POST"
+        && upload_id.is_some()
+        && let Some(upload) = upload
+    {
+        let body = String::from_utf8_lossy(req.body);
+        let parts: Vec<(u32, bool)> = body
+            .split("<Part>")
+            .skip(1)
+            .map(|p| {
+                let n = p
+                    .split_once("<PartNumber>")
+                    .and_then(|(_, r)| r.split_once("</PartNumber>"))
+                    .and_then(|(n, _)| n.trim().parse().ok())
+                    .unwrap_or(0);
+                (n, p.contains("<ChecksumSHA256>"))
+            })
+            .collect();
+        // Every part but the last at least 5 MiB: 400 EntityTooSmall.
+        // Source: S3 API Reference, CompleteMultipartUpload (Errors:
+        // EntityTooSmall, "Your proposed upload is smaller than the
+        // minimum allowed object size. Each part must be at least 5 MB in
+        // size, except the last part"),
+        // https://docs.aws.amazon.com/AmazonS3/latest/API/API_CompleteMultipartUpload.html.
+        for (k, (n, _)) in parts.iter().enumerate() {
+            let len = upload.parts.get(n).copied().unwrap_or(0);
+            if k + 1 < parts.len() && len < MIN_PART {
+                return refuse(
+                    400,
+                    "EntityTooSmall",
+                    format!(
+                        "Your proposed upload is smaller than the minimum allowed object size (part {n}: {len} bytes)."
+                    ),
+                );
+            }
+        }
+        // An upload created with a checksum algorithm lists every part's
+        // checksum: 400 InvalidRequest, "The upload was created using a
+        // sha256 checksum. The complete request must include the checksum
+        // for each part. It was missing for part N in the request."
+        // Source: AWS's answer quoted in apache/opendal pull request 4580;
+        // S3 API Reference, CompletedPart (ChecksumSHA256 "is present if
+        // the multipart upload request was created with the SHA256
+        // checksum algorithm").
+        if upload.algorithm.as_deref() == Some("sha256")
+            && let Some((n, _)) = parts.iter().find(|(_, has)| !has)
+        {
+            return refuse(
+                400,
+                "InvalidRequest",
+                format!(
+                    "The upload was created using a sha256 checksum. The complete request must include the checksum for each part. It was missing for part {n} in the request."
+                ),
+            );
+        }
+    }
+    None
+}
+
+/// The SHA-256 of `bytes`, base64.
+pub fn sha256_b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(bytes))
+}
+
+/// What a proxy holds: faults to come, requests seen, and (AWS-exact)
+/// the uploads in progress.
+#[derive(Default)]
+struct State {
+    faults: VecDeque<Fault>,
+    log: Vec<String>,
+    uploads: HashMap<String, UploadState>,
+    /// Headers removed from every request (a store that ignores them).
+    dropped: Vec<&'static str>,
 }
 
 /// A proxy on 127.0.0.1 in front of `upstream`: one request per
 /// connection (it answers `Connection: close`), each logged as
-/// `METHOD PATH range=…`, with faults taken in order from a queue.
+/// `METHOD PATH range=…`, with faults taken in order from a queue; in its
+/// AWS-exact mode it answers as AWS S3 what AWS S3 refuses
+/// ([`aws_refusal`]), and adds to a copy's answer the part's checksum AWS
+/// gives and moto does not.
 pub struct Proxy {
     pub port: u16,
-    state: Arc<Mutex<(VecDeque<Fault>, Vec<String>)>>,
+    state: Arc<Mutex<State>>,
     /// Bytes per second each answer's body is sent at (0: as fast as it
     /// comes): a slow link.
     rate: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
+    /// A fault proxy.
     pub fn start(upstream: u16) -> Proxy {
+        Proxy::spawn(upstream, false)
+    }
+
+    /// A proxy in AWS-exact mode (faults too).
+    pub fn aws_exact(upstream: u16) -> Proxy {
+        Proxy::spawn(upstream, true)
+    }
+
+    fn spawn(upstream: u16, exact: bool) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let state: Arc<Mutex<(VecDeque<Fault>, Vec<String>)>> = Arc::default();
+        let state: Arc<Mutex<State>> = Arc::default();
         let rate: Arc<std::sync::atomic::AtomicU64> = Arc::default();
         let (st, r) = (state.clone(), rate.clone());
         std::thread::spawn(move || {
@@ -201,7 +523,7 @@ impl Proxy {
                 let Ok(conn) = conn else { continue };
                 let (st, r) = (st.clone(), r.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(conn, upstream, &st, &r);
+                    let _ = serve(conn, upstream, &st, &r, exact);
                 });
             }
         });
@@ -216,22 +538,28 @@ impl Proxy {
 
     /// Queues faults for the next requests.
     pub fn inject(&self, faults: impl IntoIterator<Item = Fault>) {
-        self.state.lock().unwrap().0.extend(faults);
+        self.state.lock().unwrap().faults.extend(faults);
+    }
+
+    /// Removes header `name` from every request from now on (a store
+    /// that ignores it, as one that ignores `If-None-Match`).
+    pub fn drop_header(&self, name: &'static str) {
+        self.state.lock().unwrap().dropped.push(name);
     }
 
     /// The requests seen so far.
     pub fn requests(&self) -> Vec<String> {
-        self.state.lock().unwrap().1.clone()
+        self.state.lock().unwrap().log.clone()
     }
 
     /// Drops the faults not yet used.
     pub fn calm(&self) {
-        self.state.lock().unwrap().0.clear();
+        self.state.lock().unwrap().faults.clear();
     }
 
     /// Forgets the requests seen so far.
     pub fn clear(&self) {
-        self.state.lock().unwrap().1.clear();
+        self.state.lock().unwrap().log.clear();
     }
 }
 
@@ -260,8 +588,9 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-/// The head without the headers named in `drop`, plus `Connection: close`.
-fn rewrite(head: &str, drop: &[&str]) -> String {
+/// The head without the headers named in `drop`, plus `Connection: close`
+/// and the `extra` headers.
+fn rewrite(head: &str, drop: &[&str], extra: &str) -> String {
     let mut out = String::new();
     for (i, l) in head.trim_end().lines().enumerate() {
         let name = l.split(':').next().unwrap_or("").trim();
@@ -274,21 +603,105 @@ fn rewrite(head: &str, drop: &[&str]) -> String {
         out.push_str(l);
         out.push_str("\r\n");
     }
+    out.push_str(extra);
     out.push_str("Connection: close\r\n\r\n");
     out
+}
+
+/// An S3 error answer.
+fn error_answer(status: u16, code: &str, message: &str) -> String {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    format!(
+        "HTTP/1.1 {status} Refused\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The parts of a request head as [`aws_refusal`] takes them.
+fn parse_req<'a>(head: &'a str, body: &'a [u8]) -> Req<'a> {
+    let line = head.lines().next().unwrap_or("");
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let query = url::form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        })
+        .collect();
+    Req {
+        method,
+        path,
+        query,
+        headers,
+        body,
+    }
+}
+
+/// The length of the object at `source` (`/bucket/key`, encoded), asked of
+/// moto at `upstream` (HEAD, signed with the test keys).
+fn source_len(upstream: u16, source: &str) -> Option<u64> {
+    use rusty_s3::S3Action;
+    let decoded = url::Url::parse(&format!("http://h{source}")).ok()?;
+    let path = percent_decode(decoded.path());
+    let (bucket, key) = path.trim_start_matches('/').split_once('/')?;
+    let b = bucket_at(upstream, bucket);
+    let url = b
+        .head_object(Some(&credentials()), key)
+        .sign(Duration::from_secs(600));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let r = agent.head(url.as_str()).call().ok()?;
+    r.headers()
+        .get("content-length")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Bytes `range` (`bytes=a-b`) of `source`, asked of moto at `upstream`.
+fn source_bytes(upstream: u16, source: &str, range: &str) -> Option<Vec<u8>> {
+    use rusty_s3::S3Action;
+    let path = percent_decode(source);
+    let (bucket, key) = path.trim_start_matches('/').split_once('/')?;
+    let b = bucket_at(upstream, bucket);
+    let url = b
+        .get_object(Some(&credentials()), key)
+        .sign(Duration::from_secs(600));
+    let mut r = ureq::get(url.as_str()).header("range", range).call().ok()?;
+    r.body_mut().with_config().limit(6 << 30).read_to_vec().ok()
+}
+
+fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
 }
 
 fn serve(
     mut client: TcpStream,
     upstream: u16,
-    state: &Mutex<(VecDeque<Fault>, Vec<String>)>,
+    state: &Mutex<State>,
     rate: &std::sync::atomic::AtomicU64,
+    exact: bool,
 ) -> std::io::Result<()> {
     let (head, mut body) = read_head(&mut client)?;
+    let chunked = header(&head, "transfer-encoding").is_some();
     let len: usize = header(&head, "content-length")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    while body.len() < len {
+    while !chunked && body.len() < len {
         let mut chunk = vec![0u8; len - body.len()];
         let n = client.read(&mut chunk)?;
         if n == 0 {
@@ -300,28 +713,25 @@ fn serve(
     let mut parts = line.split(' ');
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
-    let fault = {
+    let (fault, dropped) = {
         let mut st = state.lock().unwrap();
-        st.1.push(format!(
+        st.log.push(format!(
             "{method} {path} range={}",
             header(&head, "range").unwrap_or("-")
         ));
-        st.0.pop_front().unwrap_or(Fault::Pass)
+        (
+            st.faults.pop_front().unwrap_or(Fault::Pass),
+            st.dropped.clone(),
+        )
     };
-    let mut drop_headers: &[&str] = &[];
+    let mut drop_headers: Vec<&str> = dropped;
     let mut truncate = None;
     let mut corrupt = None;
+    let mut after = None;
     match fault {
         Fault::Pass => {}
         Fault::Status(status, code) => {
-            let body = format!(
-                "<?xml version=\"1.0\"?><Error><Code>{code}</Code><Message>injected</Message></Error>"
-            );
-            let resp = format!(
-                "HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            return client.write_all(resp.as_bytes());
+            return client.write_all(error_answer(status, code, "injected").as_bytes());
         }
         Fault::Reset => {
             let linger = libc::linger {
@@ -332,13 +742,46 @@ fn serve(
             return Ok(());
         }
         Fault::Truncate(n) => truncate = Some(n),
-        Fault::IgnoreRange => drop_headers = &["range"],
+        Fault::IgnoreRange => drop_headers.push("range"),
         Fault::Delay(d) => std::thread::sleep(d),
         Fault::Before(f) => f(),
+        Fault::After(f) => after = Some(f),
         Fault::Corrupt(i) => corrupt = Some(i),
+        Fault::CorruptRequest(i) => {
+            if let Some(b) = body
+                .len()
+                .checked_sub(1)
+                .and_then(|last| body.get_mut(i.min(last)))
+            {
+                *b ^= 0xff;
+            }
+        }
+    }
+    let req = parse_req(&head, &body);
+    let upload_id = req.param("uploadId").map(str::to_owned);
+    let copy_source = req.header("x-amz-copy-source").map(str::to_owned);
+    let copy_range = req.header("x-amz-copy-source-range").map(str::to_owned);
+    let part_number: Option<u32> = req.param("partNumber").and_then(|n| n.parse().ok());
+    let creating = req.method == "POST" && req.param("uploads").is_some();
+    let algorithm = req
+        .header("x-amz-checksum-algorithm")
+        .map(str::to_ascii_lowercase);
+    let upload = upload_id
+        .as_ref()
+        .and_then(|id| state.lock().unwrap().uploads.get(id).cloned());
+    if exact {
+        let src_len = copy_source.as_deref().and_then(|s| source_len(upstream, s));
+        if let Some((status, code, message)) = aws_refusal(&req, upload.as_ref(), src_len) {
+            state
+                .lock()
+                .unwrap()
+                .log
+                .push(format!("refused {status} {code}: {message}"));
+            return client.write_all(error_answer(status, code, &message).as_bytes());
+        }
     }
     let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
-    up.write_all(rewrite(&head, drop_headers).as_bytes())?;
+    up.write_all(rewrite(&head, &drop_headers, "").as_bytes())?;
     up.write_all(&body)?;
     let mut resp = Vec::new();
     up.read_to_end(&mut resp)?;
@@ -347,9 +790,76 @@ fn serve(
         .position(|w| w == b"\r\n\r\n")
         .map_or(resp.len(), |i| i + 4);
     let (rhead, rbody) = resp.split_at(split);
-    client.write_all(rewrite(&String::from_utf8_lossy(rhead), &[]).as_bytes())?;
+    let rhead = String::from_utf8_lossy(rhead).into_owned();
+    let mut rbody = rbody.to_vec();
+    let ok = rhead.split(' ').nth(1) == Some("200");
+    if exact && ok {
+        let mut st = state.lock().unwrap();
+        if creating {
+            let text = String::from_utf8_lossy(&rbody);
+            if let Some(id) = text
+                .split_once("<UploadId>")
+                .and_then(|(_, r)| r.split_once("</UploadId>"))
+                .map(|(id, _)| id.to_owned())
+            {
+                st.uploads.insert(
+                    id,
+                    UploadState {
+                        algorithm: algorithm.clone(),
+                        parts: HashMap::new(),
+                    },
+                );
+            }
+        }
+        if let (Some(id), Some(n)) = (&upload_id, part_number)
+            && let Some(u) = st.uploads.get_mut(id)
+        {
+            let len = match &copy_range {
+                Some(r) => r
+                    .strip_prefix("bytes=")
+                    .and_then(|r| r.split_once('-'))
+                    .and_then(|(a, b)| Some(b.parse::<u64>().ok()? + 1 - a.parse::<u64>().ok()?))
+                    .unwrap_or(0),
+                None => body.len() as u64,
+            };
+            u.parts.insert(n, len);
+        }
+    }
+    let mut rhead_out = rewrite(&rhead, &[], "");
+    // A copy into an upload with a checksum algorithm: AWS answers the
+    // part's checksum in CopyPartResult (S3 API Reference, CopyPartResult,
+    // ChecksumSHA256); moto does not, so it is added here.
+    if exact
+        && ok
+        && let (Some(source), Some(range)) = (&copy_source, &copy_range)
+        && upload.as_ref().and_then(|u| u.algorithm.as_deref()) == Some("sha256")
+    {
+        let text = String::from_utf8_lossy(&rbody).into_owned();
+        if !text.contains("ChecksumSHA256")
+            && let Some(bytes) = source_bytes(upstream, source, range)
+        {
+            let with = text.replacen(
+                "</ETag>",
+                &format!(
+                    "</ETag><ChecksumSHA256>{}</ChecksumSHA256>",
+                    sha256_b64(&bytes)
+                ),
+                1,
+            );
+            rbody = with.into_bytes();
+            rhead_out = rewrite(
+                &rhead,
+                &["content-length"],
+                &format!("Content-Length: {}\r\n", rbody.len()),
+            );
+        }
+    }
+    if let Some(f) = after {
+        f();
+    }
+    client.write_all(rhead_out.as_bytes())?;
     let keep = truncate.unwrap_or(rbody.len()).min(rbody.len());
-    let mut rbody = rbody[..keep].to_vec();
+    rbody.truncate(keep);
     if let Some(b) = corrupt.and_then(|i| rbody.get_mut(i)) {
         *b ^= 0xff;
     }
@@ -442,7 +952,7 @@ impl Moto {
     /// The object at `bucket/key`, or `None` where there is none.
     pub fn get(&self, bucket: &str, key: &str) -> Option<Vec<u8>> {
         use rusty_s3::S3Action;
-        let b = bucket_at(self.port, bucket);
+        let b = bucket_at(self.moto_port, bucket);
         let creds = credentials();
         let url = b
             .get_object(Some(&creds), key)
@@ -468,7 +978,7 @@ impl Moto {
     /// The keys of the multipart uploads in progress in `bucket`
     /// (ListMultipartUploads; moto checks no signature).
     pub fn uploads(&self, bucket: &str) -> Vec<String> {
-        let url = format!("http://127.0.0.1:{}/{bucket}?uploads", self.port);
+        let url = format!("http://127.0.0.1:{}/{bucket}?uploads", self.moto_port);
         let body = ureq::get(&url)
             .call()
             .unwrap()

@@ -652,6 +652,7 @@ fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option
         bucket: bucket.clone(),
         key: key.clone(),
         etag,
+        len: lower.packet.layout.total_len(),
     })
 }
 
