@@ -355,19 +355,13 @@ class SessionfsSnapshot(SnapshotBase, _Settings):
         )
 
     def _persist_tar(self, tar: Path, store: _Store) -> PackResult:
-        """Packs the tar file `tar` to its digest's name in the store."""
+        """Packs the tar file `tar` to its digest's name in the store (a
+        file, or an object: the digest is known before a byte is written,
+        so the upload goes under its name at once; a packet already there
+        is success)."""
         if not store.s3:
             Path(self.location).mkdir(parents=True, exist_ok=True)
-            return self._pack(tar, store.where("{digest}.packet"))
-        # An s3:// key cannot be named by a digest not known yet: the packet
-        # is packed where its digest is learnt (a scratch file), then
-        # uploaded under it by packing the same tar again (the same bytes,
-        # by construction; the second pass costs a hash of the tree, see
-        # docs/orchestrators.md). A packet already there is success.
-        with tempfile.TemporaryDirectory(prefix="sessionfs-snapshot-") as scratch:
-            first = self._pack(tar, os.path.join(scratch, "{digest}.packet"))
-        name = first.digest.replace(":", "-", 1) + ".packet"
-        return self._pack(tar, store.where(name))
+        return self._pack(tar, store.where("{digest}.packet"))
 
     # -- SnapshotBase ------------------------------------------------------
 
