@@ -33,6 +33,7 @@ use crate::packet::error::{ErrorClass, ErrorKind};
 ///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --block-size 4MiB
 ///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --prefetch none
 ///   sessionfs seal /workspace -o turn-2.packet --file-sha256
+///   sessionfs seal /workspace -o s3://b/turn-2.packet --verify-copies
 ///   sessionfs seal /workspace -o turn-2.packet --packet-version 1   # for older readers
 ///   sessionfs seal /workspace -o t.packet --exclude 'target' --keep '.env.test' --zero-mtimes
 ///   sessionfs seal /workspace -o t.packet --reject-external-symlinks
@@ -80,6 +81,14 @@ pub struct Args {
     /// --file-sha256`).
     #[arg(long)]
     file_sha256: bool,
+    /// With -o s3://…: before the upload completes, fetch and check every
+    /// byte the store copies from the parent that this seal (or its mount)
+    /// has not seen in the parent's object; a parent whose bytes are not
+    /// its manifest's fails the seal, and nothing is left at the key.
+    /// Without it, they are checked only when they are 16 MiB or less, and
+    /// counted in `unverified_copied_bytes`.
+    #[arg(long)]
+    verify_copies: bool,
     #[command(flatten)]
     write: super::args::WriteArgs,
     #[command(flatten)]
@@ -120,6 +129,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         max_path_bytes: limits.max_path_bytes,
         mode: file_mode_from_umask(),
         file_sha256: a.file_sha256,
+        verify_copies: a.verify_copies,
         packet_version: a.write.packet_version,
         progress: false,
     };

@@ -82,6 +82,7 @@ pub fn handle(
             location,
             settings,
             parent: parent_object(),
+            verify_copies: req.verify_copies,
             reading: if req.rebase { Some(reading()?) } else { None },
         }),
         None => None,

@@ -72,6 +72,10 @@ pub struct SealRequest {
     /// Compute `file_sha256`.
     #[serde(default)]
     pub file_sha256: bool,
+    /// Prove every byte the store copies from the parent before the
+    /// upload completes (`--verify-copies`).
+    #[serde(default)]
+    pub verify_copies: bool,
     /// The format version to write (the current one when a client from
     /// before versions leaves it out).
     #[serde(default)]
