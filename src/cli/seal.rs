@@ -51,7 +51,10 @@ pub struct Args {
     /// Offline: the upper directory.
     #[arg(long, requires = "packet", value_name = "DIR")]
     upper: Option<PathBuf>,
-    /// Where to write the new packet.
+    /// Where to write the new packet: a file, or `s3://BUCKET/KEY`.
+    /// `{digest}` in the file's name (or anywhere in the key) is replaced
+    /// with `sha256-<hex>`; a packet already there is not written again
+    /// (`already_there`, but with `--rebase`).
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
     /// Also write the change receipt (every path added, modified, deleted or
