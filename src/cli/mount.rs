@@ -40,10 +40,10 @@ use crate::packet::path::Part;
 ///   sessionfs mount s3://b/k.packet ./mnt --upper ./up --prefetch all
 ///   sessionfs mount s.packet /session --upper ./up --uid 1000 --gid 1000 --drop-privileges
 ///   sessionfs mount s.packet /dev/fd/3 --mounted-at /session --upper ./up
-///
-/// The options are one type: parsed here, handed to the daemon whole (on
-/// its standard input, never in its arguments: a presigned URL's query
-/// stays out of `ps`), and turned into the core's options there.
+//
+// The options are one type: parsed here, handed to the daemon whole (on
+// its standard input, never in its arguments: a presigned URL's query
+// stays out of `ps`), and turned into the core's options there.
 #[derive(clap::Args, Debug, Serialize, Deserialize)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
