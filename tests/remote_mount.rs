@@ -110,6 +110,16 @@ fn mount_remote(
     )
 }
 
+/// Waits for the mount's request of its trace sidecar (made in the
+/// background as it starts), so that the next request is a read's.
+fn wait_for_trace(proxy: &Proxy) {
+    let t0 = Instant::now();
+    while !proxy.requests().iter().any(|r| r.contains(".trace")) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no trace request");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn remote_stats(m: &Mounted) -> serde_json::Value {
     m.status()["remote"].clone()
 }
@@ -223,6 +233,7 @@ fn a_remote_mount_serves_the_packet_fetching_only_what_is_read() {
     );
 
     // One small file costs one request, which brings its neighbours too.
+    wait_for_trace(&proxy);
     proxy.clear();
     let one = std::fs::read(m.path("src/m00/f000.rs")).unwrap();
     assert_eq!(one, std::fs::read(ws.join("src/m00/f000.rs")).unwrap());
@@ -370,13 +381,7 @@ fn damaged_cache_entries_and_corrupted_responses_are_never_served() {
     // A corrupted response is fetched again; the reader sees good bytes.
     let fresh = t.join("fresh-cache");
     let m = mount_remote(&loc, t, "mnt2", &fresh, proxy.port, &[]);
-    // The next request is the read's once the mount has asked for its
-    // trace (in the background).
-    let t0 = Instant::now();
-    while !proxy.requests().iter().any(|r| r.contains(".trace")) {
-        assert!(t0.elapsed() < Duration::from_secs(10), "no trace request");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_trace(&proxy);
     // (Past the member's header, which the response brings first.)
     proxy.inject([Fault::Corrupt(4096)]);
     assert_eq!(

@@ -90,22 +90,20 @@ fn pack_to_s3_equals_pack_to_a_file_byte_for_byte() {
     moto.assert_no_uploads(&b);
 }
 
+/// A directory with two workspaces that pack to different packets.
+fn two_trees() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ws, other) = (tmp.path().join("ws"), tmp.path().join("other"));
+    tree(&ws, 0);
+    tree(&other, 1);
+    (tmp, ws, other)
+}
+
 #[test]
 fn an_existing_object_is_never_replaced_and_the_same_packet_is_success() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (_tmp, ws, other) = two_trees();
     let (moto, b) = (s3::moto(), bucket());
-    let ws = tmp.path().join("ws");
-    tree(&ws, 0);
-    let other = tmp.path().join("other");
-    tree(&other, 1);
-    let pack_to = |ws: &Path, key: &str| {
-        let url = format!("s3://{b}/{key}");
-        remote(
-            moto.port,
-            &["pack", "--workspace", ws.to_str().unwrap(), "-o", &url],
-            &[],
-        )
-    };
+    let pack_to = |ws: &Path, key: &str| pack_to(moto.port, ws, &b, key);
     // Not a packet there: refused, left as it is.
     moto.put(&b, "notes", b"not a packet");
     let r = pack_to(&ws, "notes");
@@ -709,6 +707,199 @@ fn a_seal_of_a_remote_parent_copies_what_it_does_not_fetch() {
     );
 }
 
+/// The bytes of the packet at `packet` with one byte of each of the big
+/// files `f4` to `f7` flipped, its manifest unchanged (issue 32, finding
+/// 3: a parent object whose content is not its manifest's). A seal of a
+/// change among the small files copies them from the parent and sends
+/// nothing of them (the parts sent are the manifest's and the small
+/// files', each lengthened to 5 MiB with the big files beside them).
+fn flipped(packet: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(packet).unwrap();
+    let p = sessionfs::api::Packet::open(packet, &sessionfs::api::Limits::DEFAULT).unwrap();
+    let damaged = [
+        "workspace/big/f4",
+        "workspace/big/f5",
+        "workspace/big/f6",
+        "workspace/big/f7",
+    ];
+    for (i, e) in p.manifest.entries.iter().enumerate() {
+        if damaged.contains(&&*e.path) {
+            bytes[(p.content_offset(i) + 1000) as usize] ^= 1;
+        }
+    }
+    bytes
+}
+
+/// Issue 32, finding 3: a seal whose store copies runs of a parent object
+/// whose bytes are not the parent's published them and reported success.
+/// Now the result says how many copied bytes the seal did not see in the
+/// parent's object (`unverified_copied_bytes`: all of them, here, since
+/// the seal reads a local parent), and `--verify-copies` checks them
+/// before the upload completes: `content_mismatch`, nothing at the key.
+/// (On the old code the seal with the flag is a usage error, and the one
+/// without reports no unverified bytes.)
+#[test]
+fn a_seal_proves_what_the_store_copies_or_says_what_it_did_not() {
+    // 36 MiB of big files: copies of more than 16 MiB, which a seal does
+    // not prove unless asked.
+    let big = 12;
+    let s = Session::new(big);
+    let moto = s3::moto();
+    moto.put(&s.bucket, "tp.packet", &flipped(&s.parent));
+    let tp = format!("s3://{}/tp.packet", s.bucket);
+    let upper = s.changes(7, big);
+    let parent = s.parent.to_str().unwrap();
+    let env = [("SESSIONFS_SEAL_COPY_FROM", tp.as_str())];
+    let url = |key: &str| format!("s3://{}/{key}", s.bucket);
+
+    let v = seal_at(moto.port, parent, &upper, &url("child.packet"), &[], &env)
+        .ok()
+        .clone();
+    let copied = v["copied_bytes"].as_u64().unwrap();
+    assert!(copied > 16 << 20, "{v}");
+    assert_eq!(v["unverified_copied_bytes"].as_u64(), Some(copied), "{v}");
+    // What it took on trust is what `verify` refuses.
+    remote(moto.port, &["verify", &url("child.packet")], &[]).fails(3, "content_mismatch");
+
+    let r = seal_at(
+        moto.port,
+        parent,
+        &upper,
+        &url("child2.packet"),
+        &["--verify-copies"],
+        &env,
+    );
+    let e = r.fails(3, "content_mismatch");
+    assert!(e["message"].as_str().unwrap().contains("tp.packet"), "{e}");
+    assert!(moto.get(&s.bucket, "child2.packet").is_none());
+    moto.assert_no_uploads(&s.bucket);
+
+    // The good parent: every copied byte checked, and the same packet as
+    // the seal to a file.
+    let good = [(
+        "SESSIONFS_SEAL_COPY_FROM",
+        format!("s3://{}/parent.packet", s.bucket),
+    )];
+    let good: Vec<(&str, &str)> = good.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let v = seal_at(
+        moto.port,
+        parent,
+        &upper,
+        &url("child3.packet"),
+        &["--verify-copies"],
+        &good,
+    )
+    .ok()
+    .clone();
+    assert!(v["copied_bytes"].as_u64().unwrap() > 16 << 20, "{v}");
+    assert_eq!(v["unverified_copied_bytes"], 0, "{v}");
+    let local = s.tmp.path().join("child3.local");
+    common::seal_offline(&s.parent, &upper, &local, &[]).ok();
+    assert!(moto.get(&s.bucket, "child3.packet").unwrap() == std::fs::read(&local).unwrap());
+}
+
+/// Finding 3 from a mount: a mount of the damaged object made with
+/// `--digest` of the good packet (its manifest is the good one) serves
+/// what it reads, verified; what it did not read is copied unverified
+/// and counted, and `--verify-copies` refuses it. A seal of a few
+/// unverified bytes proves them without being asked.
+#[test]
+fn a_mount_seal_proves_its_copies_of_a_damaged_parent_or_counts_them() {
+    if !common::fuse_available() {
+        return;
+    }
+    let big = 12;
+    let s = Session::new(big);
+    let moto = s3::moto();
+    moto.put(&s.bucket, "tp.packet", &flipped(&s.parent));
+    let digest = common::run(["digest", s.parent.to_str().unwrap()]).ok()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (mnt, upper) = (s.tmp.path().join("mnt"), s.tmp.path().join("upper"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let tp = format!("s3://{}/tp.packet", s.bucket);
+    let cache = s.tmp.path().join("cache");
+    let (c, m, u) = (
+        cache.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        upper.to_str().unwrap(),
+    );
+    let args = [
+        "mount",
+        &tp,
+        m,
+        "--upper",
+        u,
+        "--part",
+        "workspace",
+        "--cache",
+        c,
+        "--digest",
+        &digest,
+        "--prefetch",
+        "none",
+    ];
+    remote(moto.port, &args, &[]).ok();
+    let _unmount = common::LazyUnmount(mnt.clone());
+    std::fs::write(mnt.join("small/s03.txt"), b"changed on the mount\n").unwrap();
+    let url = |key: &str| format!("s3://{}/{key}", s.bucket);
+    let v = common::run(["seal", m, "-o", &url("m1.packet")])
+        .ok()
+        .clone();
+    let copied = v["copied_bytes"].as_u64().unwrap();
+    assert!(copied > 16 << 20, "{v}");
+    assert!(
+        v["unverified_copied_bytes"].as_u64().unwrap() > 16 << 20,
+        "{v}"
+    );
+    let r = common::run(["seal", m, "-o", &url("m2.packet"), "--verify-copies"]);
+    r.fails(3, "content_mismatch");
+    assert!(moto.get(&s.bucket, "m2.packet").is_none());
+    moto.assert_no_uploads(&s.bucket);
+    // Reading a damaged file fails (EIO), as it always did.
+    for k in 4..8 {
+        assert!(
+            std::fs::read(mnt.join(format!("big/f{k}"))).is_err(),
+            "f{k}"
+        );
+    }
+    common::run(["umount", m]).ok();
+
+    // A mount of the good packet that read all of it: every copied byte
+    // was seen in the object, and the seal says so, with no flag. (With a
+    // cache of its own: what a mount takes from the cache was not seen in
+    // the object.)
+    let p = format!("s3://{}/parent.packet", s.bucket);
+    let upper2 = s.tmp.path().join("upper2");
+    let cache2 = s.tmp.path().join("cache2");
+    let (u2, c2) = (upper2.to_str().unwrap(), cache2.to_str().unwrap());
+    let args = [
+        "mount",
+        &p,
+        m,
+        "--upper",
+        u2,
+        "--part",
+        "workspace",
+        "--cache",
+        c2,
+        "--prefetch",
+        "none",
+    ];
+    remote(moto.port, &args, &[]).ok();
+    for e in common::files_under(&mnt) {
+        std::fs::read(&e).unwrap();
+    }
+    std::fs::write(mnt.join("small/s03.txt"), b"changed on the mount\n").unwrap();
+    let v = common::run(["seal", m, "-o", &url("m3.packet")])
+        .ok()
+        .clone();
+    assert!(v["copied_bytes"].as_u64().unwrap() > 16 << 20, "{v}");
+    assert_eq!(v["unverified_copied_bytes"], 0, "{v}");
+    common::run(["umount", m]).ok();
+}
+
 /// `pack --workspace WS -o s3://BUCKET/KEY` against `port`.
 fn pack_to(port: u16, ws: &Path, bucket: &str, key: &str) -> Run {
     let url = format!("s3://{bucket}/{key}");
@@ -768,8 +959,10 @@ fn already_there_means_the_same_bytes_not_the_same_manifest() {
     assert_eq!(v["already_there"], true, "{v}");
     assert_eq!(v["uploaded_bytes"], 0, "{v}");
     let log = proxy.requests();
+    // (A store that keeps no SHA-256 checksum, as radosgw 16, has the
+    // object read instead.)
     assert!(
-        log.iter().all(|l| l.starts_with("HEAD ")),
+        s3::is_external() || log.iter().all(|l| l.starts_with("HEAD ")),
         "only a look at the key: {log:#?}"
     );
     // Put there by another tool: no checksum to compare, so read whole.
@@ -801,12 +994,12 @@ fn already_there_means_the_same_bytes_not_the_same_manifest() {
 /// refused) is caught after the fact, as `remote_overwritten`.
 #[test]
 fn a_store_that_ignores_if_none_match_never_replaces_a_packet() {
-    let tmp = tempfile::tempdir().unwrap();
+    if s3::is_external() {
+        eprintln!("skipped: dropping a signed header breaks the signature a real store checks");
+        return;
+    }
+    let (_tmp, ws, other) = two_trees();
     let (moto, b) = (s3::moto(), bucket());
-    let ws = tmp.path().join("ws");
-    tree(&ws, 0);
-    let other = tmp.path().join("other");
-    tree(&other, 1);
     pack_to(moto.port, &other, &b, "victim.packet").ok();
     let before = moto.get(&b, "victim.packet").unwrap();
     let proxy = Proxy::start(moto.port);

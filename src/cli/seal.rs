@@ -33,6 +33,7 @@ use crate::packet::error::{ErrorClass, ErrorKind};
 ///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --block-size 4MiB
 ///   sessionfs seal --packet s3://b/t1.packet --upper ./up -o t2.packet --prefetch none
 ///   sessionfs seal /workspace -o turn-2.packet --file-sha256
+///   sessionfs seal /workspace -o s3://b/turn-2.packet --verify-copies
 ///   sessionfs seal /workspace -o turn-2.packet --packet-version 1   # for older readers
 ///   sessionfs seal /workspace -o t.packet --exclude 'target' --keep '.env.test' --zero-mtimes
 ///   sessionfs seal /workspace -o t.packet --reject-external-symlinks
@@ -50,7 +51,10 @@ pub struct Args {
     /// Offline: the upper directory.
     #[arg(long, requires = "packet", value_name = "DIR")]
     upper: Option<PathBuf>,
-    /// Where to write the new packet.
+    /// Where to write the new packet: a file, or `s3://BUCKET/KEY`.
+    /// `{digest}` in the file's name (or anywhere in the key) is replaced
+    /// with `sha256-<hex>`; a packet already there is not written again
+    /// (`already_there`, but with `--rebase`).
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
     /// Also write the change receipt (every path added, modified, deleted or
@@ -77,6 +81,14 @@ pub struct Args {
     /// --file-sha256`).
     #[arg(long)]
     file_sha256: bool,
+    /// With -o s3://…: before the upload completes, fetch and check every
+    /// byte the store copies from the parent that this seal (or its mount)
+    /// has not seen in the parent's object; a parent whose bytes are not
+    /// its manifest's fails the seal, and nothing is left at the key.
+    /// Without it, they are checked only when they are 16 MiB or less, and
+    /// counted in `unverified_copied_bytes`.
+    #[arg(long)]
+    verify_copies: bool,
     #[command(flatten)]
     write: super::args::WriteArgs,
     #[command(flatten)]
@@ -93,6 +105,11 @@ impl Args {
     }
 }
 
+/// `p` absolute and normalised, as results give paths.
+fn resolved(p: &Path) -> PathBuf {
+    crate::sys::resolved(p).unwrap_or_else(|| crate::sys::absolute(p))
+}
+
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
     let remote = super::location::output(&a.output, "seal -o")?.is_some();
@@ -104,9 +121,9 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         output: if remote {
             a.output.clone()
         } else {
-            crate::sys::absolute(&a.output)
+            resolved(&a.output)
         },
-        receipt: a.receipt.as_deref().map(crate::sys::absolute),
+        receipt: a.receipt.as_deref().map(resolved),
         rebase: a.rebase,
         zero_mtimes: a.zero_mtimes,
         reject_external_symlinks: a.reject_external_symlinks,
@@ -117,6 +134,7 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         max_path_bytes: limits.max_path_bytes,
         mode: file_mode_from_umask(),
         file_sha256: a.file_sha256,
+        verify_copies: a.verify_copies,
         packet_version: a.write.packet_version,
         progress: false,
     };
@@ -176,7 +194,14 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         progress: bar.visible(),
         ..req
     });
-    let answer = ask(&mp, &req, None, &mut |bytes| bar.set(bytes));
+    // Bounded per line: the daemon sends one every few seconds while it
+    // seals, however long the seal.
+    let answer = ask(
+        &mp,
+        &req,
+        Some(crate::fuse::control::ANSWER_BOUND),
+        &mut |bytes| bar.set(bytes),
+    );
     drop(bar);
     match answer {
         Ok(r @ Reply::Sealed(_)) => Ok(Output::raw(r.into_value())),
@@ -190,15 +215,27 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
 /// itself for good.
 fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), CliError> {
     use std::os::unix::fs::MetadataExt;
-    // Only a served mount has a device of its own to compare with.
-    if !crate::sys::is_sessionfs_mount(mountpoint) {
-        return Ok(());
-    }
-    let (Some(dir), Ok(mount)) = (path.parent(), std::fs::metadata(mountpoint)) else {
+    // The mount's device from the mount table: the mount itself is not
+    // asked (one nobody serves would make this wait forever).
+    let Some(real) = crate::sys::real_path(mountpoint) else {
         return Ok(());
     };
+    let crate::sys::MountAt::Mount(m) = crate::sys::mount_at(&real) else {
+        return Ok(());
+    };
+    if !crate::sys::fuse_fsname(&m.fstype, &m.source).is_some_and(|n| n.starts_with(b"sessionfs:"))
+    {
+        return Ok(());
+    }
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
+    let on_it = |dev: u64| {
+        let (major, minor) = crate::sys::platform::device_numbers(dev);
+        m.dev == format!("{major}:{minor}") || m.dev == dev.to_string()
+    };
     match std::fs::metadata(dir) {
-        Ok(d) if d.dev() == mount.dev() => Err(CliError::new(
+        Ok(d) if on_it(d.dev()) => Err(CliError::new(
             Some(ErrorClass::Refused),
             ErrorKind::TargetUnusable,
             format!(

@@ -72,6 +72,10 @@ pub struct SealRequest {
     /// Compute `file_sha256`.
     #[serde(default)]
     pub file_sha256: bool,
+    /// Prove every byte the store copies from the parent before the
+    /// upload completes (`--verify-copies`).
+    #[serde(default)]
+    pub verify_copies: bool,
     /// The format version to write (the current one when a client from
     /// before versions leaves it out).
     #[serde(default)]
@@ -214,19 +218,49 @@ enum Line {
     Progress(Progress),
 }
 
+/// The inode number of the initial user namespace (`PROC_USER_INIT_INO`,
+/// fixed by the kernel): `/proc/self/ns/user` names another in a user
+/// namespace (`unshare --user`, rootless containers).
+const INIT_USER_NS: u64 = 0xEFFF_FFFD;
+
+/// The user namespace this process is in, when it is not the initial one
+/// (its inode number, from `/proc/self/ns/user`).
+fn user_namespace() -> Option<u64> {
+    let link = std::fs::read_link("/proc/self/ns/user").ok()?;
+    let ino: u64 = link
+        .to_str()?
+        .strip_prefix("user:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()?;
+    (ino != INIT_USER_NS).then_some(ino)
+}
+
+/// The runtime directory of user `uid` when its environment names no
+/// `XDG_RUNTIME_DIR`, in user namespace `userns` (`None`: the initial
+/// one): `/run/user/<uid>/sessionfs` when `/run/user/<uid>` exists, else
+/// `/tmp/sessionfs-<uid>`; in another user namespace always
+/// `/tmp/sessionfs-<uid>.userns-<inode>`: uid 0 there is not the root of
+/// the machine, and the directories of the machine's users show there as
+/// the overflow user's, which this user may not take.
+fn default_runtime_dir(uid: u32, userns: Option<u64>, run_user_exists: bool) -> PathBuf {
+    match userns {
+        Some(ns) => PathBuf::from(format!("/tmp/sessionfs-{uid}.userns-{ns}")),
+        None if run_user_exists => PathBuf::from(format!("/run/user/{uid}/sessionfs")),
+        None => PathBuf::from(format!("/tmp/sessionfs-{uid}")),
+    }
+}
+
 /// The directory holding control sockets and daemon logs for this user.
 pub fn runtime_dir() -> io::Result<PathBuf> {
     let uid = nix::unistd::geteuid().as_raw();
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
         Some(d) => PathBuf::from(d).join("sessionfs"),
-        None => {
-            let run = PathBuf::from(format!("/run/user/{uid}"));
-            if run.is_dir() {
-                run.join("sessionfs")
-            } else {
-                PathBuf::from(format!("/tmp/sessionfs-{uid}"))
-            }
-        }
+        None => default_runtime_dir(
+            uid,
+            user_namespace(),
+            Path::new(&format!("/run/user/{uid}")).is_dir(),
+        ),
     };
     match std::fs::symlink_metadata(&dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -252,9 +286,17 @@ pub fn runtime_dir() -> io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// The base name (without extension) for a mountpoint's socket and log.
+/// The base name (without extension) for a mountpoint's socket and log:
+/// its real path's, found without asking a mount there anything (see
+/// `sys::real_path`).
 pub fn key(mountpoint: &Path) -> io::Result<String> {
-    Ok(key_of_canonical(&std::fs::canonicalize(mountpoint)?))
+    let real = crate::sys::real_path(mountpoint).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{}: cannot be resolved", mountpoint.display()),
+        )
+    })?;
+    Ok(key_of_canonical(&real))
 }
 
 /// Socket path of the mount at `mountpoint`.
@@ -325,7 +367,8 @@ fn append_to(path: &Path) -> io::Result<std::fs::File> {
 }
 
 /// Removes from `dir` what no running daemon uses: control sockets
-/// (`<key>.sock`) nobody listens on (a killed daemon's), empty daemon logs
+/// (`<key>.sock`) nobody listens on (a killed daemon's), the records of
+/// killed daemons (`<key>.json`) as their logs, empty daemon logs
 /// (`<key>.log`, `<key>.log.1`) last modified more than [`EMPTY_LOG_KEEP`]
 /// before `now`, and other logs more than `keep` before it; the logs of a
 /// daemon that answers on its socket stay. Best effort: a file that cannot
@@ -340,6 +383,7 @@ pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
         let Some(key) = name
             .strip_suffix(".log")
             .or_else(|| name.strip_suffix(".log.1"))
+            .or_else(|| name.strip_suffix(".json"))
             .or_else(|| name.strip_suffix(".sock"))
         else {
             continue;
@@ -371,6 +415,53 @@ pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
 pub fn key_of_canonical(mountpoint: &Path) -> String {
     let digest = sha2::Sha256::digest(mountpoint.as_os_str().as_encoded_bytes());
     hex::encode(&digest[..8])
+}
+
+/// What a daemon leaves beside its socket (`<key>.json`) while it serves,
+/// and after it if it is killed: what it serves, so that `status` can say
+/// what became of a mount whose daemon is gone. A daemon that ends
+/// cleanly removes it.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Record {
+    /// The mountpoint (canonical).
+    pub mountpoint: PathBuf,
+    /// The packet, as shown.
+    pub packet: PathBuf,
+    /// The upper directory.
+    pub upper: PathBuf,
+    /// The daemon's pid.
+    pub pid: u32,
+    /// When it mounted, in seconds since the epoch.
+    pub started: u64,
+}
+
+impl Record {
+    /// Writes the record for the socket at `socket` (`<key>.sock`).
+    pub fn save(&self, socket: &Path) {
+        let line = serde_json::to_vec(self).unwrap_or_default();
+        if let Err(e) = crate::sys::write_atomic(&socket.with_extension("json"), &line) {
+            tracing::warn!(error = %e, "cannot leave the mount's record in the runtime directory");
+        }
+    }
+
+    /// The record beside socket path `socket`, if there is a readable one.
+    pub fn load(socket: &Path) -> Option<Record> {
+        use std::io::Read;
+        // A record is small; a runtime directory is this user's (or, for
+        // root, another user's 0700 one), but read no more than that.
+        let mut bytes = Vec::new();
+        std::fs::File::open(socket.with_extension("json"))
+            .ok()?
+            .take(64 << 10)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Removes the record beside socket path `socket`.
+    pub fn remove(socket: &Path) {
+        let _ = std::fs::remove_file(socket.with_extension("json"));
+    }
 }
 
 /// Binds the socket for `mountpoint` (canonical), replacing a stale one (a
@@ -409,16 +500,30 @@ pub fn drain(limit: Duration) {
     }
 }
 
+/// How often a daemon sends a line while it works on a request (a
+/// [`Progress`] line with the count so far, 0 for any request but a seal),
+/// so that a client can tell a long seal from a daemon that does not
+/// answer: [`ANSWER_BOUND`] without a line is the latter.
+pub const KEEPALIVE: Duration = Duration::from_secs(2);
+
+/// How long a client waits for the next line of the daemon's answer
+/// (docs/CLI.md, "The control socket"): a daemon that sends nothing for so
+/// long (stopped, or stuck) is not answering, whatever the request.
+pub const ANSWER_BOUND: Duration = Duration::from_secs(10);
+
 /// The client of a request being answered.
 pub struct Client<'a> {
     conn: &'a UnixStream,
     /// Writers from several threads (a seal's workers) take turns.
     out: parking_lot::Mutex<()>,
+    /// The last count sent, which a keepalive line repeats.
+    last: std::sync::atomic::AtomicU64,
 }
 
 impl Client<'_> {
     /// Sends an interim line before the reply: a seal's progress.
     pub fn progress(&self, bytes: u64) {
+        self.last.store(bytes, Ordering::Relaxed);
         self.send(&Progress {
             progress: ProgressBytes { bytes },
         });
@@ -487,13 +592,37 @@ pub fn serve(
                 let client = Client {
                     conn: &conn,
                     out: parking_lot::Mutex::new(()),
+                    last: std::sync::atomic::AtomicU64::new(0),
                 };
-                let reply = match serde_json::from_str::<Request>(&line) {
-                    Ok(req) => handle(req, &client),
-                    Err(e) => {
-                        Reply::error(ErrorKind::Usage, &format!("bad control request: {e}"), None)
+                let reply = std::thread::scope(|s| {
+                    // A line every KEEPALIVE until the answer is ready.
+                    let (done, ended) = std::sync::mpsc::channel::<()>();
+                    let keepalive = std::thread::Builder::new()
+                        .name("keepalive".into())
+                        .spawn_scoped(s, {
+                            let client = &client;
+                            move || {
+                                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                                    ended.recv_timeout(KEEPALIVE)
+                                {
+                                    client.progress(client.last.load(Ordering::Relaxed));
+                                }
+                            }
+                        });
+                    if let Err(e) = keepalive {
+                        tracing::warn!(error = %e, "no thread to keep the client informed");
                     }
-                };
+                    let reply = match serde_json::from_str::<Request>(&line) {
+                        Ok(req) => handle(req, &client),
+                        Err(e) => Reply::error(
+                            ErrorKind::Usage,
+                            &format!("bad control request: {e}"),
+                            None,
+                        ),
+                    };
+                    drop(done);
+                    reply
+                });
                 client.send(&reply);
             }
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
@@ -503,8 +632,10 @@ pub fn serve(
 
 /// Sends one request to the daemon of `mountpoint` and returns its reply,
 /// handing the byte count of each [`Progress`] line to `progress`.
-/// `timeout` bounds the wait for the answer (a seal of a large tree takes a
-/// while: pass `None` to wait as long as it takes).
+/// `timeout` bounds the wait for each line of the answer (the daemon sends
+/// one every [`KEEPALIVE`] while it works, so a long seal is not cut
+/// short): a daemon silent for so long fails the request with
+/// `io::ErrorKind::TimedOut`.
 pub fn request_with_progress(
     mountpoint: &Path,
     req: &Request,
@@ -526,10 +657,11 @@ pub fn request_with_progress(
 /// another user's mount.
 pub fn socket_paths_of(uid: u32, mountpoint: &Path) -> io::Result<Vec<PathBuf>> {
     let name = format!("{}.sock", key(mountpoint)?);
-    Ok(vec![
-        PathBuf::from(format!("/run/user/{uid}/sessionfs")).join(&name),
-        PathBuf::from(format!("/tmp/sessionfs-{uid}")).join(name),
-    ])
+    let ns = user_namespace();
+    Ok([true, false]
+        .into_iter()
+        .map(|run| default_runtime_dir(uid, ns, run).join(&name))
+        .collect())
 }
 
 /// [`request_with_progress`] through the socket at `path`.
@@ -551,12 +683,33 @@ pub fn request_at(
         )
     })?;
     conn.set_read_timeout(timeout)?;
+    conn.set_write_timeout(timeout)?;
     let line = serde_json::to_string(req).map_err(io::Error::other)?;
-    (&conn).write_all(format!("{line}\n").as_bytes())?;
+    (&conn)
+        .write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                io::Error::new(io::ErrorKind::TimedOut, e.to_string())
+            }
+            _ => e,
+        })?;
     let mut reader = BufReader::new(&conn);
+    let silent = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the sessionfs daemon of {} (control socket {}) sent nothing for {} s: it is \
+                 stopped, or stuck",
+                mountpoint.display(),
+                path.display(),
+                timeout.unwrap_or_default().as_secs()
+            ),
+        ),
+        _ => e,
+    };
     loop {
         let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
+        if reader.read_line(&mut line).map_err(silent)? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the daemon closed the control connection without an answer",
@@ -629,6 +782,29 @@ mod tests {
             ]
         );
         drop((live, live1));
+    }
+
+    #[test]
+    fn a_user_namespace_has_a_runtime_directory_of_its_own() {
+        let table = [
+            (0, None, false, "/tmp/sessionfs-0"),
+            (1000, None, true, "/run/user/1000/sessionfs"),
+            (
+                0,
+                Some(4026532001),
+                true,
+                "/tmp/sessionfs-0.userns-4026532001",
+            ),
+            (
+                0,
+                Some(4026532001),
+                false,
+                "/tmp/sessionfs-0.userns-4026532001",
+            ),
+        ];
+        for (uid, ns, run, want) in table {
+            assert_eq!(default_runtime_dir(uid, ns, run), Path::new(want));
+        }
     }
 
     #[test]

@@ -120,6 +120,16 @@ pub fn serve(
 
     let (listener, socket) = control::bind(&opts.mountpoint)?;
     let own_socket = Arc::new(OwnSocket::new(socket.clone()));
+    control::Record {
+        mountpoint: opts.mountpoint.clone(),
+        packet: overlay.lower().packet.path().to_owned(),
+        upper: resolved(overlay.upper_dir()),
+        pid: std::process::id(),
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    }
+    .save(&socket);
     let fs_name = fs_name(&overlay.lower().packet.digest);
     let mut config = Config::default();
     config.mount_options = vec![
@@ -153,7 +163,12 @@ pub fn serve(
         // A clone opens /dev/fuse again, which a daemon handed its
         // connection may not be able to (a container without the device):
         // its threads share the one descriptor instead.
-        config.clone_fd = matches!(opts.connection, Connection::Mount);
+        config.clone_fd = match opts.connection {
+            Connection::Mount => true,
+            // Root can open the device again (a mount it made itself).
+            Connection::Ask(_) => nix::unistd::geteuid().is_root(),
+            Connection::Fd(_) => false,
+        };
     }
     let fs = SessionFs::new(overlay.clone());
     let canonical = opts.mountpoint.clone();
@@ -219,7 +234,7 @@ pub fn serve(
                         mountpoint: mountpoint.clone(),
                         unmounted: true,
                         pid: std::process::id(),
-                        upper: crate::sys::absolute(overlay.upper_dir()),
+                        upper: resolved(overlay.upper_dir()),
                     },
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Reply::error(
                         ErrorKind::Busy,
@@ -308,6 +323,11 @@ fn end_on_signal(mountpoint: &Path, ours: &Ours) {
     }
 }
 
+/// `p` absolute and normalised, as results give paths.
+fn resolved(p: &Path) -> PathBuf {
+    crate::sys::resolved(p).unwrap_or_else(|| crate::sys::absolute(p))
+}
+
 /// The control socket this daemon bound, known by its identity: removed
 /// only while the path still names that socket, since a new daemon at the
 /// same mountpoint may have bound its own there once this one's mount was
@@ -334,6 +354,10 @@ impl OwnSocket {
             .is_ok_and(|m| Some((m.dev(), m.ino())) == self.id);
         if still {
             let _ = std::fs::remove_file(&self.path);
+            // Its record, if still this daemon's.
+            if control::Record::load(&self.path).is_some_and(|r| r.pid == std::process::id()) {
+                control::Record::remove(&self.path);
+            }
         }
     }
 }
@@ -482,12 +506,12 @@ fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
     control::Status {
         mountpoint: abs(mountpoint),
         packet: match o.lower().packet.backing() {
-            Backing::File(_) => abs(o.lower().packet.path()),
+            Backing::File(_) => resolved(o.lower().packet.path()),
             // A remote location, as shown.
             Backing::Spool(_) => o.lower().packet.path().to_owned(),
         },
         digest: o.lower().packet.digest.to_string(),
-        upper: abs(o.upper_dir()),
+        upper: resolved(o.upper_dir()),
         pid: std::process::id(),
         records: o.records(),
         lookups: s.lookups.load(Ordering::Relaxed),

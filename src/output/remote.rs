@@ -219,6 +219,16 @@ impl RemoteOutput {
         self.key.shown()
     }
 
+    /// The bytes of the parent the planned upload has the store copy
+    /// (where each copied part comes from), in order: what a seal has
+    /// not sent, and may have to prove.
+    pub fn copied_from_parent(&self) -> Vec<Range<u64>> {
+        self.parts
+            .iter()
+            .filter_map(|p| p.copy_from.map(|src| src..src + p.len()))
+            .collect()
+    }
+
     /// Plans the parts of the packet laid out as `layout`: bytes `runs`
     /// copied from `parent` where given, the rest sent.
     pub fn plan(

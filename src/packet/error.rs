@@ -450,6 +450,9 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Io { .. } => ErrorClass::Io,
+            // Bytes fetched that are not the manifest's: the object is not
+            // the packet it says it is, as for a local file.
+            Error::Store(crate::store::Error::Corrupt { .. }) => ErrorClass::Invalid,
             Error::Store(_) => ErrorClass::Remote,
             Error::UnsupportedSchema { .. } => ErrorClass::Unsupported,
             Error::LimitExceeded { .. } => ErrorClass::Limit,

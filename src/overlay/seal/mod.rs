@@ -11,6 +11,7 @@
 
 mod collect;
 mod contents;
+mod copies;
 mod rebase;
 mod receipt;
 
@@ -103,6 +104,11 @@ pub struct RemoteSeal {
     /// onto (its own cache and fetch settings); without, `None` (no cache
     /// is opened for a seal that does not read it).
     pub reading: Option<crate::packet::backing::RemoteReading>,
+    /// Fetch and check every byte the store copies from the parent that
+    /// the seal has not seen in the parent's object, before the upload
+    /// completes (`--verify-copies`; without it, only when they are few:
+    /// see [`copies`]).
+    pub verify_copies: bool,
 }
 
 impl SealOptions {
@@ -212,6 +218,11 @@ pub struct SealOutcome {
     /// packet, parts.
     #[serde(flatten)]
     pub upload: Option<Uploaded>,
+    /// For an upload: bytes the store copied from the parent that this
+    /// seal did not see in the parent's object and find to be the
+    /// packet's (0 when every copied byte was; see `copies`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unverified_copied_bytes: Option<u64>,
     /// What the policy left out, and other reports as for `pack`.
     #[serde(flatten)]
     pub report: ScanReport,
@@ -418,6 +429,7 @@ impl Overlay {
                     crate::output::AtDigestName::Same { len, file_sha256 } if !opts.rebase => {
                         Some(Written {
                             output: None,
+                            unverified_copied_bytes: 0,
                             digest,
                             file_sha256: opts.file_sha256.then_some(file_sha256),
                             packet_bytes: len,
@@ -430,13 +442,33 @@ impl Overlay {
             }
             _ => (opts.output.clone(), None),
         };
-        let output = &output;
+        // A digest-named object likewise: its upload starts under its
+        // name; one already there is compared as the packet is written.
+        let named_remote = match &opts.remote {
+            Some(r) if crate::output::digest_named(&opts.output) => {
+                let digest = Digest::of_manifest(&manifest.encode());
+                Some(RemoteSeal {
+                    location: crate::output::digest_location(&r.location, &digest),
+                    settings: r.settings.clone(),
+                    parent: r.parent.clone(),
+                    reading: r.reading.clone(),
+                    verify_copies: r.verify_copies,
+                })
+            }
+            _ => None,
+        };
+        let remote = named_remote.as_ref().or(opts.remote.as_ref());
+        let output = &match remote {
+            Some(r) => std::path::PathBuf::from(r.location.shown()),
+            None => output,
+        };
         let already_there = there.is_some();
         let (written, committed, upload) = match there {
             Some(written) => (written, None, None),
             None => {
-                let mut written =
-                    write_packet(opts, output, &manifest, &sources, &stats, progress, &phase)?;
+                let mut written = write_packet(
+                    opts, output, remote, &manifest, &sources, &stats, progress, &phase,
+                )?;
                 let (committed, upload) = commit_packet(
                     opts,
                     output,
@@ -449,7 +481,7 @@ impl Overlay {
             }
         };
 
-        let placed = match (&committed, &opts.remote) {
+        let placed = match (&committed, remote) {
             (Some(c), _) => Some(rebase::Placed::File(c)),
             (None, Some(remote)) => Some(rebase::Placed::Remote(remote)),
             (None, None) => None,
@@ -496,6 +528,7 @@ impl Overlay {
             bytes_copied: stats.copied.load(Ordering::Relaxed),
             report,
             rebased: opts.rebase,
+            unverified_copied_bytes: upload.map(|_| written.unverified_copied_bytes),
             already_there,
             upload,
             changes,
@@ -507,9 +540,11 @@ impl Overlay {
 /// temporary file beside `opts.output`, in one ordered pass, and syncs
 /// it. Chunks of the parent that were verified earlier are trusted only
 /// in the file they were verified in.
+#[allow(clippy::too_many_arguments)]
 fn write_packet(
     opts: &SealOptions,
     to: &std::path::Path,
+    remote: Option<&RemoteSeal>,
     manifest: &Manifest,
     sources: &SealContents<'_>,
     stats: &WriteStats,
@@ -520,8 +555,8 @@ fn write_packet(
     let manifest_bytes = manifest.encode();
     let manifest_len = manifest_bytes.len() as u64;
     let layout = Layout::compute(manifest, manifest_len);
-    let mut copying = false;
-    let output = match &opts.remote {
+    let mut copying = None;
+    let output = match remote {
         None => {
             let output = Output::create(to)?;
             output.size_for(&layout)?;
@@ -530,9 +565,9 @@ fn write_packet(
         Some(remote) => {
             let mut output = RemoteOutput::create(&remote.location, &remote.settings)?;
             let parent = match copy_source(opts, remote, lower) {
-                Some(src) => {
+                Some((src, from)) => {
                     let runs = copy_runs(lower.manifest(), &lower.packet.layout, manifest, &layout);
-                    copying = true;
+                    copying = Some(from);
                     Some((src, runs))
                 }
                 None => None,
@@ -563,8 +598,14 @@ fn write_packet(
         progress,
     )?;
     lower.verifier.check_still(&lower.packet, epoch)?;
+    let unverified_copied_bytes = match (&copying, &output) {
+        (Some(from), Writing::Remote(r)) => {
+            prove_copies(from, &r.copied_from_parent(), opts, phase)?
+        }
+        _ => 0,
+    };
     // Files partly copied by the store were not hashed whole here.
-    for i in (0..manifest.entries.len()).filter(|_| !copying) {
+    for i in (0..manifest.entries.len()).filter(|_| copying.is_none()) {
         if sources.check_whole(i)
             && let ItemKind::File(FileItem {
                 from: Source::Lower(idx),
@@ -584,6 +625,7 @@ fn write_packet(
     crate::barrier::wait(opts.barrier.as_deref(), crate::barrier::Point::Synced);
     phase("synced");
     Ok(Written {
+        unverified_copied_bytes,
         output: Some(output),
         digest: Digest::of_manifest(&manifest_bytes),
         file_sha256,
@@ -633,7 +675,11 @@ fn commit_packet(
 /// pins every copy); in the bucket the seal uploads to, and with no
 /// `--file-sha256` asked. Otherwise the seal sends every byte, and the
 /// log says why.
-fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option<CopySource> {
+fn copy_source(
+    opts: &SealOptions,
+    remote: &RemoteSeal,
+    lower: &Lower,
+) -> Option<(CopySource, copies::CopyParent)> {
     use crate::store::ReadAt;
     let mounted = lower.packet.backing().spool().map(|spool| spool.location());
     let Some(Location::S3 { bucket, key }) = mounted.or(remote.parent.as_ref()) else {
@@ -649,8 +695,8 @@ fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option
     if opts.file_sha256 {
         return skip("--file-sha256 needs every byte here");
     }
-    let etag = match lower.packet.backing().spool() {
-        Some(spool) => spool.remote().etag().map(str::to_owned),
+    let (etag, spool) = match lower.packet.backing().spool() {
+        Some(spool) => (spool.remote().etag().map(str::to_owned), spool.clone()),
         None => {
             let parent = remote.parent.as_ref()?;
             let object = match crate::store::open_remote(parent, &remote.settings, 256 * 1024) {
@@ -667,22 +713,73 @@ fn copy_source(opts: &SealOptions, remote: &RemoteSeal, lower: &Lower) -> Option
             {
                 return skip("the object named as the parent is not the parent packet");
             }
-            object.etag().map(str::to_owned)
+            let etag = object.etag().map(str::to_owned);
+            // Only what is fetched from the object proves anything of it:
+            // no cache, nothing read ahead.
+            let p = &lower.packet;
+            let spool = crate::store::spool::Spool::new(
+                parent.clone(),
+                Box::new(object),
+                p.units(),
+                Some(crate::packet::backing::gaps_of(&p.manifest, &p.layout)),
+                &std::env::temp_dir(),
+                None,
+                crate::store::spool::SpoolOptions::default(),
+            );
+            match spool {
+                Ok(s) => (etag, s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the parent's object");
+                    return None;
+                }
+            }
         }
     };
     let Some(etag) = etag else {
         return skip("the parent's object has no strong ETag to pin copies to");
     };
-    Some(CopySource {
+    let source = CopySource {
         bucket: bucket.clone(),
         key: key.clone(),
         etag,
         len: lower.packet.layout.total_len(),
-    })
+    };
+    Some((source, copies::CopyParent { spool }))
+}
+
+/// The bytes the store copies from the parent (`copied`, ranges of the
+/// parent) that the seal has not seen in the parent's object, after
+/// fetching and checking them when asked (`--verify-copies`) or when they
+/// are few ([`copies::AUTO_VERIFY_MAX`]): 0 then, or the seal fails.
+fn prove_copies(
+    from: &copies::CopyParent,
+    copied: &[std::ops::Range<u64>],
+    opts: &SealOptions,
+    phase: &dyn Fn(&str),
+) -> Result<u64> {
+    let unverified = from.unverified(copied);
+    let asked = opts.remote.as_ref().is_some_and(|r| r.verify_copies);
+    if unverified == 0 || !(asked || unverified <= copies::AUTO_VERIFY_MAX) {
+        if unverified > 0 {
+            tracing::info!(
+                unverified,
+                "bytes the store copies from the parent were not seen in its object; \
+                 --verify-copies fetches and checks them"
+            );
+        }
+        return Ok(unverified);
+    }
+    let t = std::time::Instant::now();
+    from.prove(copied)?;
+    tracing::info!(bytes = unverified, elapsed = ?t.elapsed(), "copies proven");
+    phase("copies proven");
+    Ok(from.unverified(copied))
 }
 
 /// A packet written and synced, not yet in place.
 struct Written {
+    /// Of the bytes the store copies (none for a file).
+    unverified_copied_bytes: u64,
     /// The packet written (taken by the commit).
     output: Option<Writing>,
     digest: Digest,

@@ -935,11 +935,12 @@ impl Spool {
             spool: self,
             units: &mine,
         };
-        let clip = |r: Range<u64>| r.start.max(range.start)..r.end.min(range.end);
+        // Whole gaps and units, even where they reach past `range`: a gap
+        // is proven only when fetched whole.
         let mut stretches: Vec<Range<u64>> = Vec::new();
         for g in units.start..=units.end.min(self.units.len()) {
             if !self.gaps_proven.get(g) {
-                stretches.push(clip(plan::gap(&self.units, g, from, end)));
+                stretches.push(plan::gap(&self.units, g, from, end));
             }
             if let Some(w) = self
                 .units
@@ -964,7 +965,7 @@ impl Spool {
             }
         }
         match checked.gaps.first() {
-            Some(&g) => Err(self.corrupt(clip(plan::gap(&self.units, g, from, end)))),
+            Some(&g) => Err(self.corrupt(plan::gap(&self.units, g, from, end))),
             None => Ok(()),
         }
     }

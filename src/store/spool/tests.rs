@@ -520,3 +520,20 @@ fn a_prefetch_runs_beside_a_read_that_waits() {
         reader.join().unwrap().unwrap();
     });
 }
+
+/// A mount that reads every unit has seen all of the object (the gaps
+/// fetched with the units), with read-ahead beside it.
+#[test]
+fn reading_everything_proves_everything() {
+    let Made { s, .. } = make(Setup {
+        gaps: Some(gaps()),
+        block: 1 << 20,
+        ..Setup::default()
+    });
+    for u in (0..41).rev() {
+        let w = s.units()[u].clone();
+        s.ensure(w.start..w.end()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.unproven(0..s.remote().len()), 0);
+}
