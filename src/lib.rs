@@ -46,5 +46,5 @@ pub mod api {
     pub use crate::restore::{UnpackOptions, unpack};
     pub use crate::source::pack::{Input, PackOptions, pack};
     pub use crate::source::tar::TarIn;
-    pub use crate::sys::{fallbacks_forced, is_fuse_path};
+    pub use crate::sys::{FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE, fallbacks_forced, is_fuse_path};
 }

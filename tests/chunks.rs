@@ -10,37 +10,17 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use common::*;
 use proptest::prelude::*;
-use sessionfs::api::{Overlay, ROOT, SetAttr};
+use sessionfs::api::{FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE, Overlay, ROOT, SetAttr};
 
 const C: u64 = 4 * 1024 * 1024;
 
 /// `n` bytes that differ from chunk to chunk and from `seed` to `seed`.
 fn bytes(n: u64, seed: u64) -> Vec<u8> {
     noise(seed, n as usize)
-}
-
-/// Bytes the upper directory's data files take on disk.
-fn upper_bytes(upper: &Path) -> u64 {
-    fn walk(p: &Path) -> u64 {
-        fs::read_dir(p)
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                let m = e.metadata().unwrap();
-                if m.is_dir() {
-                    walk(&e.path())
-                } else {
-                    m.blocks() * 512
-                }
-            })
-            .sum()
-    }
-    walk(&upper.join("data"))
 }
 
 fn ino(o: &Overlay, name: &str) -> u64 {
@@ -157,9 +137,9 @@ fn one_byte_appended_to_a_large_file_costs_one_chunk() {
     assert_eq!(o.write(big, end, b"x").unwrap(), 1);
     s.model.push(b'x');
     assert!(
-        upper_bytes(&s.upper) <= 8 << 20,
+        upper_data_bytes(&s.upper) <= 8 << 20,
         "upper holds {} bytes for a 1-byte append",
-        upper_bytes(&s.upper)
+        upper_data_bytes(&s.upper)
     );
     assert_eq!(read_all(&o, "big"), s.model);
     let v = s.seal(&o, "t1", true);
@@ -170,11 +150,11 @@ fn one_byte_appended_to_a_large_file_costs_one_chunk() {
     assert_eq!(change["op"], "modified", "{v}");
     assert_eq!(change["chunks_changed"], 1, "{v}");
     // Again on the rebased mount: the next append costs one chunk too.
-    assert_eq!(upper_bytes(&s.upper), 0);
+    assert_eq!(upper_data_bytes(&s.upper), 0);
     let end = o.getattr(big).unwrap().size;
     o.write(big, end, b"yz").unwrap();
     s.model.extend(b"yz");
-    assert!(upper_bytes(&s.upper) <= 8 << 20);
+    assert!(upper_data_bytes(&s.upper) <= 8 << 20);
     let v = s.seal(&o, "t2", true);
     let hashed = v["bytes_hashed"].as_u64().unwrap();
     assert!(hashed <= (8 << 20) + 64 * 1024, "hashed {hashed}: {v}");
@@ -190,7 +170,7 @@ fn a_write_of_a_whole_chunk_copies_nothing() {
     let new = bytes(C, 7);
     o.write(big, C, &new).unwrap();
     s.model[C as usize..2 * C as usize].copy_from_slice(&new);
-    let upper = upper_bytes(&s.upper);
+    let upper = upper_data_bytes(&s.upper);
     assert!(upper <= C + (64 << 10), "upper holds {upper}");
     assert_eq!(read_all(&o, "big"), s.model);
     // st_blocks counts the chunks still read from the packet too.
@@ -275,7 +255,7 @@ fn check(ops: &[Op]) -> Result<(), TestCaseError> {
                 s.model.resize(*size as usize, 0);
             }
             Op::Punch(off, len) => {
-                let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                let mode = FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE;
                 o.fallocate(big, *off, *len, mode).unwrap();
                 let end = ((off + len) as usize).min(s.model.len());
                 if (*off as usize) < end {

@@ -10,7 +10,7 @@ mod common;
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,14 +22,6 @@ const C: u64 = 4 * 1024 * 1024;
 /// `n` bytes that differ from chunk to chunk and from `seed` to `seed`.
 fn bytes(n: u64, seed: u64) -> Vec<u8> {
     noise(seed, n as usize)
-}
-
-/// Bytes the upper directory's data files take on disk.
-fn upper_bytes(upper: &Path) -> u64 {
-    data_files(upper)
-        .iter()
-        .map(|p| fs::metadata(p).unwrap().blocks() * 512)
-        .sum()
 }
 
 /// A workspace of `big` (`size` bytes) and a small file, packed with
@@ -89,7 +81,7 @@ fn appending_one_byte_to_a_large_file_copies_and_hashes_one_chunk() {
         f.write_all(&[b'0' + turn]).unwrap();
         drop(f);
         big.push(b'0' + turn);
-        let upper = upper_bytes(&m.upper);
+        let upper = upper_data_bytes(&m.upper);
         assert!(
             upper <= 8 << 20,
             "turn {turn}: the upper holds {upper} bytes"
@@ -110,6 +102,9 @@ fn appending_one_byte_to_a_large_file_copies_and_hashes_one_chunk() {
 /// returned logged; the daemon dies under it. After a remount the file is
 /// the lower bytes with every logged write applied, and the write in
 /// flight either wholly there or not at all.
+/// A write: where, and the bytes.
+type Logged = (u64, Vec<u8>);
+
 #[test]
 fn sigkill_during_writes_to_a_file_copied_up_by_chunk() {
     if !fuse_available() {
@@ -121,8 +116,8 @@ fn sigkill_during_writes_to_a_file_copied_up_by_chunk() {
         let t = tmp.path();
         let (m, base) = mounted(t, 3 * C + 777);
         let path = m.path("big");
-        let log: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
-        let next: Arc<Mutex<Option<(u64, Vec<u8>)>>> = Arc::default();
+        let log: Arc<Mutex<Vec<Logged>>> = Arc::default();
+        let next: Arc<Mutex<Option<Logged>>> = Arc::default();
         let writer = {
             let (log, next) = (log.clone(), next.clone());
             std::thread::spawn(move || {
@@ -168,7 +163,7 @@ fn sigkill_during_writes_to_a_file_copied_up_by_chunk() {
             log.len() >= acked,
             "seed {seed}: the writer made no progress"
         );
-        let apply = |model: &mut Vec<u8>, (at, data): &(u64, Vec<u8>)| {
+        let apply = |model: &mut Vec<u8>, (at, data): &Logged| {
             let end = *at as usize + data.len();
             if model.len() < end {
                 model.resize(end, 0);

@@ -531,18 +531,23 @@ mod tests {
         }
     }
 
-    fn file(path: &str, size: u64, tag: u8) -> Entry {
+    /// A file entry of `size` bytes, its hash and chunk hashes given.
+    fn file_entry(path: &str, size: u64, sha256: Sha256, chunks: Vec<Sha256>) -> Entry {
         Entry {
             path: path.into(),
             kind: EntryKind::File(FileMeta {
                 size,
                 mtime_ns: 0,
                 executable: false,
-                sha256: Sha256([tag; 32]),
-                chunks: vec![Sha256::default(); crate::packet::format::chunk_count(size) as usize]
-                    .into(),
+                sha256,
+                chunks: chunks.into(),
             }),
         }
+    }
+
+    fn file(path: &str, size: u64, tag: u8) -> Entry {
+        let chunks = vec![Sha256::default(); crate::packet::format::chunk_count(size) as usize];
+        file_entry(path, size, Sha256([tag; 32]), chunks)
     }
 
     #[test]
@@ -592,16 +597,8 @@ mod tests {
         let c = crate::packet::format::CHUNK_SIZE;
         let size = (tags.len() as u64 - 1) * c + tail;
         let chunks: Vec<Sha256> = tags.iter().map(|&t| Sha256([t; 32])).collect();
-        Entry {
-            path: path.into(),
-            kind: EntryKind::File(FileMeta {
-                size,
-                mtime_ns: 0,
-                executable: false,
-                sha256: crate::packet::digest::chunk_list_hash(&chunks),
-                chunks: chunks.into(),
-            }),
-        }
+        let sha256 = crate::packet::digest::chunk_list_hash(&chunks);
+        file_entry(path, size, sha256, chunks)
     }
 
     #[test]

@@ -125,7 +125,7 @@ impl Overlay {
         let at = k * CHUNK_SIZE;
         let punched = crate::sys::fallocate(
             file,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            crate::sys::FALLOC_PUNCH_HOLE | crate::sys::FALLOC_KEEP_SIZE,
             at,
             len,
         )
@@ -242,7 +242,7 @@ impl Overlay {
         let file = self.upper.data(id)?;
         let _one = self.chunk_copy.lock();
         let end = offset.saturating_add(length);
-        let grows = mode & libc::FALLOC_FL_KEEP_SIZE == 0;
+        let grows = mode & crate::sys::FALLOC_KEEP_SIZE == 0;
         let size = len_of(&file)?;
         let t = touched(offset, end);
         let mut ks: Vec<u64> = map.lower_chunks().filter(|k| t.contains(k)).collect();

@@ -306,6 +306,19 @@ pub fn reopen_direct(file: &std::fs::File, write: bool) -> Option<std::fs::File>
     platform::reopen_uncached(file, write)
 }
 
+/// `fallocate(2)`'s `FALLOC_FL_KEEP_SIZE` and `FALLOC_FL_PUNCH_HOLE`, with
+/// Linux's values on every platform: the values FUSE carries in a
+/// `fallocate` request's mode, which [`fallocate`] takes (macOS's libc has
+/// no such constants).
+pub const FALLOC_KEEP_SIZE: i32 = 0x01;
+/// See [`FALLOC_KEEP_SIZE`].
+pub const FALLOC_PUNCH_HOLE: i32 = 0x02;
+#[cfg(target_os = "linux")]
+const _: () = assert!(
+    FALLOC_KEEP_SIZE == libc::FALLOC_FL_KEEP_SIZE
+        && FALLOC_PUNCH_HOLE == libc::FALLOC_FL_PUNCH_HOLE
+);
+
 /// `fallocate(2)` with raw `mode` flags (Linux); `EOPNOTSUPP` elsewhere.
 pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
     platform::fallocate(file, mode, offset, len)

@@ -154,6 +154,16 @@ pub fn data_files(upper: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Bytes the data files of upper directory `upper` take on disk (blocks:
+/// a file copied up by chunk is sparse where it holds no chunk).
+pub fn upper_data_bytes(upper: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    data_files(upper)
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().blocks() * 512)
+        .sum()
+}
+
 /// The sample tree without its multi-chunk file, for model tests that
 /// compare whole trees after every step.
 pub fn model_tree(root: &Path) {
