@@ -936,3 +936,84 @@ fn a_read_whose_every_answer_is_corrupted_fails_within_its_bound() {
     assert!(gets(&proxy) <= 4, "{:?}", proxy.requests());
     proxy.calm();
 }
+
+/// A line of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u64, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Issue 32, finding 11: with `--max-memory 32MiB --block-size 64MiB`,
+/// 64 readers of large files at once. The daemon's memory grows by at
+/// most the budget (and a little for its threads): a request of the
+/// 64 MiB block is fetched in pieces of a quarter of the budget, and
+/// every buffer is counted while it is held. The old spool let a fetch
+/// larger than the budget through alone and copied every body once more
+/// (145 MB).
+#[test]
+fn sixty_four_readers_stay_within_the_memory_budget() {
+    need_fuse!();
+    let (tmp, moto, b) = setup();
+    let t = tmp.path();
+    let ws = t.join("ws");
+    let mut x = 0x2545f4914f6cdd1du64;
+    for i in 0..64 {
+        let data: Vec<u8> = (0..(3 << 20) + i * 4099)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        write(&ws, &format!("data/f{i:02}.bin"), &data);
+    }
+    let packet = t.join("p.packet");
+    common::pack(&ws, &packet, &[]);
+    moto.put(&b, "p.packet", &std::fs::read(&packet).unwrap());
+    let env = env_of(moto.port, &[]);
+    let m = Mounted::with_env(
+        Path::new(&format!("s3://{b}/p.packet")),
+        &t.join("mnt"),
+        &t.join("upper"),
+        &[
+            "--part",
+            "workspace",
+            "--cache",
+            t.join("cache").to_str().unwrap(),
+            "--prefetch",
+            "none",
+            "--max-memory",
+            "32MiB",
+            "--block-size",
+            "64MiB",
+            "--threads",
+            "8",
+        ],
+        &pairs(&env),
+    );
+    let pid = m.result["pid"].as_u64().unwrap();
+    let before = status_kib(pid, "VmRSS");
+    std::thread::scope(|s| {
+        for i in 0..64 {
+            let (m, ws) = (&m, &ws);
+            s.spawn(move || {
+                let f = format!("data/f{i:02}.bin");
+                assert!(std::fs::read(m.path(&f)).unwrap() == std::fs::read(ws.join(&f)).unwrap());
+            });
+        }
+    });
+    let peak = status_kib(pid, "VmHWM");
+    let r = remote_stats(&m);
+    assert!(n(&r, "memory_peak_bytes") <= 32 << 20, "{r}");
+    let grew = peak.saturating_sub(before) << 10;
+    eprintln!("daemon RSS {before} KiB at mount, peak {peak} KiB: {r}");
+    assert!(
+        grew <= (32 + 24) << 20,
+        "the daemon grew by {} MiB with a budget of 32 MiB: {r}",
+        grew >> 20
+    );
+}
