@@ -5,7 +5,7 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
-.PHONY: suites build release deps harness-deps test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-remote bench-quick fuzz schema-check no-test-hooks clean
+.PHONY: suites build release deps harness-deps test python-test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-remote bench-quick fuzz schema-check no-test-hooks clean
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -29,6 +29,7 @@ CI_RELEASE := CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNIT
 
 test: deps harness-deps fmt-check clippy apple-check doc
 	SESSIONFS_REQUIRE_FUSE=1 SESSIONFS_REQUIRE_HARNESS=1 $(CARGO) test --all-targets
+	SESSIONFS_REQUIRE_FUSE=1 scripts/python-tests.sh
 	scripts/fallback-tests.sh
 	$(CI_RELEASE) $(MAKE) schema-check no-test-hooks suites demo bench-quick
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-10} scripts/fuzz.sh
@@ -47,6 +48,11 @@ clippy:
 # macOS: cargo check and clippy for both Apple targets (compile only).
 apple-check:
 	scripts/apple-check.sh
+
+# The Python package (python/) and its Agents SDK integration, in a pinned
+# venv of their own (.venv-python; about 1.5 min to make, 1 min to run).
+python-test:
+	scripts/python-tests.sh
 
 # The unit, unpack, pack, mount and seal tests with the portable paths forced.
 fallback-tests:

@@ -15,6 +15,10 @@ have make || need+=(make)
 have gcc || need+=(gcc)
 # The Apple compile check (scripts/apple-check.sh): fuser's build script.
 have pkg-config || need+=(pkg-config)
+# tests/pods_containers.rs: the pod recipe with real containers (Docker,
+# started by the test; its image made from busybox-static's root).
+have dockerd || need+=(docker.io)
+[ -x /bin/busybox ] || need+=(busybox-static)
 # Python: the schema check's venv, and the second writer tests/spec_writer.rs runs.
 if have python3; then
   python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)

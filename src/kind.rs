@@ -166,6 +166,10 @@ kinds! {
     NotMounted = "not_mounted",
     /// The mount is another user's.
     NotOwner = "not_owner",
+    /// A sessionfs mount whose daemon is gone (killed, crashed).
+    DaemonDied = "daemon_died",
+    /// The daemon did not answer its control socket within the bound.
+    DaemonNotAnswering = "daemon_not_answering",
     /// The mount is busy.
     Busy = "busy",
     /// The unmount failed.

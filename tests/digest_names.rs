@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::s3;
+
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -79,19 +81,95 @@ fn pack_names_the_packet_by_its_digest_and_writes_it_once() {
 }
 
 #[test]
-fn a_placeholder_outside_the_file_name_or_in_a_key_is_a_usage_error() {
+fn a_placeholder_outside_a_file_name_is_a_usage_error() {
     let tmp = tempfile::tempdir().unwrap();
     let ws = tmp.path().join("ws");
     model_tree(&ws);
-    for out in ["{digest}/x.packet", "s3://bucket/{digest}.packet"] {
-        let out = if out.starts_with("s3:") {
-            out.to_owned()
-        } else {
-            tmp.path().join(out).display().to_string()
-        };
-        let r = run(["pack", "--workspace", ws.to_str().unwrap(), "-o", &out]);
-        r.fails(2, "usage");
+    let out = tmp.path().join("{digest}/x.packet");
+    let r = run([
+        "pack",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    r.fails(2, "usage");
+}
+
+/// An object key named by the digest: the digest is known after the
+/// hashing pass, before a byte is written, so the upload starts under its
+/// name; one pack, no staging key. Again: `already_there`, nothing
+/// uploaded. An offline seal likewise, its trace beside it.
+#[test]
+fn an_object_key_is_named_by_the_digest_in_one_pack() {
+    let (tmp, moto, bucket) = s3::setup();
+    let ws = tmp.path().join("ws");
+    sample_tree(&ws);
+    let key = format!("s3://{bucket}/sessions/{{digest}}.packet");
+    let first = s3::remote(
+        moto.port,
+        &["pack", "--workspace", ws.to_str().unwrap(), "-o", &key],
+        &[],
+    );
+    let first = first.ok().clone();
+    let digest = first["digest"].as_str().unwrap().replacen(':', "-", 1);
+    let named = format!("sessions/{digest}.packet");
+    assert_eq!(first["output"], format!("s3://{bucket}/{named}"));
+    assert!(first.get("already_there").is_none(), "{first}");
+    let object = moto
+        .get(&bucket, &named)
+        .expect("the object under its digest");
+    assert_eq!(object.len() as u64, first["packet_bytes"].as_u64().unwrap());
+    let local = tmp.path().join("local.packet");
+    pack(&ws, &local, &[]);
+    assert!(
+        fs::read(&local).unwrap() == object,
+        "byte for byte what -o FILE writes"
+    );
+    moto.assert_no_uploads(&bucket);
+
+    let again = s3::remote(
+        moto.port,
+        &["pack", "--workspace", ws.to_str().unwrap(), "-o", &key],
+        &[],
+    );
+    assert_eq!(again.ok()["already_there"], true);
+    assert_eq!(again.json["output"], first["output"]);
+
+    // An offline seal of a change, named by its digest in the same prefix.
+    let upper = tmp.path().join("upper");
+    {
+        let o = overlay_of(&local, &upper);
+        let me = sessionfs::api::Caller { uid: 0, gid: 0 };
+        let f = o
+            .create(sessionfs::api::ROOT, b"turn.txt", 0o644, me)
+            .unwrap();
+        o.write(f.ino, 0, b"turn").unwrap();
     }
+    let sealed = s3::remote(
+        moto.port,
+        &[
+            "seal",
+            "--packet",
+            local.to_str().unwrap(),
+            "--upper",
+            upper.to_str().unwrap(),
+            "-o",
+            &key,
+        ],
+        &[],
+    );
+    let sealed = sealed.ok().clone();
+    let d2 = sealed["digest"].as_str().unwrap().replacen(':', "-", 1);
+    assert_ne!(d2, digest);
+    assert_eq!(
+        sealed["output"],
+        format!("s3://{bucket}/sessions/{d2}.packet")
+    );
+    assert!(
+        moto.get(&bucket, &format!("sessions/{d2}.packet"))
+            .is_some()
+    );
 }
 
 #[test]

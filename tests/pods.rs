@@ -427,3 +427,258 @@ fn a_pod_stopped_mid_turn_seals_every_acknowledged_write() {
         "a line the agent saw written is not in the sealed packet ({n} lines)"
     );
 }
+
+/// Runs `sessionfs args…`, which must end within `bound` (it is killed
+/// and the test fails otherwise); its exit code, its JSON object, and how
+/// long it took.
+fn run_within(args: &[&str], bound: std::time::Duration) -> (i32, serde_json::Value, f64) {
+    let start = std::time::Instant::now();
+    let mut child = KillOnDrop(
+        Command::new(common::bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    loop {
+        if let Some(st) = child.0.try_wait().unwrap() {
+            let mut out = String::new();
+            std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut out).unwrap();
+            let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+            return (st.code().unwrap_or(-1), v, start.elapsed().as_secs_f64());
+        }
+        assert!(
+            start.elapsed() < bound,
+            "`sessionfs {}` still runs after {bound:?}",
+            args.join(" ")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Asserts that `r` is an error of `kind`, exit 8.
+#[track_caller]
+fn refused(r: &(i32, serde_json::Value, f64), kind: &str) {
+    assert_eq!(
+        (r.0, r.1["kind"].as_str().unwrap_or("")),
+        (8, kind),
+        "{}",
+        r.1
+    );
+}
+
+const SOON: std::time::Duration = std::time::Duration::from_secs(5);
+/// The control socket's bound (10 s, docs/CLI.md) and some room.
+const ANSWER: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// docs/pods.md, "A dead daemon": SIGKILL of the daemon is an event:
+/// `status` (and `seal`) say the daemon died, when it started and when it
+/// last recorded a change, and where its upper directory is; after
+/// `umount --lazy`, a mount over the same upper directory takes over at
+/// once, with everything the dead daemon acknowledged.
+#[test]
+fn a_dead_daemon_is_an_event_and_a_new_mount_takes_over_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = open_tmp();
+    let t = tmp.path();
+    let p = packet(t);
+    let (mnt, up) = (t.join("mnt"), t.join("up"));
+    std::fs::create_dir(&mnt).unwrap();
+    let m = common::Mounted::new(&p, &mnt, &up, &[]);
+    std::fs::write(mnt.join("workspace/kept.txt"), b"acknowledged\n").unwrap();
+    let pid = m.pid();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    wait_for("the daemon to die", || ended(pid));
+    m.unmounted_elsewhere();
+    let mp = mnt.to_str().unwrap();
+    let st = run_within(&["status", mp], SOON);
+    refused(&st, "daemon_died");
+    let msg = st.1["message"].as_str().unwrap();
+    assert!(msg.contains(&format!("pid {pid}")), "{msg}");
+    assert!(msg.contains("started 20"), "{msg}");
+    assert!(msg.contains("last change recorded at 20"), "{msg}");
+    assert!(msg.contains(up.to_str().unwrap()), "{msg}");
+    let out = t.join("s.packet");
+    refused(
+        &run_within(&["seal", mp, "-o", out.to_str().unwrap()], SOON),
+        "daemon_died",
+    );
+    refused(
+        &run_within(
+            &[
+                "mount",
+                p.to_str().unwrap(),
+                mp,
+                "--upper",
+                up.to_str().unwrap(),
+            ],
+            SOON,
+        ),
+        "already_mounted",
+    );
+    // The takeover: detach the dead mount, mount again over the upper.
+    let start = std::time::Instant::now();
+    let (code, v, _) = run_within(&["umount", mp, "--lazy"], SOON);
+    assert_eq!(code, 0, "{v}");
+    let again = common::Mounted::new(&p, &mnt, &up, &[]);
+    let took = start.elapsed();
+    eprintln!("takeover after a dead daemon (umount --lazy, mount): {took:?}");
+    assert!(took < SOON, "{took:?}");
+    assert_eq!(
+        std::fs::read(mnt.join("workspace/kept.txt")).unwrap(),
+        b"acknowledged\n"
+    );
+    again.umount();
+}
+
+/// A mount whose connection nobody serves: made by another process that
+/// never answers the kernel (here a shell's /dev/fuse held by `sleep`),
+/// or a sessionfs daemon killed while another process holds its
+/// connection open. Any look at the mountpoint would wait forever;
+/// `mount`, `status`, `seal` and `umount` answer within their bound,
+/// from the mount table and the daemon's record, without asking it.
+#[test]
+fn nothing_hangs_on_a_mount_nobody_serves() {
+    if !privileged("nothing_hangs_on_a_mount_nobody_serves") {
+        return;
+    }
+    let tmp = open_tmp();
+    let t = tmp.path();
+    let p = packet(t);
+    let digest = run(["digest", p.to_str().unwrap()]).ok()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let fs = format!("sessionfs:{}", &digest[7..19]);
+    let opts = "fd=3,rootmode=40000,user_id=0,group_id=0,default_permissions";
+    for served in [false, true] {
+        let mnt = t.join(format!("mnt-{served}"));
+        let up = t.join(format!("up-{served}"));
+        std::fs::create_dir(&mnt).unwrap();
+        let mp = mnt.to_str().unwrap();
+        // Detached whatever happens, before the directory goes (a look at
+        // a mount nobody serves would wait for good).
+        let _detach = common::FsMount::adopt(&mnt);
+        // Served: a daemon serves the connection, and `sleep` holds a copy
+        // of it (its pid in `held`); the daemon is then killed. Not served:
+        // nobody ever reads it.
+        let held = t.join(format!("held-{served}"));
+        let script = if served {
+            format!(
+                "exec 3<>/dev/fuse && mount -i -t fuse.sessionfs -o {opts} {fs} {mp} && \
+                 {{ sleep 600 3<&3 & echo $! > {held}; }} && exec {bin} mount {p} /dev/fd/3 \
+                 --mounted-at {mp} --upper {up} --foreground",
+                held = held.display(),
+                bin = common::bin().display(),
+                p = p.display(),
+                up = up.display(),
+            )
+        } else {
+            format!(
+                "exec 3<>/dev/fuse && mount -i -t fuse.sessionfs -o {opts} {fs} {mp} && \
+                 echo '{{}}' && exec sleep 600"
+            )
+        };
+        let mut holder = KillOnDrop(
+            Command::new("sh")
+                .args(["-c", &script])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut line = String::new();
+        std::io::BufReader::new(holder.0.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with('{'), "{line}");
+        if served {
+            std::fs::write(mnt.join("workspace/kept"), b"x").unwrap();
+            let pid = holder.0.id() as i32;
+            let _ = holder.0.kill();
+            let _ = holder.0.wait();
+            wait_for("the daemon to die", || ended(pid));
+        }
+        let up_s = up.to_str().unwrap();
+        refused(
+            &run_within(&["mount", p.to_str().unwrap(), mp, "--upper", up_s], SOON),
+            "already_mounted",
+        );
+        let gone = if served { "daemon_died" } else { "not_mounted" };
+        refused(&run_within(&["status", mp], SOON), gone);
+        let out = t.join("out.packet");
+        refused(
+            &run_within(&["seal", mp, "-o", out.to_str().unwrap()], SOON),
+            gone,
+        );
+        let (code, v, _) = run_within(&["umount", mp], SOON);
+        assert_eq!(code, 0, "{v}");
+        assert!(!is_mounted(&mnt));
+        // The holder of the connection copy, by its pid.
+        if let Ok(pid) = std::fs::read_to_string(&held) {
+            let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGKILL);
+        }
+    }
+}
+
+/// A daemon that does not answer its control socket (stopped): `status`
+/// and `seal` fail with `daemon_not_answering` within the control socket's
+/// bound, `mount` at once; `umount` unmounts without it, and says the
+/// daemon still runs.
+#[test]
+fn nothing_hangs_on_a_daemon_that_does_not_answer() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = open_tmp();
+    let t = tmp.path();
+    let p = packet(t);
+    let (mnt, up) = (t.join("mnt"), t.join("up"));
+    std::fs::create_dir(&mnt).unwrap();
+    let m = common::Mounted::new(&p, &mnt, &up, &[]);
+    let pid = nix::unistd::Pid::from_raw(m.pid());
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).unwrap();
+    let mp = mnt.to_str().unwrap().to_owned();
+    let out = t.join("s.packet");
+    let (status, seal) = std::thread::scope(|s| {
+        let status = s.spawn(|| run_within(&["status", &mp], ANSWER));
+        let seal = s.spawn(|| run_within(&["seal", &mp, "-o", out.to_str().unwrap()], ANSWER));
+        (status.join().unwrap(), seal.join().unwrap())
+    });
+    refused(&status, "daemon_not_answering");
+    refused(&seal, "daemon_not_answering");
+    eprintln!(
+        "a stopped daemon: status answered in {:.1} s, seal in {:.1} s",
+        status.2, seal.2
+    );
+    refused(
+        &run_within(
+            &[
+                "mount",
+                p.to_str().unwrap(),
+                &mp,
+                "--upper",
+                t.join("up2").to_str().unwrap(),
+            ],
+            SOON,
+        ),
+        "already_mounted",
+    );
+    let umount = run_within(&["umount", &mp], ANSWER);
+    refused(&umount, "umount_failed");
+    assert!(
+        umount.1["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("(pid {pid})")),
+        "{}",
+        umount.1
+    );
+    assert!(!is_mounted(&mnt));
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).unwrap();
+    wait_for("the daemon to end", || ended(pid.as_raw()));
+    m.unmounted_elsewhere();
+}

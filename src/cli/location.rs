@@ -37,19 +37,11 @@ pub fn output(arg: &Path, what: &str) -> Result<Option<(Location, Settings)>, Cl
     }
 }
 
-/// A `{digest}` in an output (`pack -o`, `seal -o`): in a local file's
-/// name only (its directory exists); an `s3://` key's is not taken yet.
+/// A `{digest}` in an output (`pack -o`, `seal -o`): anywhere in an
+/// `s3://` key; in a local file's name only (its directory exists).
 pub fn check_digest_named(output: &Path, remote: bool) -> Result<(), CliError> {
-    if !crate::output::digest_named(output) {
+    if !crate::output::digest_named(output) || remote {
         return Ok(());
-    }
-    if remote {
-        return Err(CliError::usage(format!(
-            "{}: {} in an s3:// key is not supported by this build; name a local file by its \
-             digest, or give the key",
-            output.display(),
-            crate::output::DIGEST_PLACEHOLDER
-        )));
     }
     crate::output::check_digest_template(output).map_err(CliError::usage)
 }

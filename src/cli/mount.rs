@@ -156,7 +156,43 @@ fn mount_error(kind: ErrorKind, message: String, path: &Path) -> CliError {
 }
 
 /// Refuses a mountpoint that is not an empty directory, or already served.
+/// A FUSE mount there is known from the mount table and not asked
+/// anything: one nobody serves (its daemon dead while another process
+/// holds its connection, or a connection never initialised) would make
+/// any look at it wait forever.
 fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
+    if let crate::sys::MountAt::Mount(m) = crate::sys::mount_at(mp)
+        && let Some(name) = crate::sys::fuse_fsname(&m.fstype, &m.source)
+    {
+        if !name.starts_with(b"sessionfs:") {
+            return Err(mount_error(
+                ErrorKind::MountpointUnusable,
+                format!(
+                    "{}: another FUSE file system is mounted here (type {}, source {}); mount \
+                     elsewhere, or unmount it",
+                    mp.display(),
+                    m.fstype,
+                    String::from_utf8_lossy(&m.source)
+                ),
+                mp,
+            ));
+        }
+        let served = control::socket_path(mp)
+            .is_ok_and(|s| std::os::unix::net::UnixStream::connect(s).is_ok());
+        let message = if served {
+            format!(
+                "{}: a sessionfs mount is already served here; unmount it first",
+                mp.display()
+            )
+        } else {
+            format!(
+                "{}: a sessionfs mount whose daemon is gone (or that no daemon of this user \
+                 serves) is still here; detach it first",
+                mp.display()
+            )
+        };
+        return Err(mount_error(ErrorKind::AlreadyMounted, message, mp));
+    }
     let meta = std::fs::metadata(mp).map_err(|e| {
         // Absolute without touching the path: it answers nothing.
         let at = crate::sys::absolute(mp);
@@ -392,7 +428,8 @@ fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
                     at,
                 )
             })?;
-        } else if let Ok(real) = std::fs::canonicalize(&a.mountpoint) {
+        } else if let Some(real) = crate::sys::real_path(&a.mountpoint) {
+            // Not asked when a mount is there (see check_mountpoint).
             a.mountpoint = real;
         }
         if fd.is_none() {

@@ -32,6 +32,7 @@ use crate::source::tar::TarIn;
 ///   sessionfs pack --workspace ./repo --packet-version 1 -o s.packet   # for older readers
 ///   sessionfs pack --workspace ./repo -o s3://bucket/sessions/s.packet   # upload as it writes
 ///   sessionfs pack --workspace ./repo -o 'packets/{digest}.packet'   # named by its digest
+///   sessionfs pack --workspace ./repo -o 's3://bucket/s/{digest}.packet'   # one pack, one upload
 ///   sessionfs pack --workspace ./big -o s.packet --max-bytes 8GiB --max-entries 1000000
 ///   sessionfs pack --workspace ./deep -o s.packet --max-path-bytes 8192
 ///   sessionfs pack --workspace-tar ws.tar -o s.packet   # a tar, never extracted
@@ -74,9 +75,9 @@ pub struct Args {
     harness_kind: Option<KindArg>,
     /// Where to write the packet: a file, or `s3://BUCKET/KEY` to upload
     /// it as it is written (multipart; nothing is replaced there: see
-    /// docs/remote.md). `{digest}` in the file's name is replaced with
-    /// `sha256-<hex>`; a packet already there is verified, not written
-    /// again (`already_there`).
+    /// docs/remote.md). `{digest}` in the file's name (or anywhere in the
+    /// key) is replaced with `sha256-<hex>`; a packet already there is
+    /// verified, not written again (`already_there`).
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
     /// Record every mtime as 0 (content-only addressing: the digest then
@@ -194,8 +195,9 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     })?;
     drop(progress);
     tracing::info!(digest = %outcome.digest, entries = outcome.entries, "packed");
+    // (An object's location is shown as it was made, `s3://BUCKET/KEY`.)
     let output = match outcome.upload {
-        Some(_) => super::location::shown(&super::location::parse(&a.output)?),
+        Some(_) => outcome.output.display().to_string(),
         None => crate::packet::path::shown_path(&outcome.output),
     };
     Ok(Output::new(

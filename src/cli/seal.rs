@@ -51,7 +51,10 @@ pub struct Args {
     /// Offline: the upper directory.
     #[arg(long, requires = "packet", value_name = "DIR")]
     upper: Option<PathBuf>,
-    /// Where to write the new packet.
+    /// Where to write the new packet: a file, or `s3://BUCKET/KEY`.
+    /// `{digest}` in the file's name (or anywhere in the key) is replaced
+    /// with `sha256-<hex>`; a packet already there is not written again
+    /// (`already_there`, but with `--rebase`).
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
     /// Also write the change receipt (every path added, modified, deleted or
@@ -186,7 +189,14 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         progress: bar.visible(),
         ..req
     });
-    let answer = ask(&mp, &req, None, &mut |bytes| bar.set(bytes));
+    // Bounded per line: the daemon sends one every few seconds while it
+    // seals, however long the seal.
+    let answer = ask(
+        &mp,
+        &req,
+        Some(crate::fuse::control::ANSWER_BOUND),
+        &mut |bytes| bar.set(bytes),
+    );
     drop(bar);
     match answer {
         Ok(r @ Reply::Sealed(_)) => Ok(Output::raw(r.into_value())),
@@ -200,15 +210,27 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
 /// itself for good.
 fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), CliError> {
     use std::os::unix::fs::MetadataExt;
-    // Only a served mount has a device of its own to compare with.
-    if !crate::sys::is_sessionfs_mount(mountpoint) {
-        return Ok(());
-    }
-    let (Some(dir), Ok(mount)) = (path.parent(), std::fs::metadata(mountpoint)) else {
+    // The mount's device from the mount table: the mount itself is not
+    // asked (one nobody serves would make this wait forever).
+    let Some(real) = crate::sys::real_path(mountpoint) else {
         return Ok(());
     };
+    let crate::sys::MountAt::Mount(m) = crate::sys::mount_at(&real) else {
+        return Ok(());
+    };
+    if !crate::sys::fuse_fsname(&m.fstype, &m.source).is_some_and(|n| n.starts_with(b"sessionfs:"))
+    {
+        return Ok(());
+    }
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
+    let on_it = |dev: u64| {
+        let (major, minor) = crate::sys::platform::device_numbers(dev);
+        m.dev == format!("{major}:{minor}") || m.dev == dev.to_string()
+    };
     match std::fs::metadata(dir) {
-        Ok(d) if d.dev() == mount.dev() => Err(CliError::new(
+        Ok(d) if on_it(d.dev()) => Err(CliError::new(
             Some(ErrorClass::Refused),
             ErrorKind::TargetUnusable,
             format!(

@@ -1,7 +1,6 @@
 //! `sessionfs status`: what a running mount serves, and its counters.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use super::Output;
 use super::error::CliError;
@@ -25,7 +24,7 @@ pub fn run(a: Args) -> Result<Output, CliError> {
     let asked = crate::daemon::client::ask(
         &a.mountpoint,
         &req,
-        Some(Duration::from_secs(10)),
+        Some(control::ANSWER_BOUND),
         &mut |_| {},
     );
     match asked {

@@ -69,52 +69,65 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         ));
     }
     let request = control::Request::Unmount { lazy: a.lazy };
-    let via = match ask(mp, &request, Some(Duration::from_secs(60)), &mut |_| {}) {
+    // The daemon this mount's record names (for one that does not answer).
+    let recorded = control::socket_path(mp)
+        .ok()
+        .and_then(|s| control::Record::load(&s))
+        .filter(|r| &r.mountpoint == mp);
+    let asked = ask(mp, &request, Some(control::ANSWER_BOUND), &mut |_| {});
+    let root = nix::unistd::geteuid().is_root();
+    let via = match asked {
         Ok(control::Reply::Unmounted { pid, upper, .. }) => {
             // The daemon holds the upper directory's lock until it exits:
             // wait for that, so the same upper directory can be mounted
             // again right away (a lazy unmount exits when files close).
             if let (Ok(pid), false) = (i32::try_from(pid), a.lazy) {
                 let start = Instant::now();
-                while !exited(pid) && start.elapsed() < Duration::from_secs(30) {
+                while !exited(pid) && start.elapsed() < EXIT_BOUND {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 // A process whose main thread is a zombie may still have
                 // threads finishing their exit, holding its files (and the
                 // lock): wait for the lock itself.
-                while !lock_free(&upper) && start.elapsed() < Duration::from_secs(30) {
+                while !lock_free(&upper) && start.elapsed() < EXIT_BOUND {
                     std::thread::sleep(Duration::from_millis(5));
+                }
+                if !exited(pid) {
+                    return Err(still_running(mp, pid as u32, &upper));
                 }
             }
             "daemon"
+        }
+        // A daemon that may not unmount (without privileges, handed its
+        // connection) says so: root does it.
+        Ok(control::Reply::Error(e))
+            if root && e.get("kind").and_then(|k| k.as_str()) != Some("busy") =>
+        {
+            tracing::warn!(error = ?e, "the daemon did not unmount; unmounting without it");
+            unmount_here(mp, a.lazy, &fail)?
         }
         Ok(r) => return Err(super::error::unexpected_reply(r)),
         // The daemon may have unmounted and exited without answering.
         Err(_) if !is_sessionfs_mount(mp) => "daemon",
         Err(e) => {
             tracing::warn!("{e}; unmounting without the daemon");
-            let flag = if a.lazy { "-uz" } else { "-u" };
-            match std::process::Command::new("fusermount3")
-                .arg(flag)
-                .arg(mp)
-                .status()
-            {
-                Ok(s) if s.success() => "fusermount3",
-                _ => {
-                    crate::sys::platform::unmount(mp, a.lazy).map_err(|e| {
-                        let kind = if e == nix::errno::Errno::EBUSY {
-                            ErrorKind::Busy
-                        } else {
-                            ErrorKind::UmountFailed
-                        };
-                        fail(kind, format!("{}: cannot unmount: {e}", mp.display()))
-                    })?;
-                    crate::sys::platform::UNMOUNT_CALL
+            let via = unmount_here(mp, a.lazy, &fail)?;
+            // A daemon that did not answer and still runs once its mount
+            // is gone is stopped or stuck: its upper directory stays
+            // locked until it ends.
+            if let Some(r) = recorded.filter(|_| !a.lazy) {
+                let start = Instant::now();
+                while !exited(r.pid as i32) && start.elapsed() < UNANSWERED_EXIT_BOUND {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if wait_gone(mp, EXIT_BOUND) && !exited(r.pid as i32) {
+                    return Err(still_running(mp, r.pid, &r.upper));
                 }
             }
+            via
         }
     };
-    if !wait_gone(mp, Duration::from_secs(30)) {
+    if !wait_gone(mp, EXIT_BOUND) {
         return Err(fail(
             ErrorKind::UmountFailed,
             format!("{}: still mounted after the unmount request", mp.display()),
@@ -129,4 +142,64 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
             via,
         },
     ))
+}
+
+/// How long `umount` waits for a daemon to exit once it has unmounted
+/// (docs/CLI.md): it syncs its journal and lets its upper directory's
+/// lock go. One still running then serves a copy of the mount in another
+/// mount namespace, or is stuck.
+const EXIT_BOUND: Duration = Duration::from_secs(30);
+
+/// How long `umount` waits for a daemon that did not answer to exit once
+/// its mount is gone without it.
+const UNANSWERED_EXIT_BOUND: Duration = Duration::from_secs(2);
+
+/// `umount_failed` for a mount gone from here whose daemon `pid` still
+/// runs: `umount` never reports success while it does.
+fn still_running(mp: &Path, pid: u32, upper: &Path) -> CliError {
+    CliError::new(
+        Some(ErrorClass::Mount),
+        ErrorKind::UmountFailed,
+        format!(
+            "{}: the mount is gone from here, but its daemon (pid {pid}) still runs: it serves a \
+             copy of the mount in another mount namespace (a sandbox), or it is stopped or \
+             stuck; its upper directory {} stays locked until it ends",
+            mp.display(),
+            upper.display()
+        ),
+        Some(crate::packet::path::shown_path(mp)),
+    )
+    .with_hint(format!(
+        "end what holds the copy (the sandbox), or the daemon (`kill {pid}`); a mount of the \
+         same upper directory waits for it"
+    ))
+}
+
+/// Unmounts `mp` without its daemon: `fusermount3`, else the system call;
+/// the way it went.
+fn unmount_here(
+    mp: &Path,
+    lazy: bool,
+    fail: &dyn Fn(ErrorKind, String) -> CliError,
+) -> std::result::Result<&'static str, CliError> {
+    let flag = if lazy { "-uz" } else { "-u" };
+    match std::process::Command::new("fusermount3")
+        .arg(flag)
+        .arg(mp)
+        .stderr(std::process::Stdio::null())
+        .status()
+    {
+        Ok(s) if s.success() => Ok("fusermount3"),
+        _ => {
+            crate::sys::platform::unmount(mp, lazy).map_err(|e| {
+                let kind = if e == nix::errno::Errno::EBUSY {
+                    ErrorKind::Busy
+                } else {
+                    ErrorKind::UmountFailed
+                };
+                fail(kind, format!("{}: cannot unmount: {e}", mp.display()))
+            })?;
+            Ok(crate::sys::platform::UNMOUNT_CALL)
+        }
+    }
 }

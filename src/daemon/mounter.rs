@@ -91,7 +91,8 @@ impl Link {
         fd.ok_or_else(|| io::Error::other("the mounter mounted, but sent no descriptor"))
     }
 
-    /// Asks for the unmount.
+    /// Asks for the unmount. An error is the system call's own (its
+    /// number kept: `EBUSY` says the mount is busy).
     pub fn unmount(&self, lazy: bool) -> io::Result<()> {
         self.ask(&Ask::Unmount { lazy })?.0
     }
@@ -120,9 +121,14 @@ impl Link {
             }
         }
         let answer: Answer = serde_json::from_slice(&got).map_err(io::Error::other)?;
-        let result = match answer.errno {
-            0 => Ok(()),
-            n => Err(io::Error::new(
+        let result = match (answer.errno, ask) {
+            (0, _) => Ok(()),
+            // The unmount's caller tells a busy mount by its number.
+            (n, Ask::Unmount { .. }) => {
+                tracing::debug!(message = answer.message, "the mounter did not unmount");
+                Err(io::Error::from_raw_os_error(n))
+            }
+            (n, Ask::Mount { .. }) => Err(io::Error::new(
                 io::Error::from_raw_os_error(n).kind(),
                 format!("{} ({})", answer.message, io::Error::from_raw_os_error(n)),
             )),

@@ -256,9 +256,17 @@ pub fn runtime_dir() -> io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// The base name (without extension) for a mountpoint's socket and log.
+/// The base name (without extension) for a mountpoint's socket and log:
+/// its real path's, found without asking a mount there anything (see
+/// `sys::real_path`).
 pub fn key(mountpoint: &Path) -> io::Result<String> {
-    Ok(key_of_canonical(&std::fs::canonicalize(mountpoint)?))
+    let real = crate::sys::real_path(mountpoint).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{}: cannot be resolved", mountpoint.display()),
+        )
+    })?;
+    Ok(key_of_canonical(&real))
 }
 
 /// Socket path of the mount at `mountpoint`.
@@ -329,7 +337,8 @@ fn append_to(path: &Path) -> io::Result<std::fs::File> {
 }
 
 /// Removes from `dir` what no running daemon uses: control sockets
-/// (`<key>.sock`) nobody listens on (a killed daemon's), empty daemon logs
+/// (`<key>.sock`) nobody listens on (a killed daemon's), the records of
+/// killed daemons (`<key>.json`) as their logs, empty daemon logs
 /// (`<key>.log`, `<key>.log.1`) last modified more than [`EMPTY_LOG_KEEP`]
 /// before `now`, and other logs more than `keep` before it; the logs of a
 /// daemon that answers on its socket stay. Best effort: a file that cannot
@@ -344,6 +353,7 @@ pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
         let Some(key) = name
             .strip_suffix(".log")
             .or_else(|| name.strip_suffix(".log.1"))
+            .or_else(|| name.strip_suffix(".json"))
             .or_else(|| name.strip_suffix(".sock"))
         else {
             continue;
@@ -375,6 +385,53 @@ pub fn prune(dir: &Path, keep: Duration, now: std::time::SystemTime) {
 pub fn key_of_canonical(mountpoint: &Path) -> String {
     let digest = sha2::Sha256::digest(mountpoint.as_os_str().as_encoded_bytes());
     hex::encode(&digest[..8])
+}
+
+/// What a daemon leaves beside its socket (`<key>.json`) while it serves,
+/// and after it if it is killed: what it serves, so that `status` can say
+/// what became of a mount whose daemon is gone. A daemon that ends
+/// cleanly removes it.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Record {
+    /// The mountpoint (canonical).
+    pub mountpoint: PathBuf,
+    /// The packet, as shown.
+    pub packet: PathBuf,
+    /// The upper directory.
+    pub upper: PathBuf,
+    /// The daemon's pid.
+    pub pid: u32,
+    /// When it mounted, in seconds since the epoch.
+    pub started: u64,
+}
+
+impl Record {
+    /// Writes the record for the socket at `socket` (`<key>.sock`).
+    pub fn save(&self, socket: &Path) {
+        let line = serde_json::to_vec(self).unwrap_or_default();
+        if let Err(e) = crate::sys::write_atomic(&socket.with_extension("json"), &line) {
+            tracing::warn!(error = %e, "cannot leave the mount's record in the runtime directory");
+        }
+    }
+
+    /// The record beside socket path `socket`, if there is a readable one.
+    pub fn load(socket: &Path) -> Option<Record> {
+        use std::io::Read;
+        // A record is small; a runtime directory is this user's (or, for
+        // root, another user's 0700 one), but read no more than that.
+        let mut bytes = Vec::new();
+        std::fs::File::open(socket.with_extension("json"))
+            .ok()?
+            .take(64 << 10)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Removes the record beside socket path `socket`.
+    pub fn remove(socket: &Path) {
+        let _ = std::fs::remove_file(socket.with_extension("json"));
+    }
 }
 
 /// Binds the socket for `mountpoint` (canonical), replacing a stale one (a
@@ -413,16 +470,30 @@ pub fn drain(limit: Duration) {
     }
 }
 
+/// How often a daemon sends a line while it works on a request (a
+/// [`Progress`] line with the count so far, 0 for any request but a seal),
+/// so that a client can tell a long seal from a daemon that does not
+/// answer: [`ANSWER_BOUND`] without a line is the latter.
+pub const KEEPALIVE: Duration = Duration::from_secs(2);
+
+/// How long a client waits for the next line of the daemon's answer
+/// (docs/CLI.md, "The control socket"): a daemon that sends nothing for so
+/// long (stopped, or stuck) is not answering, whatever the request.
+pub const ANSWER_BOUND: Duration = Duration::from_secs(10);
+
 /// The client of a request being answered.
 pub struct Client<'a> {
     conn: &'a UnixStream,
     /// Writers from several threads (a seal's workers) take turns.
     out: parking_lot::Mutex<()>,
+    /// The last count sent, which a keepalive line repeats.
+    last: std::sync::atomic::AtomicU64,
 }
 
 impl Client<'_> {
     /// Sends an interim line before the reply: a seal's progress.
     pub fn progress(&self, bytes: u64) {
+        self.last.store(bytes, Ordering::Relaxed);
         self.send(&Progress {
             progress: ProgressBytes { bytes },
         });
@@ -491,13 +562,37 @@ pub fn serve(
                 let client = Client {
                     conn: &conn,
                     out: parking_lot::Mutex::new(()),
+                    last: std::sync::atomic::AtomicU64::new(0),
                 };
-                let reply = match serde_json::from_str::<Request>(&line) {
-                    Ok(req) => handle(req, &client),
-                    Err(e) => {
-                        Reply::error(ErrorKind::Usage, &format!("bad control request: {e}"), None)
+                let reply = std::thread::scope(|s| {
+                    // A line every KEEPALIVE until the answer is ready.
+                    let (done, ended) = std::sync::mpsc::channel::<()>();
+                    let keepalive = std::thread::Builder::new()
+                        .name("keepalive".into())
+                        .spawn_scoped(s, {
+                            let client = &client;
+                            move || {
+                                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                                    ended.recv_timeout(KEEPALIVE)
+                                {
+                                    client.progress(client.last.load(Ordering::Relaxed));
+                                }
+                            }
+                        });
+                    if let Err(e) = keepalive {
+                        tracing::warn!(error = %e, "no thread to keep the client informed");
                     }
-                };
+                    let reply = match serde_json::from_str::<Request>(&line) {
+                        Ok(req) => handle(req, &client),
+                        Err(e) => Reply::error(
+                            ErrorKind::Usage,
+                            &format!("bad control request: {e}"),
+                            None,
+                        ),
+                    };
+                    drop(done);
+                    reply
+                });
                 client.send(&reply);
             }
             IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
@@ -507,8 +602,10 @@ pub fn serve(
 
 /// Sends one request to the daemon of `mountpoint` and returns its reply,
 /// handing the byte count of each [`Progress`] line to `progress`.
-/// `timeout` bounds the wait for the answer (a seal of a large tree takes a
-/// while: pass `None` to wait as long as it takes).
+/// `timeout` bounds the wait for each line of the answer (the daemon sends
+/// one every [`KEEPALIVE`] while it works, so a long seal is not cut
+/// short): a daemon silent for so long fails the request with
+/// `io::ErrorKind::TimedOut`.
 pub fn request_with_progress(
     mountpoint: &Path,
     req: &Request,
@@ -555,12 +652,33 @@ pub fn request_at(
         )
     })?;
     conn.set_read_timeout(timeout)?;
+    conn.set_write_timeout(timeout)?;
     let line = serde_json::to_string(req).map_err(io::Error::other)?;
-    (&conn).write_all(format!("{line}\n").as_bytes())?;
+    (&conn)
+        .write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                io::Error::new(io::ErrorKind::TimedOut, e.to_string())
+            }
+            _ => e,
+        })?;
     let mut reader = BufReader::new(&conn);
+    let silent = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the sessionfs daemon of {} (control socket {}) sent nothing for {} s: it is \
+                 stopped, or stuck",
+                mountpoint.display(),
+                path.display(),
+                timeout.unwrap_or_default().as_secs()
+            ),
+        ),
+        _ => e,
+    };
     loop {
         let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
+        if reader.read_line(&mut line).map_err(silent)? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the daemon closed the control connection without an answer",

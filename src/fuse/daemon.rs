@@ -120,6 +120,16 @@ pub fn serve(
 
     let (listener, socket) = control::bind(&opts.mountpoint)?;
     let own_socket = Arc::new(OwnSocket::new(socket.clone()));
+    control::Record {
+        mountpoint: opts.mountpoint.clone(),
+        packet: overlay.lower().packet.path().to_owned(),
+        upper: crate::sys::absolute(overlay.upper_dir()),
+        pid: std::process::id(),
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    }
+    .save(&socket);
     let fs_name = fs_name(&overlay.lower().packet.digest);
     let mut config = Config::default();
     config.mount_options = vec![
@@ -334,6 +344,10 @@ impl OwnSocket {
             .is_ok_and(|m| Some((m.dev(), m.ino())) == self.id);
         if still {
             let _ = std::fs::remove_file(&self.path);
+            // Its record, if still this daemon's.
+            if control::Record::load(&self.path).is_some_and(|r| r.pid == std::process::id()) {
+                control::Record::remove(&self.path);
+            }
         }
     }
 }

@@ -436,6 +436,29 @@ pub fn digest_name(template: &Path, digest: &crate::packet::digest::Digest) -> P
     PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
+/// `location` with every [`DIGEST_PLACEHOLDER`] of its key (an
+/// `s3://` object) or path replaced by `digest` spelt `sha256-<hex>`.
+pub fn digest_location(
+    location: &crate::store::Location,
+    digest: &crate::packet::digest::Digest,
+) -> crate::store::Location {
+    use crate::store::Location;
+    let named = |s: &str| {
+        s.replace(
+            DIGEST_PLACEHOLDER,
+            &digest.to_string().replacen(':', "-", 1),
+        )
+    };
+    match location {
+        Location::S3 { bucket, key } => Location::S3 {
+            bucket: bucket.clone(),
+            key: named(key),
+        },
+        Location::Local(p) => Location::Local(digest_name(p, digest)),
+        other => other.clone(),
+    }
+}
+
 /// What is at a digest-named destination.
 pub enum AtDigestName {
     /// Nothing: the packet is written there.

@@ -268,7 +268,7 @@ impl Error {
     }
 }
 
-/// The store's error an I/O error carries (see [`crate::packet::reader::Packet::ensure`]).
+/// The store's error an I/O error carries (see [`crate::packet::backing::Backing::fill`]).
 fn store_error(e: &io::Error) -> Option<&crate::store::Error> {
     e.get_ref()?.downcast_ref::<crate::store::Error>()
 }

@@ -254,10 +254,15 @@ pub fn pack(
             Input::Tar(from) => tars.push(super::tar::read(part, from, &policy, &opts.limits)?),
         }
     }
+    // An object named by the digest: its key is known once the digest
+    // is (after the hashing pass, before a byte is written), and its
+    // upload starts then.
+    let named_object = opts.remote.is_some() && crate::output::digest_named(&opts.output);
     let mut output = match &opts.remote {
-        Some((location, settings)) => {
-            Writing::Remote(Box::new(RemoteOutput::create(location, settings)?))
-        }
+        Some(_) if named_object => None,
+        Some((location, settings)) => Some(Writing::Remote(Box::new(RemoteOutput::create(
+            location, settings,
+        )?))),
         None => {
             if let Some(reason) = crate::output::refuse_replacing(&opts.output) {
                 return Err(Error::Refused {
@@ -266,18 +271,18 @@ pub fn pack(
                     reason,
                 });
             }
-            Writing::File(Output::create(&opts.output)?)
+            Some(Writing::File(Output::create(&opts.output)?))
         }
     };
     let (skip, own) = match &output {
-        Writing::File(o) => {
+        Some(Writing::File(o)) => {
             let mut skip = stale_temporaries(&opts.output);
             if let Ok(m) = std::fs::symlink_metadata(&opts.output) {
                 skip.push((m.dev(), m.ino()));
             }
             (skip, Some(o.identity()?))
         }
-        Writing::Remote(_) => (Vec::new(), None),
+        Some(Writing::Remote(_)) | None => (Vec::new(), None),
     };
     let tally = Tally::default();
     let scan_opts = ScanOptions {
@@ -377,6 +382,22 @@ pub fn pack(
     let layout = Layout::compute(&manifest, manifest_bytes.len() as u64);
     let digest = Digest::of_manifest(&manifest_bytes);
     let mut placed_at = opts.output.clone();
+    // A digest-named object: its upload starts now, under its name (one
+    // already there is compared with the packet as it is written).
+    if let (None, Some((location, settings))) = (&output, &opts.remote) {
+        let named = crate::output::digest_location(location, &digest);
+        placed_at = PathBuf::from(named.shown());
+        output = Some(Writing::Remote(Box::new(RemoteOutput::create(
+            &named, settings,
+        )?)));
+    }
+    let Some(mut output) = output else {
+        return Err(Error::Io {
+            path: crate::packet::path::shown_path(&opts.output),
+            op: "internal: no output to write",
+            source: std::io::Error::other("the output was never made"),
+        });
+    };
     // A digest-named file: known now, before anything is written; the
     // packet already there (verified) is not written again.
     if let Writing::File(o) = &mut output

@@ -96,6 +96,8 @@ pub fn is_sessionfs_mount(p: &Path) -> bool {
         return super::is_fuse_path(p);
     };
     match mount_at(&real) {
+        // Without a mount table (macOS, the forced fallbacks), the mount
+        // itself is asked.
         MountAt::Unknown => super::is_fuse_path(&real) && super::is_mount_point(&real),
         MountAt::Nothing => false,
         MountAt::Mount(m) => super::fuse_fsname(&m.fstype, &m.source)
@@ -103,16 +105,20 @@ pub fn is_sessionfs_mount(p: &Path) -> bool {
     }
 }
 
-/// The real path of `p`, as the mount table has it, without touching a
-/// dead mount (its stat fails): resolved whole, or through its parent.
+/// The real path of `p`, as the mount table has it, without asking a
+/// mount at `p` anything: a FUSE mount whose daemon is dead fails a stat,
+/// and one nobody serves (its connection held open elsewhere, or not yet
+/// initialised) makes it wait forever. Resolved through its parent first;
+/// when the mount table shows a mount there, that is the answer; else
+/// resolved whole (a symlink as the last component followed).
 pub fn real_path(p: &Path) -> Option<PathBuf> {
-    std::fs::canonicalize(p).ok().or_else(|| {
-        let parent = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
-    })
+    let beside = real_path_beside(p);
+    if let Some(b) = &beside
+        && matches!(mount_at(b), MountAt::Mount(_))
+    {
+        return beside;
+    }
+    std::fs::canonicalize(p).ok().or(beside)
 }
 
 /// The real path of `p` through its parent alone: `p` itself is not asked
@@ -120,8 +126,11 @@ pub fn real_path(p: &Path) -> Option<PathBuf> {
 /// symlink as its last component is not followed.
 pub fn real_path_beside(p: &Path) -> Option<PathBuf> {
     let abs = std::path::absolute(p).ok()?;
-    let parent = abs.parent()?;
-    Some(std::fs::canonicalize(parent).ok()?.join(abs.file_name()?))
+    let Some(parent) = abs.parent() else {
+        return Some(abs); // `/`
+    };
+    let name = abs.file_name()?;
+    Some(std::fs::canonicalize(parent).ok()?.join(name))
 }
 
 /// The user a FUSE mount at `real` (a real path) belongs to: its

@@ -417,13 +417,33 @@ impl Overlay {
             }
             _ => (opts.output.clone(), None),
         };
-        let output = &output;
+        // A digest-named object likewise: its upload starts under its
+        // name; one already there is compared as the packet is written.
+        let named_remote = match &opts.remote {
+            Some(r) if crate::output::digest_named(&opts.output) => {
+                let digest = Digest::of_manifest(&manifest.encode());
+                Some(RemoteSeal {
+                    location: crate::output::digest_location(&r.location, &digest),
+                    settings: r.settings.clone(),
+                    parent: r.parent.clone(),
+                    reading: r.reading.clone(),
+                    verify_copies: r.verify_copies,
+                })
+            }
+            _ => None,
+        };
+        let remote = named_remote.as_ref().or(opts.remote.as_ref());
+        let output = &match remote {
+            Some(r) => std::path::PathBuf::from(r.location.shown()),
+            None => output,
+        };
         let already_there = there.is_some();
         let (written, committed, upload) = match there {
             Some(written) => (written, None, None),
             None => {
-                let mut written =
-                    write_packet(opts, output, &manifest, &sources, &stats, progress, &phase)?;
+                let mut written = write_packet(
+                    opts, output, remote, &manifest, &sources, &stats, progress, &phase,
+                )?;
                 let (committed, upload) = commit_packet(
                     opts,
                     output,
@@ -436,7 +456,7 @@ impl Overlay {
             }
         };
 
-        let placed = match (&committed, &opts.remote) {
+        let placed = match (&committed, remote) {
             (Some(c), _) => Some(rebase::Placed::File(c)),
             (None, Some(remote)) => Some(rebase::Placed::Remote(remote)),
             (None, None) => None,
@@ -495,9 +515,11 @@ impl Overlay {
 /// temporary file beside `opts.output`, in one ordered pass, and syncs
 /// it. Chunks of the parent that were verified earlier are trusted only
 /// in the file they were verified in.
+#[allow(clippy::too_many_arguments)]
 fn write_packet(
     opts: &SealOptions,
     to: &std::path::Path,
+    remote: Option<&RemoteSeal>,
     manifest: &Manifest,
     sources: &SealContents<'_>,
     stats: &WriteStats,
@@ -509,7 +531,7 @@ fn write_packet(
     let manifest_len = manifest_bytes.len() as u64;
     let layout = Layout::compute(manifest, manifest_len);
     let mut copying = None;
-    let output = match &opts.remote {
+    let output = match remote {
         None => {
             let output = Output::create(to)?;
             output.size_for(&layout)?;

@@ -1,0 +1,78 @@
+"""sessionfs for orchestrators: every command of the ``sessionfs`` binary as a
+function returning its typed result, and (``sessionfs.agents``, with the
+``agents`` extra) the OpenAI Agents SDK's snapshot and mount-then-run
+backends. See docs/orchestrators.md."""
+
+from ._run import binary, run
+from .commands import (
+    digest,
+    inspect,
+    mount,
+    pack,
+    read_receipt,
+    seal,
+    status,
+    umount,
+    unpack,
+    verify,
+)
+from .errors import BinaryNotFoundError, CommandTimeoutError, ProtocolError, SessionfsError
+from .results import (
+    Change,
+    Clamped,
+    DigestResult,
+    Dropped,
+    Excluded,
+    InspectResult,
+    Link,
+    MountResult,
+    PackResult,
+    Reason,
+    Rebased,
+    Receipt,
+    SealResult,
+    Secret,
+    StatusResult,
+    Thread,
+    UmountResult,
+    UnpackResult,
+    VerifyResult,
+)
+
+__all__ = [
+    "BinaryNotFoundError",
+    "Change",
+    "Clamped",
+    "CommandTimeoutError",
+    "DigestResult",
+    "Dropped",
+    "Excluded",
+    "InspectResult",
+    "Link",
+    "MountResult",
+    "PackResult",
+    "ProtocolError",
+    "Reason",
+    "Rebased",
+    "Receipt",
+    "SealResult",
+    "Secret",
+    "SessionfsError",
+    "StatusResult",
+    "Thread",
+    "UmountResult",
+    "UnpackResult",
+    "VerifyResult",
+    "binary",
+    "digest",
+    "inspect",
+    "mount",
+    "pack",
+    "read_receipt",
+    "run",
+    "seal",
+    "status",
+    "umount",
+    "unpack",
+    "verify",
+]
