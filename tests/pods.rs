@@ -682,3 +682,108 @@ fn nothing_hangs_on_a_daemon_that_does_not_answer() {
     wait_for("the daemon to end", || ended(pid.as_raw()));
     m.unmounted_elsewhere();
 }
+
+/// Every mount has the type `fuse.sessionfs`, as root too (fuser's own
+/// mount as root gave `fuse`).
+#[test]
+fn a_mount_as_root_has_the_type_fuse_sessionfs() {
+    if !privileged("a_mount_as_root_has_the_type_fuse_sessionfs") {
+        return;
+    }
+    let tmp = open_tmp();
+    let t = tmp.path();
+    let p = packet(t);
+    let mnt = t.join("mnt");
+    let m = common::Mounted::new(&p, &mnt, &t.join("up"), &[]);
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()))
+        .unwrap();
+    assert!(line.contains(" - fuse.sessionfs sessionfs:"), "{line}");
+    assert!(
+        line.contains("user_id=0,group_id=0,default_permissions"),
+        "{line}"
+    );
+    m.umount();
+}
+
+/// Root inside a user namespace (`unshare --user --map-root-user`, here
+/// of an unprivileged user) without `XDG_RUNTIME_DIR` gets a runtime
+/// directory of its own: uid 0 there is not the machine's root, whose
+/// `/tmp/sessionfs-0` it may not take. Before, the mount failed with
+/// "/tmp/sessionfs-0 is not a directory owned by uid 0". Here the mount
+/// then fails on /dev/fuse where the device is root's alone (0600), and
+/// is made where it is open to all (0666, fuse3's mode).
+#[test]
+fn root_in_a_user_namespace_mounts_without_xdg_runtime_dir() {
+    if !privileged("root_in_a_user_namespace_mounts_without_xdg_runtime_dir") {
+        return;
+    }
+    // The machine's root's runtime directory, as any root run leaves it.
+    let _ = std::fs::create_dir("/tmp/sessionfs-0");
+    let tmp = open_tmp();
+    let t = tmp.path();
+    let p = packet(t);
+    let mnt = t.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    for d in [&mnt, &t.to_path_buf()] {
+        nix::unistd::chown(d, Some(nix::unistd::Uid::from_raw(AGENT)), None).unwrap();
+    }
+    let script = format!(
+        "{bin} mount {p} {mnt} --upper {up} && cat {mnt}/workspace/README.md && \
+         {bin} umount {mnt}",
+        bin = common::bin().display(),
+        p = p.display(),
+        mnt = mnt.display(),
+        up = t.join("up").display(),
+    );
+    let out = Command::new("setpriv")
+        .args([
+            &format!("--reuid={AGENT}"),
+            &format!("--regid={AGENT}"),
+            "--clear-groups",
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("not a directory owned by"), "{stdout}");
+    if out.status.success() {
+        assert!(stdout.contains("hello\n"), "{stdout}");
+    } else {
+        let v: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+        assert_eq!(v["kind"], "mount_failed", "{v}");
+        assert!(v["message"].as_str().unwrap().contains("/dev/fuse"), "{v}");
+        eprintln!("the mount in the user namespace failed on /dev/fuse (root's alone here)");
+    }
+}
+
+/// Paths in results are absolute and normalised (no `..`), however given.
+#[test]
+fn paths_in_results_are_normalised() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = open_tmp();
+    let t = tmp.path();
+    let p = packet(t);
+    std::fs::create_dir(t.join("a")).unwrap();
+    let via = |name: &str| t.join("a/..").join(name);
+    let m = common::Mounted::new(&via("p.packet"), &t.join("mnt"), &via("up"), &[]);
+    assert_eq!(m.result["packet"], p.to_str().unwrap());
+    assert_eq!(m.result["upper"], t.join("up").to_str().unwrap());
+    let st = m.status();
+    assert_eq!(st["packet"], p.to_str().unwrap());
+    assert_eq!(st["upper"], t.join("up").to_str().unwrap());
+    let sealed = m.seal(&via("s.packet"), &[]);
+    assert_eq!(sealed["output"], t.join("s.packet").to_str().unwrap());
+    m.umount();
+}

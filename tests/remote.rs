@@ -556,6 +556,7 @@ fn endpoint_user_information_is_never_logged() {
 fn the_aws_exact_proxy_refuses_what_aws_refuses() {
     use s3::{Req, UploadState, aws_refusal};
     let sha = s3::sha256_b64(b"body");
+    let md5 = s3::md5_b64(b"body");
     let signed = "host;x-amz-checksum-sha256;x-amz-sdk-checksum-algorithm";
     let with_sha = UploadState {
         algorithm: Some("sha256".into()),
@@ -592,16 +593,19 @@ fn the_aws_exact_proxy_refuses_what_aws_refuses() {
         Option<&'a str>,
     );
     let part_q = format!("partNumber=1&uploadId=u&X-Amz-SignedHeaders={signed}");
+    let sent_part = || {
+        vec![
+            ("content-length", "4"),
+            ("x-amz-checksum-sha256", sha.as_str()),
+            ("x-amz-sdk-checksum-algorithm", "SHA256"),
+        ]
+    };
     let cases: Vec<Case> = vec![
         (
             "a part as sent",
             "PUT",
             &part_q,
-            vec![
-                ("content-length", "4"),
-                ("x-amz-checksum-sha256", &sha),
-                ("x-amz-sdk-checksum-algorithm", "SHA256"),
-            ],
+            sent_part(),
             b"body",
             Some(&with_sha),
             None,
@@ -611,15 +615,31 @@ fn the_aws_exact_proxy_refuses_what_aws_refuses() {
             "a damaged part",
             "PUT",
             &part_q,
-            vec![
-                ("content-length", "4"),
-                ("x-amz-checksum-sha256", &sha),
-                ("x-amz-sdk-checksum-algorithm", "SHA256"),
-            ],
+            sent_part(),
             b"bodz",
             Some(&with_sha),
             None,
             Some("BadDigest"),
+        ),
+        (
+            "a part whose MD5 does not match",
+            "PUT",
+            "partNumber=1&uploadId=u&X-Amz-SignedHeaders=host;content-md5",
+            vec![("content-length", "4"), ("content-md5", &md5)],
+            b"bodz",
+            Some(&plain),
+            None,
+            Some("BadDigest"),
+        ),
+        (
+            "a part whose MD5 matches",
+            "PUT",
+            "partNumber=1&uploadId=u&X-Amz-SignedHeaders=host;content-md5",
+            vec![("content-length", "4"), ("content-md5", &md5)],
+            b"body",
+            Some(&plain),
+            None,
+            None,
         ),
         (
             "a part without the upload's checksum",
@@ -635,11 +655,7 @@ fn the_aws_exact_proxy_refuses_what_aws_refuses() {
             "a checksum the upload did not ask for",
             "PUT",
             &part_q,
-            vec![
-                ("content-length", "4"),
-                ("x-amz-checksum-sha256", &sha),
-                ("x-amz-sdk-checksum-algorithm", "SHA256"),
-            ],
+            sent_part(),
             b"body",
             Some(&plain),
             None,

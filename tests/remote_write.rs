@@ -103,22 +103,20 @@ fn pack_to_s3_equals_pack_to_a_file_byte_for_byte() {
     moto.assert_no_uploads(&b);
 }
 
+/// A directory with two workspaces that pack to different packets.
+fn two_trees() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ws, other) = (tmp.path().join("ws"), tmp.path().join("other"));
+    tree(&ws, 0);
+    tree(&other, 1);
+    (tmp, ws, other)
+}
+
 #[test]
 fn an_existing_object_is_never_replaced_and_the_same_packet_is_success() {
-    let tmp = tempfile::tempdir().unwrap();
+    let (_tmp, ws, other) = two_trees();
     let (moto, b) = (s3::moto(), bucket());
-    let ws = tmp.path().join("ws");
-    tree(&ws, 0);
-    let other = tmp.path().join("other");
-    tree(&other, 1);
-    let pack_to = |ws: &Path, key: &str| {
-        let url = format!("s3://{b}/{key}");
-        remote(
-            moto.port,
-            &["pack", "--workspace", ws.to_str().unwrap(), "-o", &url],
-            &[],
-        )
-    };
+    let pack_to = |ws: &Path, key: &str| pack_to(moto.port, ws, &b, key);
     // Not a packet there: refused, left as it is.
     moto.put(&b, "notes", b"not a packet");
     let r = pack_to(&ws, "notes");
@@ -974,8 +972,10 @@ fn already_there_means_the_same_bytes_not_the_same_manifest() {
     assert_eq!(v["already_there"], true, "{v}");
     assert_eq!(v["uploaded_bytes"], 0, "{v}");
     let log = proxy.requests();
+    // (A store that keeps no SHA-256 checksum, as radosgw 16, has the
+    // object read instead.)
     assert!(
-        log.iter().all(|l| l.starts_with("HEAD ")),
+        s3::is_external() || log.iter().all(|l| l.starts_with("HEAD ")),
         "only a look at the key: {log:#?}"
     );
     // Put there by another tool: no checksum to compare, so read whole.
@@ -1007,12 +1007,12 @@ fn already_there_means_the_same_bytes_not_the_same_manifest() {
 /// refused) is caught after the fact, as `remote_overwritten`.
 #[test]
 fn a_store_that_ignores_if_none_match_never_replaces_a_packet() {
-    let tmp = tempfile::tempdir().unwrap();
+    if s3::is_external() {
+        eprintln!("skipped: dropping a signed header breaks the signature a real store checks");
+        return;
+    }
+    let (_tmp, ws, other) = two_trees();
     let (moto, b) = (s3::moto(), bucket());
-    let ws = tmp.path().join("ws");
-    tree(&ws, 0);
-    let other = tmp.path().join("other");
-    tree(&other, 1);
     pack_to(moto.port, &other, &b, "victim.packet").ok();
     let before = moto.get(&b, "victim.packet").unwrap();
     let proxy = Proxy::start(moto.port);

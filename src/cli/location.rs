@@ -51,7 +51,9 @@ pub fn check_digest_named(output: &Path, remote: bool) -> Result<(), CliError> {
 /// as shown.
 pub fn absolute(packet: &Path) -> std::path::PathBuf {
     match Location::parse(packet.as_os_str()) {
-        Ok(Location::Local(p)) => crate::sys::absolute(&p),
+        Ok(Location::Local(p)) => {
+            crate::sys::resolved(&p).unwrap_or_else(|| crate::sys::absolute(&p))
+        }
         Ok(remote) => remote.shown().into(),
         Err(_) => crate::sys::absolute(packet),
     }

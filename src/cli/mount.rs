@@ -40,10 +40,10 @@ use crate::packet::path::Part;
 ///   sessionfs mount s3://b/k.packet ./mnt --upper ./up --prefetch all
 ///   sessionfs mount s.packet /session --upper ./up --uid 1000 --gid 1000 --drop-privileges
 ///   sessionfs mount s.packet /dev/fd/3 --mounted-at /session --upper ./up
-///
-/// The options are one type: parsed here, handed to the daemon whole (on
-/// its standard input, never in its arguments: a presigned URL's query
-/// stays out of `ps`), and turned into the core's options there.
+//
+// The options are one type: parsed here, handed to the daemon whole (on
+// its standard input, never in its arguments: a presigned URL's query
+// stays out of `ps`), and turned into the core's options there.
 #[derive(clap::Args, Debug, Serialize, Deserialize)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
@@ -255,7 +255,7 @@ fn check_mountpoint(mp: &Path) -> Result<(), CliError> {
 fn check_upper_apart(upper: &Path, mp: &Path) -> Result<(), CliError> {
     // The mountpoint is canonical already, and not asked again (a
     // connection handed over waits for this process).
-    let (Some(upper_c), mp_c) = (canonical_prefix(upper), mp.to_path_buf()) else {
+    let (Some(upper_c), mp_c) = (crate::sys::resolved(upper), mp.to_path_buf()) else {
         return Ok(());
     };
     if upper_c.starts_with(&mp_c) || mp_c.starts_with(&upper_c) {
@@ -303,30 +303,6 @@ fn check_upper_parent(upper: &Path) -> Result<(), CliError> {
         "create it first (`mkdir -p {}`), or name an upper directory in an existing one",
         parent.display()
     )))
-}
-
-/// `p` made absolute through its longest existing ancestor, canonicalized
-/// (symlinks resolved), with the missing components after it appended.
-fn canonical_prefix(p: &Path) -> Option<PathBuf> {
-    use std::path::Component;
-    let abs = std::path::absolute(p).ok()?;
-    let comps: Vec<Component> = abs.components().collect();
-    // The longest prefix that exists, canonicalized; the rest (which names
-    // nothing yet, so no symlink) applied lexically, `..` included.
-    (0..=comps.len()).rev().find_map(|n| {
-        let prefix: PathBuf = comps[..n].iter().collect();
-        let mut out = std::fs::canonicalize(&prefix).ok()?;
-        for c in &comps[n..] {
-            match c {
-                Component::ParentDir => {
-                    out.pop();
-                }
-                Component::Normal(name) => out.push(name),
-                _ => {}
-            }
-        }
-        Some(out)
-    })
 }
 
 /// The hidden `sessionfs daemon` command: a mount's daemon (or its
@@ -517,7 +493,7 @@ fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
     raise_fd_limit();
     let replayed = overlay.records();
     let (connection, unmounter) =
-        connection(role, fd, &mountpoint).inspect_err(|_| unmake_upper())?;
+        connection(role, fd, &mountpoint, a.allow_other).inspect_err(|_| unmake_upper())?;
     // Stderr is the log the starter opened (see spawn_daemon), moved
     // aside as it grows; a daemon without privileges cannot move it in
     // root's runtime directory, and leaves it be.
@@ -574,7 +550,8 @@ fn run_as(mut a: Args, role: Role) -> Result<Output, CliError> {
                     // where the relative paths may not lead.
                     packet: super::location::absolute(&a.packet),
                     digest,
-                    upper: crate::sys::absolute(&a.upper),
+                    upper: crate::sys::resolved(&a.upper)
+                        .unwrap_or_else(|| crate::sys::absolute(&a.upper)),
                     part,
                     pid: std::process::id(),
                     control_socket: ready.socket.clone(),
@@ -701,6 +678,7 @@ fn connection(
     role: Role,
     fd: Option<i32>,
     mountpoint: &Path,
+    allow_other: bool,
 ) -> Result<(daemon::Connection, Option<daemon::Unmounter>), CliError> {
     let refused = |e: std::io::Error| mount_failed(&e, mountpoint);
     #[cfg(target_os = "linux")]
@@ -724,7 +702,22 @@ fn connection(
             return Ok((ask, Some(unmount)));
         }
     }
-    let _ = (role, fd, refused);
+    // Root mounts itself, as the mounter does (fuser's own mount gives
+    // the type `fuse`, not `fuse.sessionfs`); a user mounts through
+    // fusermount3 (fuser), which gives `fuse.sessionfs`.
+    #[cfg(target_os = "linux")]
+    if nix::unistd::geteuid().is_root() {
+        let plan = crate::daemon::mounter::Plan {
+            mountpoint: mountpoint.to_owned(),
+            uid: 0,
+            gid: nix::unistd::getegid().as_raw(),
+            allow_other,
+        };
+        let ask: daemon::Asker =
+            Box::new(move |fs_name| crate::daemon::mounter::mount(&plan, fs_name));
+        return Ok((daemon::Connection::Ask(ask), None));
+    }
+    let _ = (role, fd, refused, allow_other);
     Ok((daemon::Connection::Mount, None))
 }
 

@@ -105,6 +105,11 @@ impl Args {
     }
 }
 
+/// `p` absolute and normalised, as results give paths.
+fn resolved(p: &Path) -> PathBuf {
+    crate::sys::resolved(p).unwrap_or_else(|| crate::sys::absolute(p))
+}
+
 pub fn run(a: Args) -> std::result::Result<Output, CliError> {
     let limits = a.limits.limits()?;
     let remote = super::location::output(&a.output, "seal -o")?.is_some();
@@ -116,9 +121,9 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
         output: if remote {
             a.output.clone()
         } else {
-            crate::sys::absolute(&a.output)
+            resolved(&a.output)
         },
-        receipt: a.receipt.as_deref().map(crate::sys::absolute),
+        receipt: a.receipt.as_deref().map(resolved),
         rebase: a.rebase,
         zero_mtimes: a.zero_mtimes,
         reject_external_symlinks: a.reject_external_symlinks,

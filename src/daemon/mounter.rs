@@ -139,8 +139,9 @@ impl Link {
 
 /// Opens `/dev/fuse` and mounts it at `plan.mountpoint` as `fs_name`, type
 /// `fuse.sessionfs`, with the options fuser would give; the connection's
-/// descriptor. Refuses a mountpoint that is no longer an empty directory
-/// with nothing mounted on it.
+/// descriptor. Refuses a mountpoint that is no longer an empty directory,
+/// or where a FUSE file system is mounted (from the mount table: it is not
+/// asked).
 pub fn mount(plan: &Plan, fs_name: &str) -> io::Result<std::os::fd::OwnedFd> {
     use nix::mount::MsFlags;
     use std::os::fd::AsRawFd;
@@ -150,13 +151,15 @@ pub fn mount(plan: &Plan, fs_name: &str) -> io::Result<std::os::fd::OwnedFd> {
             format!("{fs_name:?} is not the name of a sessionfs mount"),
         ));
     }
-    if crate::sys::is_mount_point(&plan.mountpoint)
-        || std::fs::read_dir(&plan.mountpoint)?.next().is_some()
-    {
+    let fuse_there = matches!(
+        crate::sys::mount_at(&plan.mountpoint),
+        crate::sys::MountAt::Mount(m) if crate::sys::fuse_fsname(&m.fstype, &m.source).is_some()
+    );
+    if fuse_there || std::fs::read_dir(&plan.mountpoint)?.next().is_some() {
         return Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
             format!(
-                "{}: no longer an empty directory with nothing mounted on it",
+                "{}: no longer an empty directory without a FUSE mount on it",
                 plan.mountpoint.display()
             ),
         ));

@@ -218,19 +218,49 @@ enum Line {
     Progress(Progress),
 }
 
+/// The inode number of the initial user namespace (`PROC_USER_INIT_INO`,
+/// fixed by the kernel): `/proc/self/ns/user` names another in a user
+/// namespace (`unshare --user`, rootless containers).
+const INIT_USER_NS: u64 = 0xEFFF_FFFD;
+
+/// The user namespace this process is in, when it is not the initial one
+/// (its inode number, from `/proc/self/ns/user`).
+fn user_namespace() -> Option<u64> {
+    let link = std::fs::read_link("/proc/self/ns/user").ok()?;
+    let ino: u64 = link
+        .to_str()?
+        .strip_prefix("user:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()?;
+    (ino != INIT_USER_NS).then_some(ino)
+}
+
+/// The runtime directory of user `uid` when its environment names no
+/// `XDG_RUNTIME_DIR`, in user namespace `userns` (`None`: the initial
+/// one): `/run/user/<uid>/sessionfs` when `/run/user/<uid>` exists, else
+/// `/tmp/sessionfs-<uid>`; in another user namespace always
+/// `/tmp/sessionfs-<uid>.userns-<inode>`: uid 0 there is not the root of
+/// the machine, and the directories of the machine's users show there as
+/// the overflow user's, which this user may not take.
+fn default_runtime_dir(uid: u32, userns: Option<u64>, run_user_exists: bool) -> PathBuf {
+    match userns {
+        Some(ns) => PathBuf::from(format!("/tmp/sessionfs-{uid}.userns-{ns}")),
+        None if run_user_exists => PathBuf::from(format!("/run/user/{uid}/sessionfs")),
+        None => PathBuf::from(format!("/tmp/sessionfs-{uid}")),
+    }
+}
+
 /// The directory holding control sockets and daemon logs for this user.
 pub fn runtime_dir() -> io::Result<PathBuf> {
     let uid = nix::unistd::geteuid().as_raw();
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
         Some(d) => PathBuf::from(d).join("sessionfs"),
-        None => {
-            let run = PathBuf::from(format!("/run/user/{uid}"));
-            if run.is_dir() {
-                run.join("sessionfs")
-            } else {
-                PathBuf::from(format!("/tmp/sessionfs-{uid}"))
-            }
-        }
+        None => default_runtime_dir(
+            uid,
+            user_namespace(),
+            Path::new(&format!("/run/user/{uid}")).is_dir(),
+        ),
     };
     match std::fs::symlink_metadata(&dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -627,10 +657,11 @@ pub fn request_with_progress(
 /// another user's mount.
 pub fn socket_paths_of(uid: u32, mountpoint: &Path) -> io::Result<Vec<PathBuf>> {
     let name = format!("{}.sock", key(mountpoint)?);
-    Ok(vec![
-        PathBuf::from(format!("/run/user/{uid}/sessionfs")).join(&name),
-        PathBuf::from(format!("/tmp/sessionfs-{uid}")).join(name),
-    ])
+    let ns = user_namespace();
+    Ok([true, false]
+        .into_iter()
+        .map(|run| default_runtime_dir(uid, ns, run).join(&name))
+        .collect())
 }
 
 /// [`request_with_progress`] through the socket at `path`.
@@ -751,6 +782,29 @@ mod tests {
             ]
         );
         drop((live, live1));
+    }
+
+    #[test]
+    fn a_user_namespace_has_a_runtime_directory_of_its_own() {
+        let table = [
+            (0, None, false, "/tmp/sessionfs-0"),
+            (1000, None, true, "/run/user/1000/sessionfs"),
+            (
+                0,
+                Some(4026532001),
+                true,
+                "/tmp/sessionfs-0.userns-4026532001",
+            ),
+            (
+                0,
+                Some(4026532001),
+                false,
+                "/tmp/sessionfs-0.userns-4026532001",
+            ),
+        ];
+        for (uid, ns, run, want) in table {
+            assert_eq!(default_runtime_dir(uid, ns, run), Path::new(want));
+        }
     }
 
     #[test]

@@ -123,7 +123,7 @@ pub fn serve(
     control::Record {
         mountpoint: opts.mountpoint.clone(),
         packet: overlay.lower().packet.path().to_owned(),
-        upper: crate::sys::absolute(overlay.upper_dir()),
+        upper: resolved(overlay.upper_dir()),
         pid: std::process::id(),
         started: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -163,7 +163,12 @@ pub fn serve(
         // A clone opens /dev/fuse again, which a daemon handed its
         // connection may not be able to (a container without the device):
         // its threads share the one descriptor instead.
-        config.clone_fd = matches!(opts.connection, Connection::Mount);
+        config.clone_fd = match opts.connection {
+            Connection::Mount => true,
+            // Root can open the device again (a mount it made itself).
+            Connection::Ask(_) => nix::unistd::geteuid().is_root(),
+            Connection::Fd(_) => false,
+        };
     }
     let fs = SessionFs::new(overlay.clone());
     let canonical = opts.mountpoint.clone();
@@ -229,7 +234,7 @@ pub fn serve(
                         mountpoint: mountpoint.clone(),
                         unmounted: true,
                         pid: std::process::id(),
-                        upper: crate::sys::absolute(overlay.upper_dir()),
+                        upper: resolved(overlay.upper_dir()),
                     },
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Reply::error(
                         ErrorKind::Busy,
@@ -316,6 +321,11 @@ fn end_on_signal(mountpoint: &Path, ours: &Ours) {
             }
         }
     }
+}
+
+/// `p` absolute and normalised, as results give paths.
+fn resolved(p: &Path) -> PathBuf {
+    crate::sys::resolved(p).unwrap_or_else(|| crate::sys::absolute(p))
 }
 
 /// The control socket this daemon bound, known by its identity: removed
@@ -496,12 +506,12 @@ fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
     control::Status {
         mountpoint: abs(mountpoint),
         packet: match o.lower().packet.backing() {
-            Backing::File(_) => abs(o.lower().packet.path()),
+            Backing::File(_) => resolved(o.lower().packet.path()),
             // A remote location, as shown.
             Backing::Spool(_) => o.lower().packet.path().to_owned(),
         },
         digest: o.lower().packet.digest.to_string(),
-        upper: abs(o.upper_dir()),
+        upper: resolved(o.upper_dir()),
         pid: std::process::id(),
         records: o.records(),
         lookups: s.lookups.load(Ordering::Relaxed),

@@ -16,7 +16,8 @@
 //! Every byte sent is proven by the store: the upload is created with the
 //! SHA-256 checksum algorithm (`x-amz-checksum-algorithm: SHA256`), every
 //! part carries the SHA-256 of its body (`x-amz-checksum-sha256`, with
-//! `x-amz-sdk-checksum-algorithm`), which the store checks before it keeps
+//! `x-amz-sdk-checksum-algorithm`) and its MD5 (`Content-MD5`, which every
+//! S3 implementation checks), which the store checks before it keeps
 //! the part (a part damaged on the way is refused, `400 BadDigest`, and
 //! sent again), and the completion lists every part's checksum. The object
 //! then has a composite checksum (the SHA-256 of the parts' SHA-256s,
@@ -105,6 +106,13 @@ pub struct Head {
 pub struct Upload {
     client: Client,
     id: String,
+}
+
+/// The MD5 of `bytes`, base64, as `Content-MD5` takes it.
+pub fn md5_b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    use md5::Digest as _;
+    base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(bytes))
 }
 
 /// The SHA-256 of `bytes`, base64, as `x-amz-checksum-sha256` takes it.
@@ -232,14 +240,18 @@ impl Upload {
         &self.client.shown
     }
 
-    /// Sends part `number` (1-based): `UploadPart`, with the SHA-256 of
-    /// `bytes`, which the store checks (a part damaged on the way is
-    /// refused and sent again).
+    /// Sends part `number` (1-based): `UploadPart`, with the SHA-256 and
+    /// the MD5 of `bytes`, which the store checks (a part damaged on the
+    /// way is refused and sent again). Both: S3 checks either, and stores
+    /// that predate the SHA-256 checksums (Ceph's radosgw 16) check only
+    /// `Content-MD5`.
     pub fn part(&self, number: u16, bytes: &[u8]) -> Result<PartDone> {
         let sha256 = sha256_b64(bytes);
+        let md5 = md5_b64(bytes);
         let n = number.to_string();
         let query = [("partNumber", n.as_str()), ("uploadId", self.id.as_str())];
         let headers = [
+            ("content-md5", md5.as_str()),
             ("x-amz-checksum-sha256", sha256.as_str()),
             ("x-amz-sdk-checksum-algorithm", ALGORITHM),
         ];

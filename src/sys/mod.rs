@@ -23,7 +23,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{FileStat, Mode, SFlag};
@@ -161,6 +161,30 @@ pub fn is_mount_point(p: &Path) -> bool {
     let parent = p.parent().unwrap_or(p);
     std::fs::metadata(parent)
         .is_ok_and(|up| up.dev() != here.dev() || (up.dev(), up.ino()) == (here.dev(), here.ino()))
+}
+
+/// `p` made absolute (and normalised: no `.` or `..` left) through its longest existing ancestor, canonicalized
+/// (symlinks resolved), with the missing components after it appended.
+pub fn resolved(p: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let abs = std::path::absolute(p).ok()?;
+    let comps: Vec<Component> = abs.components().collect();
+    // The longest prefix that exists, canonicalized; the rest (which names
+    // nothing yet, so no symlink) applied lexically, `..` included.
+    (0..=comps.len()).rev().find_map(|n| {
+        let prefix: PathBuf = comps[..n].iter().collect();
+        let mut out = std::fs::canonicalize(&prefix).ok()?;
+        for c in &comps[n..] {
+            match c {
+                Component::ParentDir => {
+                    out.pop();
+                }
+                Component::Normal(name) => out.push(name),
+                _ => {}
+            }
+        }
+        Some(out)
+    })
 }
 
 /// Whether process `pid` has exited (a zombie has: its files are closed).

@@ -24,7 +24,17 @@ pub struct Moto {
     pub port: u16,
     /// moto itself, for the tests' own set-up and checks.
     pub moto_port: u16,
-    _child: Mutex<Child>,
+    _child: Option<Mutex<Child>>,
+}
+
+/// Another S3 implementation on this port of 127.0.0.1 instead of moto
+/// (`make test-radosgw` sets it): the keys are [`KEY_ID`] and [`SECRET`],
+/// with no session token, and it is used as it is, without the AWS-exact
+/// proxy (what it refuses is what is tested).
+fn external() -> Option<u16> {
+    std::env::var("SESSIONFS_TEST_S3_PORT")
+        .ok()
+        .map(|p| p.parse().expect("SESSIONFS_TEST_S3_PORT is a port"))
 }
 
 /// The moto version scripts/deps.sh pins into the project's .venv.
@@ -80,7 +90,14 @@ fn wait_listening(port: u16, what: &str) {
 /// use.
 pub fn moto() -> &'static Moto {
     static MOTO: OnceLock<Moto> = OnceLock::new();
-    MOTO.get_or_init(|| start_moto(&python()))
+    MOTO.get_or_init(|| match external() {
+        Some(port) => Moto {
+            port,
+            moto_port: port,
+            _child: None,
+        },
+        None => start_moto(&python()),
+    })
 }
 
 /// A moto server run by `python`, behind an AWS-exact proxy. It reads its
@@ -105,7 +122,7 @@ main(['-H', '127.0.0.1', '-p', sys.argv[1]])\n";
         let moto = Moto {
             port: exact.port,
             moto_port: port,
-            _child: Mutex::new(child),
+            _child: Some(Mutex::new(child)),
         };
         // The proxy's threads run for the process's life.
         std::mem::forget(exact);
@@ -172,7 +189,10 @@ pub fn env(port: u16) -> Vec<(&'static str, String)> {
     vec![
         ("AWS_ACCESS_KEY_ID", KEY_ID.into()),
         ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
-        ("AWS_SESSION_TOKEN", TOKEN.into()),
+        (
+            "AWS_SESSION_TOKEN",
+            external().map_or(TOKEN.into(), |_| String::new()),
+        ),
         ("AWS_REGION", "us-east-1".into()),
         ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
         ("AWS_CONFIG_FILE", "/nonexistent".into()),
@@ -377,6 +397,20 @@ pub fn aws_refusal(
             // checksum sent is checked on upload) and the list of error
             // codes (BadDigest: "The Content-MD5 or checksum value that
             // you specified did not match what the server received").
+            // So must its Content-MD5: 400 BadDigest. Source: S3 API
+            // Reference, UploadPart ("To ensure that data is not corrupted
+            // when traversing the network, specify the Content-MD5 header
+            // ... Amazon S3 checks the part data against the provided MD5
+            // value"); the list of error codes (BadDigest).
+            if let Some(md5) = req.header("content-md5")
+                && md5 != md5_b64(req.body)
+            {
+                return refuse(
+                    400,
+                    "BadDigest",
+                    "The Content-MD5 you specified did not match what we received.".into(),
+                );
+            }
             let want = req.header("x-amz-checksum-sha256");
             if let Some(want) = want
                 && want != sha256_b64(req.body)
@@ -467,6 +501,20 @@ pub fn aws_refusal(
         }
     }
     None
+}
+
+/// The MD5 of `bytes`, base64.
+pub fn md5_b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    use md5::Digest as _;
+    base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(bytes))
+}
+
+/// Whether the remote tests run against another S3 implementation than
+/// moto (`make test-radosgw`): tests of moto's own behaviour, or that
+/// simulate a store by rewriting signed requests, say so and skip.
+pub fn is_external() -> bool {
+    external().is_some()
 }
 
 /// The SHA-256 of `bytes`, base64.
@@ -976,10 +1024,22 @@ impl Moto {
     }
 
     /// The keys of the multipart uploads in progress in `bucket`
-    /// (ListMultipartUploads; moto checks no signature).
+    /// (ListMultipartUploads, signed).
     pub fn uploads(&self, bucket: &str) -> Vec<String> {
-        let url = format!("http://127.0.0.1:{}/{bucket}?uploads", self.moto_port);
-        let body = ureq::get(&url)
+        let b = bucket_at(self.moto_port, bucket);
+        let url = rusty_s3::signing::sign(
+            &jiff::Timestamp::now(),
+            rusty_s3::Method::Get,
+            b.base_url().clone(),
+            KEY_ID,
+            SECRET,
+            None,
+            "us-east-1",
+            600,
+            [("uploads", "")].into_iter(),
+            std::iter::empty(),
+        );
+        let body = ureq::get(url.as_str())
             .call()
             .unwrap()
             .body_mut()
