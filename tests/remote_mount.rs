@@ -1017,3 +1017,77 @@ fn sixty_four_readers_stay_within_the_memory_budget() {
         grew >> 20
     );
 }
+
+/// Issue 32, finding 5 on a mount: a read answered `400 ExpiredToken`
+/// starts a renewal through STS; an STS that never answers fails the read
+/// with `EIO` within the read's bound (the reader hung for more than 90 s
+/// before), and the mount goes on serving once the store answers.
+#[test]
+fn a_renewal_that_hangs_fails_the_read_in_bound() {
+    need_fuse!();
+    let (tmp, moto, b, ws, _packet) = start("t.packet");
+    let t = tmp.path();
+    let token = t.join("token");
+    std::fs::write(&token, "webid-token\n").unwrap();
+    let (s3p, sts) = (Proxy::start(moto.port), Proxy::start(moto.port));
+    let loc = format!("s3://{b}/t.packet");
+    let env: Vec<(&str, String)> = s3::env(s3p.port)
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("AWS_ACCESS") && !k.starts_with("AWS_SECRET"))
+        .chain([
+            ("AWS_SESSION_TOKEN", String::new()),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", token.display().to_string()),
+            ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/s".into()),
+            ("AWS_ENDPOINT_URL_STS", format!("http://127.0.0.1:{}", sts.port)),
+            ("SESSIONFS_REMOTE_TIMEOUT", "3".into()),
+        ])
+        .collect();
+    let env = pairs(&env);
+    let m = Mounted::with_env(
+        Path::new(&loc),
+        &t.join("mnt"),
+        &t.join("upper"),
+        &[
+            "--part",
+            "workspace",
+            "--cache",
+            t.join("cache").to_str().unwrap(),
+            "--prefetch",
+            "none",
+        ],
+        &env,
+    );
+    let same = |rel: &str| {
+        assert_eq!(
+            std::fs::read(m.path(rel)).unwrap(),
+            std::fs::read(ws.join(rel)).unwrap(),
+            "{rel}"
+        )
+    };
+    same("src/m00/f000.rs");
+    let asked = sts.requests().len();
+    sts.inject((0..10).map(|_| Fault::Delay(Duration::from_secs(120))));
+    s3p.inject((0..10).map(|_| Fault::Status(400, "ExpiredToken")));
+    let t0 = Instant::now();
+    let e = match std::fs::read(m.path("data/mid.bin")) {
+        Ok(_) => panic!("read with expired credentials and a renewal that hangs"),
+        Err(e) => e,
+    };
+    let took = t0.elapsed();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    // The bound, twice at most (the kernel may ask a failed readahead
+    // again as a read of its own), and some slack for a loaded machine.
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // The renewal was tried (it is what hung before).
+    assert!(
+        sts.requests().len() > asked,
+        "no renewal asked of STS: {:?}",
+        sts.requests()
+    );
+    sts.calm();
+    s3p.calm();
+    // A range that just failed fails at once for a short while
+    // (`FAIL_FAST`, 2 s); past it, the read is served.
+    std::thread::sleep(Duration::from_millis(2500));
+    same("data/mid.bin");
+}
