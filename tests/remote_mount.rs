@@ -1038,7 +1038,10 @@ fn a_renewal_that_hangs_fails_the_read_in_bound() {
             ("AWS_SESSION_TOKEN", String::new()),
             ("AWS_WEB_IDENTITY_TOKEN_FILE", token.display().to_string()),
             ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/s".into()),
-            ("AWS_ENDPOINT_URL_STS", format!("http://127.0.0.1:{}", sts.port)),
+            (
+                "AWS_ENDPOINT_URL_STS",
+                format!("http://127.0.0.1:{}", sts.port),
+            ),
             ("SESSIONFS_REMOTE_TIMEOUT", "3".into()),
         ])
         .collect();
