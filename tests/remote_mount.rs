@@ -1138,3 +1138,55 @@ fn a_silent_store_fails_a_buffered_read_within_one_bound() {
         std::fs::read(ws.join("data/big.bin")).unwrap()
     );
 }
+
+/// Issue 32, bounds: "when a mount ends, fetches in flight are abandoned
+/// so the daemon exits promptly". `--prefetch all` over a link of 32 KiB/s
+/// keeps its bulk requests in flight (each may take the whole bound of
+/// 60 s); `umount` returns at once with the daemon gone, not after the
+/// requests' bound.
+#[test]
+fn umount_abandons_the_fetches_in_flight() {
+    need_fuse!();
+    let (tmp, moto, b, _ws, _packet) = start("t.packet");
+    let t = tmp.path();
+    let proxy = Proxy::start(moto.port);
+    proxy.cap(32 << 10);
+    let env = env_of(proxy.port, &[("SESSIONFS_REMOTE_TIMEOUT", "60")]);
+    let m = Mounted::with_env(
+        Path::new(&format!("s3://{b}/t.packet")),
+        &t.join("mnt"),
+        &t.join("upper"),
+        &[
+            "--part",
+            "workspace",
+            "--cache",
+            t.join("cache").to_str().unwrap(),
+            "--prefetch",
+            "all",
+        ],
+        &pairs(&env),
+    );
+    let pid = m.pid();
+    // The bulk stream's requests are on their way.
+    let t0 = Instant::now();
+    while gets(&proxy) < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            proxy.requests()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    m.umount();
+    let took = t0.elapsed();
+    // `umount` reports success only once the daemon has exited.
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z ")),
+        "the daemon {pid} still runs"
+    );
+    assert!(took < Duration::from_secs(5), "umount took {took:?}");
+}
