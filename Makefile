@@ -102,7 +102,8 @@ bench-pack: release
 	scripts/bench/pack.sh
 
 # Remote packets on corpus S behind a shaped stand-in object store, against
-# download-then-mount (about 10 minutes); part of make bench.
+# download-then-mount (about 10 minutes). Like bench-pack and bench-many,
+# a target of its own: make bench does not run it.
 bench-remote: release
 	scripts/bench/remote.sh
 
