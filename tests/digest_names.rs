@@ -13,6 +13,17 @@ use std::path::Path;
 
 use common::*;
 
+/// A file `name` holding `bytes` made in the upper directory `upper` of
+/// `packet`'s workspace, as a mount would (in process, no kernel).
+fn add_file(packet: &Path, upper: &Path, name: &str, bytes: &[u8]) {
+    let o = overlay_of(packet, upper);
+    let me = sessionfs::api::Caller { uid: 0, gid: 0 };
+    let f = o
+        .create(sessionfs::api::ROOT, name.as_bytes(), 0o644, me)
+        .unwrap();
+    o.write(f.ino, 0, bytes).unwrap();
+}
+
 fn digest_file(dir: &Path, digest: &str) -> std::path::PathBuf {
     dir.join(format!("{}.packet", digest.replacen(':', "-", 1)))
 }
@@ -138,14 +149,7 @@ fn an_object_key_is_named_by_the_digest_in_one_pack() {
 
     // An offline seal of a change, named by its digest in the same prefix.
     let upper = tmp.path().join("upper");
-    {
-        let o = overlay_of(&local, &upper);
-        let me = sessionfs::api::Caller { uid: 0, gid: 0 };
-        let f = o
-            .create(sessionfs::api::ROOT, b"turn.txt", 0o644, me)
-            .unwrap();
-        o.write(f.ino, 0, b"turn").unwrap();
-    }
+    add_file(&local, &upper, "turn.txt", b"turn");
     let sealed = s3::remote(
         moto.port,
         &[
@@ -180,14 +184,7 @@ fn seal_names_the_packet_by_its_digest_and_the_receipt_says_where() {
     let packet = tmp.path().join("base.packet");
     let packed = pack(&ws, &packet, &[]);
     let upper = tmp.path().join("upper");
-    {
-        let o = overlay_of(&packet, &upper);
-        let me = sessionfs::api::Caller { uid: 0, gid: 0 };
-        let f = o
-            .create(sessionfs::api::ROOT, b"added.txt", 0o644, me)
-            .unwrap();
-        o.write(f.ino, 0, b"turn one").unwrap();
-    }
+    add_file(&packet, &upper, "added.txt", b"turn one");
     let out = tmp.path().join("out");
     fs::create_dir(&out).unwrap();
     let template = out.join("{digest}.packet");

@@ -839,3 +839,109 @@ fn the_aws_exact_proxy_refuses_what_aws_refuses() {
         assert_eq!(got.as_ref().map(|r| r.1), want, "{what}: {got:?}");
     }
 }
+
+/// A server on 127.0.0.1 that answers every ranged GET of its one object
+/// from `bytes_at` (the object `len` bytes long), one request per
+/// connection; its port.
+fn serve_object(len: u64, bytes_at: fn(u64, &mut [u8])) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut range = None;
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    let l = line.to_ascii_lowercase();
+                    if let Some(r) = l.strip_prefix("range: bytes=") {
+                        let (a, b) = r.trim().split_once('-').unwrap();
+                        range = Some((a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()));
+                    }
+                    line.clear();
+                }
+                let Some((a, b)) = range else { return };
+                let b = b.min(len - 1);
+                let head = format!(
+                    "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {a}-{b}/{len}\r\n\
+                     Content-Length: {}\r\nETag: \"e\"\r\nConnection: close\r\n\r\n",
+                    b + 1 - a
+                );
+                if conn.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let mut piece = vec![0u8; 1 << 20];
+                let mut at = a;
+                while at <= b {
+                    let n = (b + 1 - at).min(piece.len() as u64) as usize;
+                    bytes_at(at, &mut piece[..n]);
+                    if conn.write_all(&piece[..n]).is_err() {
+                        return;
+                    }
+                    at += n as u64;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Runs `sessionfs ARGS` and returns its result and its peak RSS in KiB
+/// (`wait4`'s `ru_maxrss` of that process alone).
+// `wait4` reaps the child (std's `wait` cannot give its rusage).
+#[allow(clippy::zombie_processes)]
+fn run_measured(args: &[&str]) -> (serde_json::Value, u64) {
+    let mut child = std::process::Command::new(common::bin())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut out = String::new();
+    let mut stdout = child.stdout.take().unwrap();
+    std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid, and wait4 fills it for the
+    // child this test spawned and has not waited for.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the pointers are to live locals.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid);
+    (serde_json::from_str(&out).unwrap(), usage.ru_maxrss as u64)
+}
+
+/// Issue 32, finding 11: a server that claims an object of 210 MiB whose
+/// manifest header claims 200 MiB (zeros, then not JSON). `inspect` holds
+/// the manifest's bytes once, allocated as they arrive: the old reader
+/// allocated the whole claimed length first and the client copied every
+/// response body once more, so the same read took twice the manifest
+/// (a 400 MB claim took `inspect` to 788 MB).
+#[test]
+fn a_claimed_manifest_is_held_once_and_as_it_arrives() {
+    const CLAIMED: u64 = 200 << 20;
+    fn bytes_at(at: u64, out: &mut [u8]) {
+        out.fill(0);
+        let header = sessionfs::api::manifest_header(CLAIMED);
+        for (k, b) in out.iter_mut().enumerate() {
+            match header.get((at as usize).wrapping_add(k)) {
+                Some(h) if at < 512 => *b = *h,
+                _ => break,
+            }
+        }
+    }
+    let port = serve_object(CLAIMED + (10 << 20), bytes_at);
+    let url = format!("http://127.0.0.1:{port}/claims.packet");
+    let (v, peak_kib) = run_measured(&["inspect", &url]);
+    assert_eq!(v["schema"], "sessionfs.error/1", "{v}");
+    assert!(v["kind"].as_str().unwrap().starts_with("manifest_"), "{v}");
+    let peak = peak_kib << 10;
+    assert!(
+        peak < CLAIMED + (64 << 20),
+        "inspect peaked at {} MiB for a manifest of {} MiB",
+        peak >> 20,
+        CLAIMED >> 20
+    );
+}

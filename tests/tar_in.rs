@@ -41,6 +41,32 @@ fn pack_stdin(args: &[&std::ffi::OsStr], stdin: &[u8]) -> Run {
     }
 }
 
+/// `sessionfs pack --workspace-tar IN -o OUT EXTRA…`.
+fn pack_tar(input: &Path, out: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "pack".as_ref(),
+        "--workspace-tar".as_ref(),
+        input.as_os_str(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    run(&args)
+}
+
+/// The same with the stream `bytes` on standard input (`--workspace-tar -`).
+fn pack_piped(bytes: &[u8], out: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "pack".as_ref(),
+        "--workspace-tar".as_ref(),
+        "-".as_ref(),
+        "-o".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    pack_stdin(&args, bytes)
+}
+
 /// A result without what differs between two packs of one tree: where it
 /// went, how long it took, what was spooled.
 fn comparable(r: &Value) -> Value {
@@ -75,29 +101,13 @@ fn same_three_ways(ws: &Path, tmp: &Path, extra: &[&str]) -> Value {
             .arg("."),
     );
     let tar_packet = tmp.join("tar.packet");
-    let mut args: Vec<&std::ffi::OsStr> = vec![
-        "pack".as_ref(),
-        "--workspace-tar".as_ref(),
-        tar.as_os_str(),
-        "-o".as_ref(),
-        tar_packet.as_os_str(),
-    ];
-    args.extend(extra.iter().map(std::ffi::OsStr::new));
-    let from_tar = run(&args).ok().clone();
+    let from_tar = pack_tar(&tar, &tar_packet, extra).ok().clone();
     assert!(
         from_tar.get("spooled_bytes").is_none(),
         "a tar file is read where it is"
     );
     let pipe_packet = tmp.join("pipe.packet");
-    let mut args: Vec<&std::ffi::OsStr> = vec![
-        "pack".as_ref(),
-        "--workspace-tar".as_ref(),
-        "-".as_ref(),
-        "-o".as_ref(),
-        pipe_packet.as_os_str(),
-    ];
-    args.extend(extra.iter().map(std::ffi::OsStr::new));
-    let from_pipe = pack_stdin(&args, &fs::read(&tar).unwrap());
+    let from_pipe = pack_piped(&fs::read(&tar).unwrap(), &pipe_packet, extra);
     let from_pipe = from_pipe.ok().clone();
     assert!(from_pipe["spooled_bytes"].as_u64().is_some(), "{from_pipe}");
     assert_eq!(comparable(&from_tar), comparable(&from_dir));
@@ -223,14 +233,7 @@ fn a_stream_unpacked_packs_to_the_same_digest() {
         tar.as_os_str(),
     ])
     .ok();
-    let again = tmp.path().join("again.packet");
-    let r = run([
-        "pack".as_ref(),
-        "--workspace-tar".as_ref(),
-        tar.as_os_str(),
-        "-o".as_ref(),
-        again.as_os_str(),
-    ]);
+    let r = pack_tar(&tar, &tmp.path().join("again.packet"), &[]);
     assert_eq!(r.ok()["digest"], packed["digest"]);
 }
 
@@ -248,14 +251,7 @@ fn a_python_tarfile_stream_packs_like_the_directory_with_zero_mtimes() {
         &[ws.as_os_str(), tar.as_os_str()],
     );
     let a = pack(&ws, &tmp.path().join("a.packet"), &["--zero-mtimes"]);
-    let b = run([
-        "pack".as_ref(),
-        "--workspace-tar".as_ref(),
-        tar.as_os_str(),
-        "-o".as_ref(),
-        tmp.path().join("b.packet").as_os_str(),
-        "--zero-mtimes".as_ref(),
-    ]);
+    let b = pack_tar(&tar, &tmp.path().join("b.packet"), &["--zero-mtimes"]);
     assert_eq!(b.ok()["digest"], a["digest"]);
 }
 
@@ -302,14 +298,11 @@ fn a_harness_tar_gets_its_kinds_rules_and_limits_hold() {
     fs::create_dir(&links).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", links.join("pw")).unwrap();
     sh(tmp.path(), "tar -C links -cf links.tar .");
-    let r = run([
-        "pack".as_ref(),
-        "--workspace-tar".as_ref(),
-        tmp.path().join("links.tar").as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-        "--reject-external-symlinks".as_ref(),
-    ]);
+    let r = pack_tar(
+        &tmp.path().join("links.tar"),
+        &out,
+        &["--reject-external-symlinks"],
+    );
     assert_eq!(r.fails(7, "external_symlink")["path"], "workspace/pw");
     // Both parts from standard input: a usage error.
     let r = run([
@@ -422,39 +415,17 @@ fn hostile_streams_are_refused_with_what_is_wrong() {
         let file = tmp.path().join(format!("{what}.tar"));
         fs::write(&file, &bytes).unwrap();
         let out = tmp.path().join("out.packet");
-        let from_file = run([
-            "pack".as_ref(),
-            "--workspace-tar".as_ref(),
-            file.as_os_str(),
-            "-o".as_ref(),
-            out.as_os_str(),
-        ]);
+        let from_file = pack_tar(&file, &out, &[]);
         let e = from_file.fails(7, "bad_tar");
         let message = e["message"].as_str().unwrap();
         assert!(message.contains(says), "{what}: {message}");
         assert!(!out.exists(), "{what}");
-        let from_pipe = pack_stdin(
-            &[
-                "pack".as_ref(),
-                "--workspace-tar".as_ref(),
-                "-".as_ref(),
-                "-o".as_ref(),
-                out.as_os_str(),
-            ],
-            &bytes,
-        );
+        let from_pipe = pack_piped(&bytes, &out, &[]);
         from_pipe.fails(7, "bad_tar");
         assert!(!out.exists(), "{what}");
     }
     // A directory is not a stream.
-    run([
-        "pack".as_ref(),
-        "--workspace-tar".as_ref(),
-        tmp.path().as_os_str(),
-        "-o".as_ref(),
-        tmp.path().join("x.packet").as_os_str(),
-    ])
-    .fails(7, "bad_tar");
+    pack_tar(tmp.path(), &tmp.path().join("x.packet"), &[]).fails(7, "bad_tar");
 }
 
 /// A stream of members is bounded in what it keeps: past twice
@@ -470,35 +441,17 @@ fn what_a_stream_makes_pack_keep_is_bounded() {
     }
     many.extend_from_slice(&END);
     let out = tmp.path().join("o.packet");
-    let r = pack_stdin(
-        &[
-            "pack".as_ref(),
-            "--workspace-tar".as_ref(),
-            "-".as_ref(),
-            "-o".as_ref(),
-            out.as_os_str(),
-            "--exclude".as_ref(),
-            "node_modules".as_ref(),
-            "--max-entries".as_ref(),
-            "20".as_ref(),
-        ],
+    let r = pack_piped(
         &many,
+        &out,
+        &["--exclude", "node_modules", "--max-entries", "20"],
     );
     r.fails(5, "limit_exceeded");
     // With room, the same stream packs, node_modules left out.
-    let r = pack_stdin(
-        &[
-            "pack".as_ref(),
-            "--workspace-tar".as_ref(),
-            "-".as_ref(),
-            "-o".as_ref(),
-            out.as_os_str(),
-            "--exclude".as_ref(),
-            "node_modules".as_ref(),
-            "--max-entries".as_ref(),
-            "60".as_ref(),
-        ],
+    let r = pack_piped(
         &many,
+        &out,
+        &["--exclude", "node_modules", "--max-entries", "60"],
     );
     assert_eq!(r.ok()["entries"], 1);
     // A header claiming 64 GiB: refused at once, with no content behind it.
@@ -506,30 +459,10 @@ fn what_a_stream_makes_pack_keep_is_bounded() {
     huge[124..136].copy_from_slice(b"\x80\0\0\0\0\0\0\x10\0\0\0\0");
     let mut h = tar::Header::from_byte_slice(&huge).clone();
     h.set_cksum();
-    let r = pack_stdin(
-        &[
-            "pack".as_ref(),
-            "--workspace-tar".as_ref(),
-            "-".as_ref(),
-            "-o".as_ref(),
-            out.as_os_str(),
-        ],
-        h.as_bytes(),
-    );
+    let r = pack_piped(h.as_bytes(), &out, &[]);
     r.fails(7, "format_limit");
     // Content past --max-bytes from a pipe: refused as it is spooled.
     let big = cat(&[&member("big", &vec![7u8; 3 << 20]), &END]);
-    let r = pack_stdin(
-        &[
-            "pack".as_ref(),
-            "--workspace-tar".as_ref(),
-            "-".as_ref(),
-            "-o".as_ref(),
-            out.as_os_str(),
-            "--max-bytes".as_ref(),
-            "1MiB".as_ref(),
-        ],
-        &big,
-    );
+    let r = pack_piped(&big, &out, &["--max-bytes", "1MiB"]);
     r.fails(5, "limit_exceeded");
 }

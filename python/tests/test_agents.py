@@ -259,3 +259,36 @@ def test_mount_then_run_two_turns_with_receipts_of_exactly_the_agents_changes(
     # Every packet sealed verifies; the last is the workspace as it ended.
     for s, _ in pw.sealed:
         assert sessionfs.verify(s.output, digest=s.digest).valid
+
+
+@needs_fuse
+def test_mount_then_run_from_an_s3_packet(s3: S3, tmp_path: Path) -> None:
+    """The mount route from ``s3://`` (read lazily, the node cache in
+    `tmp_path`): the agent reads the remote packet's files, and the turn is
+    sealed locally onto it with a receipt of exactly its change."""
+    bucket = s3.bucket()
+    ws = tmp_path / "ws"
+    sample_tree(ws)
+    env = {**s3.env, "SESSIONFS_CACHE_DIR": str(tmp_path / "cache")}
+    base = sessionfs.pack(f"s3://{bucket}/p/{{digest}}.packet", workspace=ws, env=env)
+    assert base.output.startswith(f"s3://{bucket}/p/sha256-"), base.output
+    with PacketWorkspace(
+        base.output,
+        mountpoint=tmp_path / "mnt",
+        upper=tmp_path / "upper",
+        packets=tmp_path / "packets",
+        receipts=tmp_path / "receipts",
+        env=env,
+    ) as pw:
+        agent, _ = turn("cat README.md && ./run.sh && echo remote > from-s3.txt")
+        out = outputs(run(agent, pw.run_config()))[0]
+        assert "# sample" in out and "run" in out, out
+        sealed, receipt = pw.end_turn()
+        assert sealed.parent == base.digest and sealed.rebased
+        assert [(c.op, c.where) for c in receipt.changes] == [("added", "workspace/from-s3.txt")]
+    assert not any((tmp_path / "mnt").iterdir())
+    assert sessionfs.verify(sealed.output, digest=sealed.digest).valid
+    back = tmp_path / "back"
+    sessionfs.unpack(sealed.output, into=back, part="workspace")
+    assert (back / "from-s3.txt").read_text() == "remote\n"
+    assert (back / "big.bin").read_bytes() == (ws / "big.bin").read_bytes()

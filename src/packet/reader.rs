@@ -79,6 +79,11 @@ pub fn read_raw_manifest<S: Source + ?Sized>(file: &S, limits: &Limits) -> Resul
     Ok(raw)
 }
 
+/// The manifest is read in pieces of at most this many bytes (see
+/// [`read_manifest_bytes`]): one request for any manifest of a few
+/// thousand entries, a few for the largest.
+const MANIFEST_PIECE: u64 = 16 << 20;
+
 /// Reads the first member of `file`, which must be the canonical header of
 /// `packet.json`, and returns the manifest bytes (the digest is left for
 /// the caller). Allocates only after the size field is checked against the
@@ -126,9 +131,26 @@ pub fn read_manifest_bytes<S: Source + ?Sized>(file: &S, limits: &Limits) -> Res
     if first != expected {
         return Err(layout::diagnose(&first, &expected, 0, MANIFEST_NAME));
     }
-    // Bounded above by the manifest limit and the file length.
-    let mut bytes = vec![0u8; padded as usize];
-    file.read_at(&mut bytes, MANIFEST_DATA_OFFSET, file_len)?;
+    // Bounded above by the manifest limit and the file length, and read
+    // in pieces into a buffer that grows as they arrive: a source that
+    // claims more than it gives (a server's length is its word) costs a
+    // piece past what it gave, not the length it claimed.
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut at = 0u64;
+    while at < padded {
+        let n = MANIFEST_PIECE.min(padded - at);
+        let want = (at + n) as usize;
+        // Exactly: a large buffer grows in place (`mremap`), and never past
+        // what has come.
+        bytes.reserve_exact(want - bytes.len());
+        bytes.resize(want, 0);
+        file.read_at(
+            &mut bytes[at as usize..],
+            MANIFEST_DATA_OFFSET + at,
+            file_len,
+        )?;
+        at += n;
+    }
     if bytes[size as usize..].iter().any(|&b| b != 0) {
         return Err(Error::BadPadding {
             member: MANIFEST_NAME.into(),

@@ -580,17 +580,33 @@ impl Remote {
         self.client.retrying(
             deadline,
             || format!("read bytes {start}..{end}"),
-            |timeout| self.attempt(start, end, first, timeout),
+            |timeout| self.attempt(start, end, first, timeout, None),
         )
     }
 
-    /// One request for bytes `start..end`.
+    /// Bytes `start..start + buf.len()` read straight into `buf` (no
+    /// buffer of their own: a fetch holds its bytes once).
+    fn fetch_into(&self, start: u64, buf: &mut [u8], deadline: Deadline) -> Result<()> {
+        let end = start + buf.len() as u64;
+        self.client.retrying(
+            deadline,
+            || format!("read bytes {start}..{end}"),
+            |timeout| {
+                self.attempt(start, end, false, timeout, Some(&mut *buf))
+                    .map(|_| ())
+            },
+        )
+    }
+
+    /// One request for bytes `start..end`, its body read into `into` when
+    /// given (then `Fetched::bytes` is empty).
     fn attempt(
         &self,
         start: u64,
         end: u64,
         first: bool,
         timeout: Duration,
+        into: Option<&mut [u8]>,
     ) -> std::result::Result<Fetched, Failure> {
         let if_match = if first { None } else { self.etag.as_deref() };
         let range = format!("bytes={start}-{}", end - 1);
@@ -626,7 +642,18 @@ impl Remote {
                         "asked for bytes {start}..{want_end}, the server sent {s}..{e}"
                     )));
                 }
-                let bytes = self.read_body(&mut resp, e - s)?;
+                let bytes = match into {
+                    Some(buf) => {
+                        resp.read_exact_into(buf).map_err(|e| {
+                            Failure::Retry(format!(
+                                "the body ended or failed after fewer than {} bytes: {e}",
+                                buf.len()
+                            ))
+                        })?;
+                        Vec::new()
+                    }
+                    None => self.read_body(&mut resp, e - s)?,
+                };
                 Ok(Fetched { bytes, total, etag })
             }
             // No byte 0 to serve: the object is empty (a Content-Range,
@@ -716,9 +743,8 @@ impl ReadAt for Remote {
         if rest.is_empty() {
             return Ok(());
         }
-        let f = self.fetch(start, end, false, deadline)?;
-        rest.copy_from_slice(&f.bytes);
-        Ok(())
+        debug_assert_eq!(start + rest.len() as u64, end);
+        self.fetch_into(start, rest, deadline)
     }
 
     fn shown(&self) -> &str {
