@@ -6,7 +6,7 @@ export CARGO_TERM_COLOR ?= never
 
 # Third-party suites are installed by their scripts when missing.
 # (test-radosgw: opt-in, see below.)
-.PHONY: test-radosgw suites build release deps harness-deps test python-test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-remote bench-many bench-quick fuzz schema-check no-test-hooks clean
+.PHONY: test-radosgw test-moto-newest suites build release deps harness-deps test python-test unit check fmt fmt-check clippy apple-check fallback-tests doc demo bench bench-pack bench-remote bench-many bench-quick fuzz schema-check no-test-hooks clean
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -43,6 +43,12 @@ check: test
 # docs/remote.md.
 test-radosgw:
 	scripts/radosgw.sh $(CARGO) test --test remote_write
+
+# The remote suites against the newest moto (.venv-moto-newest) instead of
+# the pinned one: opt-in, about 5 minutes. make test runs one test there
+# (tests/remote_write.rs, the_newest_moto_takes_a_pack_a_seal_and_reads).
+test-moto-newest: deps
+	SESSIONFS_TEST_MOTO=newest $(CARGO) test --test remote --test remote_write --test remote_mount --test remote_hostile
 
 fmt:
 	$(CARGO) fmt --all

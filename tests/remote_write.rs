@@ -1034,9 +1034,7 @@ fn a_store_that_ignores_if_none_match_never_replaces_a_packet() {
 /// answers `?uploads=1` with HTTP 500: issue 32, finding 2.)
 #[test]
 fn the_newest_moto_takes_a_pack_a_seal_and_reads() {
-    const NEWEST: &str = "5.2.6";
-    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv-moto-newest");
-    let newest = s3::start_moto(&s3::venv_python(venv, NEWEST));
+    let newest = s3::start_moto(&s3::venv_python(s3::MOTO_NEWEST_VENV, s3::MOTO_NEWEST));
     let b = "newest";
     newest.create_bucket(b);
     let tmp = tempfile::tempdir().unwrap();
@@ -1044,9 +1042,12 @@ fn the_newest_moto_takes_a_pack_a_seal_and_reads() {
     tree(&ws, 4);
     let named = |what: &str, r: &Run| {
         assert_eq!(
-            r.code, 0,
-            "moto {NEWEST} (the newest, .venv-moto-newest) refused {what}: {} {}",
-            r.json, r.stderr
+            r.code,
+            0,
+            "moto {} (the newest, .venv-moto-newest) refused {what}: {} {}",
+            s3::MOTO_NEWEST,
+            r.json,
+            r.stderr
         );
     };
     let r = pack_to(newest.port, &ws, b, "parent.packet");

@@ -40,6 +40,7 @@ use crate::packet::path::Part;
 ///   sessionfs mount s3://b/k.packet ./mnt --upper ./up --prefetch all
 ///   sessionfs mount s.packet /session --upper ./up --uid 1000 --gid 1000 --drop-privileges
 ///   sessionfs mount s.packet /dev/fd/3 --mounted-at /session --upper ./up
+///   sessionfs mount s.packet /session --upper ./up --seal-on-term /var/lib/s/last.packet
 //
 // The options are one type: parsed here, handed to the daemon whole (on
 // its standard input, never in its arguments: a presigned URL's query

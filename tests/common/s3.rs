@@ -40,11 +40,24 @@ fn external() -> Option<u16> {
 /// The moto version scripts/deps.sh pins into the project's .venv.
 pub const MOTO_PINNED: &str = "5.2.1";
 
+/// The newest moto, which scripts/deps.sh installs into
+/// .venv-moto-newest (scripts/requirements-moto-newest.txt).
+pub const MOTO_NEWEST: &str = "5.2.6";
+
+/// The venv of the newest moto.
+pub const MOTO_NEWEST_VENV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/.venv-moto-newest");
+
 /// The Python of the project's .venv (scripts/deps.sh), with moto at the
 /// pinned version: never a moto found elsewhere first, whose version
-/// nobody chose.
+/// nobody chose. With `SESSIONFS_TEST_MOTO=newest` (`make
+/// test-moto-newest`), the newest moto's instead: the remote suites
+/// against it.
 fn python() -> String {
-    venv_python(concat!(env!("CARGO_MANIFEST_DIR"), "/.venv"), MOTO_PINNED)
+    match std::env::var("SESSIONFS_TEST_MOTO").as_deref() {
+        Ok("newest") => venv_python(MOTO_NEWEST_VENV, MOTO_NEWEST),
+        Ok(other) => panic!("SESSIONFS_TEST_MOTO is `newest` or unset, not {other:?}"),
+        Err(_) => venv_python(concat!(env!("CARGO_MANIFEST_DIR"), "/.venv"), MOTO_PINNED),
+    }
 }
 
 /// The Python of the venv at `venv`, checked to hold moto `version`.
