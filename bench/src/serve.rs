@@ -599,11 +599,14 @@ impl Server {
         }
         // The parts' files stay where they are: the object refers to them.
         write_extents(&self.root.join(".extents").join(name), &extents)?;
+        // The ETag the object now has (a HEAD answers the same one: a
+        // client checks that nothing replaced the object it completed).
+        let etag = self.open_object(&req.path).map(|o| o.etag);
         let (bucket, key) = name.split_once('/').unwrap_or((name, ""));
         let result = CompleteMultipartUploadResult {
             bucket,
             key,
-            etag: "\"done\"",
+            etag: etag.as_deref().unwrap_or("\"done\""),
         };
         xml_response(out, "200 OK", &result)
     }
