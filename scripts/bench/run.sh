@@ -298,6 +298,9 @@ for g in $scale_units; do
   record --name "scale: seal after a 7-byte change, content" --tool "$g $unit_name, I/O floor" --value "$floor"
 done
 
+# -- copy-up and seal by chunk ------------------------------------------------
+[ "$quick" = 1 ] || have_result "append 1 byte to a 1024 MiB file (cold cache): the write" sessionfs || scripts/bench/chunks.sh
+
 # -- report ------------------------------------------------------------------
 # shellcheck source=report.sh
 . "$root/scripts/bench/report.sh"
