@@ -44,6 +44,9 @@ export CARGO_TARGET_DIR="${APPLE_TARGET_DIR:-$PWD/target/apple}"
 # Clippy compiles what `cargo check` does (a compile error fails it too),
 # for the targets in one build so that both cores work on it.
 cargo clippy --quiet "${targets[@]/#/--target=}" --all-targets -- -D warnings
+# CI (.ci/run) has no use for these metadata files afterwards, and its disk
+# may be small.
+[ "${APPLE_CHECK_CLEAN:-}" != 1 ] || rm -rf "$CARGO_TARGET_DIR"
 for t in "${targets[@]}"; do
   echo "apple-check: $t: check and clippy clean (all targets)"
 done
