@@ -29,7 +29,7 @@ harness-deps:
 CI_RELEASE := CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=false
 
 test: deps harness-deps fmt-check clippy apple-check doc
-	SESSIONFS_REQUIRE_FUSE=1 SESSIONFS_REQUIRE_HARNESS=1 $(CARGO) test --all-targets
+	SESSIONFS_REQUIRE_FUSE=1 SESSIONFS_REQUIRE_HARNESS=1 $(CARGO) test --all-targets --no-fail-fast
 	SESSIONFS_REQUIRE_FUSE=1 scripts/python-tests.sh
 	scripts/fallback-tests.sh
 	$(CI_RELEASE) $(MAKE) schema-check no-test-hooks suites demo bench-quick

@@ -2392,9 +2392,21 @@ fn an_output_whose_directory_moves_is_placed_nowhere() {
         fs::rename(&dir, &moved).unwrap();
         match what {
             "symlink" => std::os::unix::fs::symlink(&elsewhere, &dir).unwrap(),
-            "signal" => unsafe {
-                libc::kill(child.0.id() as i32, libc::SIGTERM);
-            },
+            "signal" => {
+                unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+                // The signal ends the run while it waits at the barrier
+                // (it holds nothing then); released at once, the run could
+                // find its directory moved before the signal thread acts,
+                // and end with that error instead (seen under load).
+                let start = std::time::Instant::now();
+                while child.0.try_wait().unwrap().is_none() {
+                    assert!(
+                        start.elapsed() < std::time::Duration::from_secs(60),
+                        "the signal did not end the run waiting at the barrier"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
             _ => {}
         }
         fs::write(bar.join("hashed.go"), b"").unwrap();
