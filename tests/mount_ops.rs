@@ -5,7 +5,7 @@ mod common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -596,6 +596,47 @@ fn a_running_executable_refuses_truncation_and_keeps_its_content() {
         .open(&exe)
         .unwrap();
     assert_eq!(fs::metadata(&exe).unwrap().len(), 0);
+}
+
+/// `status` counts the chunks a file copied up by chunk took over:
+/// appending to `data/big.bin` (4 MiB + 4097 bytes: a whole chunk and a
+/// part) copies its partial last chunk; a write over the whole first
+/// chunk takes it without copying.
+#[test]
+fn status_counts_the_chunks_held_by_a_copy_up_by_chunk() {
+    if !fuse_available() {
+        return;
+    }
+    let (tmp, p) = setup();
+    let m = mount_ws(tmp.path(), &p, &[]);
+    let lower = fs::read(tmp.path().join("ws/data/big.bin")).unwrap();
+    let before = m.status().clone();
+    assert_eq!(before["chunks_held"], 0, "{before}");
+    let f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("data/big.bin"))
+        .unwrap();
+    (&f).write_all(b"x").unwrap();
+    let after = m.status().clone();
+    assert_eq!(after["chunks_held"], 1, "{after}");
+    assert_eq!(
+        after["copy_ups"],
+        before["copy_ups"].as_u64().unwrap() + 1,
+        "{after}"
+    );
+    let g = fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("data/big.bin"))
+        .unwrap();
+    g.write_all_at(&vec![7u8; 4 << 20], 0).unwrap();
+    let last = m.status().clone();
+    assert_eq!(last["chunks_held"], 2, "{last}");
+    assert_eq!(last["copy_ups"], after["copy_ups"], "{last}");
+    let got = fs::read(m.path("data/big.bin")).unwrap();
+    assert_eq!(got.len(), lower.len() + 1);
+    assert!(got[..4 << 20].iter().all(|&b| b == 7));
+    assert_eq!(got[4 << 20..lower.len()], lower[4 << 20..]);
+    assert_eq!(got[lower.len()], b'x');
 }
 
 #[test]

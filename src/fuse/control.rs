@@ -176,6 +176,9 @@ pub struct Status {
     pub writes: u64,
     /// Copy-ups.
     pub copy_ups: u64,
+    /// Chunks of files copied up by chunk that their data files took over.
+    #[serde(default)]
+    pub chunks_held: u64,
     /// Lower bytes hashed so far.
     pub verified_bytes: u64,
     /// Inode numbers whose content was read from offset 0, in order.

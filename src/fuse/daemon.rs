@@ -519,6 +519,7 @@ fn status(o: &Overlay, mountpoint: &Path) -> control::Status {
         read_bytes: s.read_bytes.load(Ordering::Relaxed),
         writes: s.writes.load(Ordering::Relaxed),
         copy_ups: s.copy_ups.load(Ordering::Relaxed),
+        chunks_held: s.chunks_held.load(Ordering::Relaxed),
         verified_bytes: o.verified_bytes(),
         read_inodes: s.read_inodes.lock().clone(),
         remote: o.lower().packet.backing().report().map(Box::new),
