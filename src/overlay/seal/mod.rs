@@ -3,9 +3,10 @@
 //!
 //! Changes are held (readers keep going) while the merged view is walked
 //! and written. Unchanged files keep their manifest hashes and their bytes
-//! come from the old packet: chunks a mount already verified are copied as
-//! they are (by the kernel when a file is large), the others are verified
-//! as they are copied; only new and changed content is hashed. The output
+//! come from the old packet: chunks a mount already verified (and every
+//! chunk of a packet this daemon wrote) are copied as they are, the others
+//! are verified against the parent's hashes as they are copied; only new
+//! and changed content gets new hashes. The output
 //! follows the same exclusion and symlink policy as `pack`, so sealing a
 //! mount gives the bytes `pack` gives for an extracted copy of its view.
 
