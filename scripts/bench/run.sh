@@ -299,7 +299,7 @@ for g in $scale_units; do
 done
 
 # -- copy-up and seal by chunk ------------------------------------------------
-[ "$quick" = 1 ] || have_result "append 1 byte to a 1024 MiB file (cold cache): the write" sessionfs || scripts/bench/chunks.sh
+[ "$quick" = 1 ] || have_result "append 1 byte to a file of 1073741824 bytes (cold cache): the write" sessionfs || scripts/bench/chunks.sh
 
 # -- report ------------------------------------------------------------------
 # shellcheck source=report.sh
