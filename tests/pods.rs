@@ -712,9 +712,12 @@ fn a_mount_as_root_has_the_type_fuse_sessionfs() {
 /// of an unprivileged user) without `XDG_RUNTIME_DIR` gets a runtime
 /// directory of its own: uid 0 there is not the machine's root, whose
 /// `/tmp/sessionfs-0` it may not take. Before, the mount failed with
-/// "/tmp/sessionfs-0 is not a directory owned by uid 0". Here the mount
-/// then fails on /dev/fuse where the device is root's alone (0600), and
-/// is made where it is open to all (0666, fuse3's mode).
+/// "/tmp/sessionfs-0 is not a directory owned by uid 0". Two users in
+/// turn: the kernel gives the second namespace the inode number the first
+/// had, and a directory named by that number alone was the first user's
+/// ("… is not a directory owned by uid 0"). The device is open to all, as
+/// fuse3 makes it (0666): where the machine's is root's alone, the test
+/// gives its namespaces a node of their own over it.
 #[test]
 fn root_in_a_user_namespace_mounts_without_xdg_runtime_dir() {
     if !privileged("root_in_a_user_namespace_mounts_without_xdg_runtime_dir") {
@@ -725,44 +728,56 @@ fn root_in_a_user_namespace_mounts_without_xdg_runtime_dir() {
     let tmp = open_tmp();
     let t = tmp.path();
     let p = packet(t);
-    let mnt = t.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    for d in [&mnt, &t.to_path_buf()] {
-        nix::unistd::chown(d, Some(nix::unistd::Uid::from_raw(AGENT)), None).unwrap();
-    }
-    let script = format!(
-        "{bin} mount {p} {mnt} --upper {up} && cat {mnt}/workspace/README.md && \
-         {bin} umount {mnt}",
-        bin = common::bin().display(),
-        p = p.display(),
-        mnt = mnt.display(),
-        up = t.join("up").display(),
-    );
-    let out = Command::new("setpriv")
-        .args([
-            &format!("--reuid={AGENT}"),
-            &format!("--regid={AGENT}"),
-            "--clear-groups",
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .env_remove("XDG_RUNTIME_DIR")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!stdout.contains("not a directory owned by"), "{stdout}");
-    if out.status.success() {
-        assert!(stdout.contains("hello\n"), "{stdout}");
-    } else {
-        let v: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
-        assert_eq!(v["kind"], "mount_failed", "{v}");
-        assert!(v["message"].as_str().unwrap().contains("/dev/fuse"), "{v}");
-        eprintln!("the mount in the user namespace failed on /dev/fuse (root's alone here)");
+    let dev = t.join("dev");
+    std::fs::create_dir(&dev).unwrap();
+    for who in [AGENT + 1, AGENT] {
+        let home = t.join(format!("home-{who}"));
+        let mnt = home.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        for d in [&mnt, &home] {
+            nix::unistd::chown(d, Some(nix::unistd::Uid::from_raw(who)), None).unwrap();
+        }
+        let script = format!(
+            "{bin} mount {p} {mnt} --upper {up} && cat {mnt}/workspace/README.md && \
+             grep -F ' {mnt} ' /proc/self/mounts && {bin} umount {mnt}",
+            bin = common::bin().display(),
+            p = p.display(),
+            mnt = mnt.display(),
+            up = home.join("up").display(),
+        );
+        // In a mount namespace of the test's own: /dev/fuse as fuse3
+        // leaves it (a node on a tmpfs, bound over the machine's), then
+        // the user, then its user namespace.
+        let outer = format!(
+            "mount -t tmpfs -o mode=755 none {dev} && mknod -m 666 {dev}/fuse c 10 229 && \
+             mount --bind {dev}/fuse /dev/fuse && \
+             exec setpriv --reuid={who} --regid={who} --clear-groups \
+             unshare --user --map-root-user --mount sh -c \"$SCRIPT\"",
+            dev = dev.display(),
+        );
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &outer])
+            .env("SCRIPT", &script)
+            .env_remove("XDG_RUNTIME_DIR")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "uid {who}: {stdout}\n{stderr}");
+        let mut lines = stdout.lines();
+        let mounted: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        assert_eq!(mounted["uid"], 0, "{mounted}");
+        let socket = mounted["control_socket"].as_str().unwrap();
+        assert!(
+            socket.starts_with("/tmp/sessionfs-0.userns-")
+                && socket.contains(&format!(".uid-{who}/")),
+            "{mounted}"
+        );
+        assert_eq!(lines.next(), Some("hello"), "{stdout}");
+        let line = lines.next().unwrap();
+        assert!(line.contains(" fuse.sessionfs "), "{line}");
+        let gone: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        assert_eq!(gone["unmounted"], true, "{gone}");
     }
 }
 

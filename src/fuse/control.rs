@@ -226,9 +226,11 @@ enum Line {
 /// namespace (`unshare --user`, rootless containers).
 const INIT_USER_NS: u64 = 0xEFFF_FFFD;
 
-/// The user namespace this process is in, when it is not the initial one
-/// (its inode number, from `/proc/self/ns/user`).
-fn user_namespace() -> Option<u64> {
+/// The user namespace this process is in, when it is not the initial one:
+/// its inode number (from `/proc/self/ns/user`), and `uid` as the parent
+/// namespace knows it (from `/proc/self/uid_map`; `uid` itself when the
+/// map does not say).
+fn user_namespace(uid: u32) -> Option<UserNamespace> {
     let link = std::fs::read_link("/proc/self/ns/user").ok()?;
     let ino: u64 = link
         .to_str()?
@@ -236,19 +238,51 @@ fn user_namespace() -> Option<u64> {
         .strip_suffix(']')?
         .parse()
         .ok()?;
-    (ino != INIT_USER_NS).then_some(ino)
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    (ino != INIT_USER_NS).then(|| UserNamespace {
+        ino,
+        outer_uid: outer_uid(&map, uid).unwrap_or(uid),
+    })
+}
+
+/// A user namespace other than the initial one.
+#[derive(Clone, Copy, Debug)]
+struct UserNamespace {
+    /// Its inode number.
+    ino: u64,
+    /// This user's uid in the parent namespace.
+    outer_uid: u32,
+}
+
+/// `uid` in the parent namespace, from a `uid_map` (lines of "inside
+/// outside count").
+fn outer_uid(map: &str, uid: u32) -> Option<u32> {
+    map.lines().find_map(|line| {
+        let mut f = line.split_whitespace().map(|x| x.parse::<u64>().ok());
+        let (inside, outside, count) = (f.next()??, f.next()??, f.next()??);
+        let uid = u64::from(uid);
+        (uid >= inside && uid - inside < count)
+            .then(|| u32::try_from(outside + (uid - inside)).ok())
+            .flatten()
+    })
 }
 
 /// The runtime directory of user `uid` when its environment names no
 /// `XDG_RUNTIME_DIR`, in user namespace `userns` (`None`: the initial
 /// one): `/run/user/<uid>/sessionfs` when `/run/user/<uid>` exists, else
 /// `/tmp/sessionfs-<uid>`; in another user namespace always
-/// `/tmp/sessionfs-<uid>.userns-<inode>`: uid 0 there is not the root of
-/// the machine, and the directories of the machine's users show there as
-/// the overflow user's, which this user may not take.
-fn default_runtime_dir(uid: u32, userns: Option<u64>, run_user_exists: bool) -> PathBuf {
+/// `/tmp/sessionfs-<uid>.userns-<inode>.uid-<uid outside>`: uid 0 there is
+/// not the root of the machine, and the directories of the machine's users
+/// show there as the overflow user's, which this user may not take. The
+/// uid outside is in the name because the kernel gives a namespace's inode
+/// number to another once the first is gone: a directory left by another
+/// user's namespace would otherwise stop this one.
+fn default_runtime_dir(uid: u32, userns: Option<UserNamespace>, run_user_exists: bool) -> PathBuf {
     match userns {
-        Some(ns) => PathBuf::from(format!("/tmp/sessionfs-{uid}.userns-{ns}")),
+        Some(ns) => PathBuf::from(format!(
+            "/tmp/sessionfs-{uid}.userns-{}.uid-{}",
+            ns.ino, ns.outer_uid
+        )),
         None if run_user_exists => PathBuf::from(format!("/run/user/{uid}/sessionfs")),
         None => PathBuf::from(format!("/tmp/sessionfs-{uid}")),
     }
@@ -261,7 +295,7 @@ pub fn runtime_dir() -> io::Result<PathBuf> {
         Some(d) => PathBuf::from(d).join("sessionfs"),
         None => default_runtime_dir(
             uid,
-            user_namespace(),
+            user_namespace(uid),
             Path::new(&format!("/run/user/{uid}")).is_dir(),
         ),
     };
@@ -660,7 +694,7 @@ pub fn request_with_progress(
 /// another user's mount.
 pub fn socket_paths_of(uid: u32, mountpoint: &Path) -> io::Result<Vec<PathBuf>> {
     let name = format!("{}.sock", key(mountpoint)?);
-    let ns = user_namespace();
+    let ns = user_namespace(uid);
     Ok([true, false]
         .into_iter()
         .map(|run| default_runtime_dir(uid, ns, run).join(&name))
@@ -789,24 +823,53 @@ mod tests {
 
     #[test]
     fn a_user_namespace_has_a_runtime_directory_of_its_own() {
+        let ns = |outer_uid| {
+            Some(UserNamespace {
+                ino: 4026532001,
+                outer_uid,
+            })
+        };
         let table = [
             (0, None, false, "/tmp/sessionfs-0"),
             (1000, None, true, "/run/user/1000/sessionfs"),
             (
                 0,
-                Some(4026532001),
+                ns(1000),
                 true,
-                "/tmp/sessionfs-0.userns-4026532001",
+                "/tmp/sessionfs-0.userns-4026532001.uid-1000",
             ),
             (
                 0,
-                Some(4026532001),
+                ns(1000),
                 false,
-                "/tmp/sessionfs-0.userns-4026532001",
+                "/tmp/sessionfs-0.userns-4026532001.uid-1000",
+            ),
+            // The same namespace number, another user's: another directory.
+            (
+                0,
+                ns(1001),
+                false,
+                "/tmp/sessionfs-0.userns-4026532001.uid-1001",
             ),
         ];
         for (uid, ns, run, want) in table {
             assert_eq!(default_runtime_dir(uid, ns, run), Path::new(want));
+        }
+    }
+
+    #[test]
+    fn the_uid_outside_comes_from_the_uid_map() {
+        let table = [
+            ("         0       1000          1\n", 0, Some(1000)),
+            ("         0     100000      65536\n", 33, Some(100_033)),
+            ("         0     100000      65536\n", 65536, None),
+            ("         0          0 4294967295\n", 7, Some(7)),
+            ("0 1000 1\n1 100000 65535\n", 5, Some(100_004)),
+            ("garbage\n", 0, None),
+            ("", 0, None),
+        ];
+        for (map, uid, want) in table {
+            assert_eq!(outer_uid(map, uid), want, "{map:?} {uid}");
         }
     }
 
