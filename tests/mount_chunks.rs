@@ -95,16 +95,19 @@ fn appending_one_byte_to_a_large_file_copies_and_hashes_one_chunk() {
     assert_eq!(fs::read(m.path("big")).unwrap(), big);
 }
 
+/// A write: where, and the bytes.
+type Logged = (u64, Vec<u8>);
+
 /// "The daemon can be killed (SIGKILL) at any moment: a re-mount ...
 /// shows exactly the state the application saw", for a file copied up by
 /// chunk: a writer overwrites 4 KiB records across the chunks of a large
 /// lower file (and across their boundaries) and appends, each write that
 /// returned logged; the daemon dies under it. After a remount the file is
-/// the lower bytes with every logged write applied, and the write in
-/// flight either wholly there or not at all.
-/// A write: where, and the bytes.
-type Logged = (u64, Vec<u8>);
-
+/// the lower bytes with every logged write applied; each byte of the
+/// write in flight (never acknowledged) is its old value or its new one,
+/// so that write may show wholly, not at all, or in part (the kernel may
+/// send it as two requests), and the length is the model's or reaches
+/// the end of that write.
 #[test]
 fn sigkill_during_writes_to_a_file_copied_up_by_chunk() {
     if !fuse_available() {
