@@ -2,6 +2,7 @@
 //! one JSON object, and build trees on disk.
 #![allow(dead_code)]
 
+pub mod chunk_ops;
 pub mod ops;
 pub mod s3;
 pub mod trees;
