@@ -399,6 +399,27 @@ impl Rig {
         self.big.is_empty() || fs::read(self.path(&self.big)).unwrap() == self.model
     }
 
+    /// Checks every file of the mount against the model.
+    #[track_caller]
+    fn check(&self, what: &str) {
+        assert!(
+            self.matches(),
+            "{what}: {} differs from the model",
+            self.big
+        );
+        for (name, bytes) in &self.others {
+            assert!(
+                fs::read(self.path(name)).unwrap() == *bytes,
+                "{what}: {name} differs from the model"
+            );
+        }
+    }
+
+    /// Unmounts and mounts again.
+    fn remount(&mut self) {
+        self.apply(&Op::Remount);
+    }
+
     /// Applies `ops`, checking the mount against the model after each,
     /// then seals and remounts a last time.
     fn run(&mut self, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -493,4 +514,332 @@ fn chunked_copy_up_on_a_remote_mount_seals_as_pack() {
             .run(&ops)
             .unwrap_or_else(|e| panic!("{ops:?}: {e}"));
     }
+}
+
+/// A local mount of a workspace whose `big` (4 chunks less a few bytes)
+/// is partly copied up: chunks 0 and 1 held by a write across their
+/// boundary, chunks 2 and 3 still the packet's.
+fn partly_written() -> Rig {
+    let mut r = Rig::new(4 * C - 777, false);
+    r.apply(&Op::WriteAt(C - 1000, 3000, 11));
+    r.check("after the first write");
+    r
+}
+
+/// `fallocate(fd, mode, offset, length)`.
+fn fallocate(f: &fs::File, mode: i32, offset: u64, length: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; no memory is passed.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// `copy_file_range` of `len` bytes from `from` at `at` to `to` at `to_at`,
+/// to the last byte.
+fn copy_range(from: &fs::File, at: u64, to: &fs::File, to_at: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (mut off_in, mut off_out) = (at as i64, to_at as i64);
+    let mut left = len as usize;
+    while left > 0 {
+        // SAFETY: valid descriptors and offsets that outlive the call.
+        let n = unsafe {
+            libc::copy_file_range(
+                from.as_raw_fd(),
+                &mut off_in,
+                to.as_raw_fd(),
+                &mut off_out,
+                left,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        left -= n as usize;
+    }
+}
+
+/// Drops the kernel's cached pages of `f`, so that reads reach the daemon.
+fn forget_pages(f: &fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; the call only advises the kernel.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+}
+
+/// Writes through a shared writable mapping of a partly copied file,
+/// in a held chunk across a boundary, in a chunk still the packet's and
+/// in the last one, reach the daemon at `msync`: the mount shows them,
+/// so does a remount after a `SIGKILL` (msync returned: they are
+/// acknowledged), and the seal is `pack` of them.
+#[test]
+fn mmap_writes_to_a_partly_copied_file_survive_a_kill_and_seal_as_pack() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.path("big"))
+        .unwrap();
+    let len = r.model.len();
+    let edits = [
+        (C as usize - 2, bytes(4, 21)),
+        (2 * C as usize + 100, bytes(5000, 22)),
+        (3 * C as usize - 1, bytes(2, 23)),
+        (len - 1, bytes(1, 24)),
+    ];
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh mapping of `len` bytes of an open file, written
+        // within its bounds and unmapped before the file is closed.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+            let p = p.cast::<u8>();
+            for (at, d) in &edits {
+                std::ptr::copy_nonoverlapping(d.as_ptr(), p.add(*at), d.len());
+            }
+            let synced = libc::msync(p.cast(), len, libc::MS_SYNC);
+            assert_eq!(synced, 0, "{}", std::io::Error::last_os_error());
+            libc::munmap(p.cast(), len);
+        }
+    }
+    drop(f);
+    for (at, d) in &edits {
+        r.model[*at..*at + d.len()].copy_from_slice(d);
+    }
+    r.check("after msync");
+    r.apply(&Op::Kill);
+    r.check("after a SIGKILL and a remount");
+    r.seal(false);
+    r.seal(true);
+    r.check("after the rebase");
+}
+
+/// `copy_file_range` into a partly copied file (across a held chunk and
+/// one still the packet's, and past its end) and out of it (from held and
+/// packet chunks alike) copies the bytes the mount shows; a remount shows
+/// the same and the seal is `pack` of them.
+#[test]
+fn copy_file_range_into_and_out_of_a_partly_copied_file() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    let src = bytes(10_000, 30);
+    fs::write(r.path("src.bin"), &src).unwrap();
+    r.others.insert("src.bin".into(), src.clone());
+    let big = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.path("big"))
+        .unwrap();
+    let from = fs::File::open(r.path("src.bin")).unwrap();
+    // Into: across chunks 1 (held) and 2 (the packet's), and past the end.
+    copy_range(&from, 0, &big, 2 * C - 5000, 10_000);
+    r.model[2 * C as usize - 5000..2 * C as usize + 5000].copy_from_slice(&src);
+    let end = r.model.len() as u64 - 3;
+    copy_range(&from, 100, &big, end, 50);
+    r.model.truncate(end as usize);
+    r.model.extend(&src[100..150]);
+    // Out: from chunk 0's end (held) through chunk 1 into chunk 2, and all
+    // of chunk 3 (the packet's but for its grown end).
+    let out = fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(r.path("out.bin"))
+        .unwrap();
+    copy_range(&big, C - 100, &out, 0, C + 200);
+    let tail = r.model.len() as u64 - 3 * C;
+    copy_range(&big, 3 * C, &out, C + 200, tail);
+    let mut want = r.model[C as usize - 100..2 * C as usize + 100].to_vec();
+    want.extend(&r.model[3 * C as usize..]);
+    r.others.insert("out.bin".into(), want);
+    drop((big, from, out));
+    r.check("after the copies");
+    r.remount();
+    r.check("after a remount");
+    r.seal(false);
+}
+
+/// A partly copied file renamed keeps its chunk map under the new name:
+/// written again there, remounted, sealed with `--rebase`, written again
+/// (a chunk the rebased packet holds) and sealed: each seal `pack` of it.
+#[test]
+fn a_partly_copied_file_renamed_then_remounted_seals_as_pack() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    fs::create_dir(r.path("d")).unwrap();
+    fs::rename(r.path("big"), r.path("d/moved")).unwrap();
+    r.big = "d/moved".into();
+    r.apply(&Op::WriteAt(3 * C - 1, 2, 31));
+    r.check("after the rename");
+    r.remount();
+    r.check("after a remount");
+    r.seal(true);
+    r.check("after the rebase");
+    r.apply(&Op::WriteAt(2 * C + 1, 1, 32));
+    r.apply(&Op::Append(C, 33));
+    r.remount();
+    r.seal(false);
+}
+
+/// `fallocate` mode 0 on a partly copied file: inside a chunk still the
+/// packet's it changes no byte; past the end it extends the file with
+/// zeros. `FALLOC_FL_ZERO_RANGE` zeroes across a chunk boundary. A
+/// remount shows the same, and the seal is `pack` of it.
+#[test]
+fn fallocate_on_a_partly_copied_file() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(r.path("big"))
+        .unwrap();
+    fallocate(&f, 0, 2 * C + 10, 100).unwrap();
+    r.check("after an allocation inside");
+    let end = r.model.len() as u64 - 10;
+    fallocate(&f, 0, end, C).unwrap();
+    r.model.resize((end + C) as usize, 0);
+    r.check("after an allocation past the end");
+    // The kernel passes the mode on to the daemon (Linux 6.18 does), which
+    // zeroes the range in the data file (ext4, tmpfs and xfs take it).
+    fallocate(&f, libc::FALLOC_FL_ZERO_RANGE, 3 * C - 1, 3).unwrap();
+    r.model[3 * C as usize - 1..3 * C as usize + 2].fill(0);
+    drop(f);
+    r.check("after FALLOC_FL_ZERO_RANGE");
+    r.remount();
+    r.check("after a remount");
+    r.seal(false);
+}
+
+/// A descriptor opened on the lower file before its first write (for
+/// reading, and one for writing) sees the writes made through another,
+/// from the daemon (its cached pages dropped); a write through it copies
+/// up as any other.
+#[test]
+fn a_descriptor_opened_before_the_first_write_sees_the_writes() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = Rig::new(4 * C - 777, false);
+    let early = fs::File::open(r.path("big")).unwrap();
+    let early_rw = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.path("big"))
+        .unwrap();
+    let mut head = vec![0; 100];
+    early.read_exact_at(&mut head, C).unwrap();
+    r.apply(&Op::WriteAt(C + 1, 10, 41));
+    r.apply(&Op::Append(7, 42));
+    forget_pages(&early);
+    let mut got = vec![0; r.model.len()];
+    early.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == r.model, "the early descriptor reads other bytes");
+    let d = bytes(3, 43);
+    early_rw.write_all_at(&d, 2 * C - 1).unwrap();
+    r.model[2 * C as usize - 1..2 * C as usize + 2].copy_from_slice(&d);
+    forget_pages(&early);
+    early.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == r.model, "the early descriptor misses its own write");
+    drop((early, early_rw));
+    r.check("after the writes");
+    r.apply(&Op::Kill);
+    r.check("after a SIGKILL and a remount");
+    r.seal(false);
+}
+
+/// "A file that has been rewritten wholly may become a plain upper file
+/// again": a partly copied file opened with `O_TRUNC` and written whole
+/// is; its journal holds every chunk of the lower entry (an empty chunk
+/// map, docs/upper-format.md), the remount shows the new bytes, and the
+/// seal hashes all of them and is `pack` of them.
+#[test]
+fn a_whole_rewrite_leaves_a_plain_upper_file() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    let ino = std::os::unix::fs::MetadataExt::ino(&fs::metadata(r.path("big")).unwrap());
+    let new = bytes(4 * C - 777, 50);
+    fs::write(r.path("big"), &new).unwrap();
+    r.model = new;
+    r.check("after the rewrite");
+    // The journal: copied up by chunk, and every lower chunk held since.
+    let journal = fs::read_to_string(r.m().upper.join("journal")).unwrap();
+    let records: Vec<serde_json::Value> = journal
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["ino"] == ino)
+        .collect();
+    assert!(
+        records
+            .iter()
+            .any(|v| v["op"] == "copy_up" && v["chunks"] == true),
+        "{journal}"
+    );
+    let mut held = [false; 4];
+    for v in records.iter().filter(|v| v["op"] == "hold") {
+        for run in v["chunks"].as_array().unwrap() {
+            (run[0].as_u64().unwrap()..run[1].as_u64().unwrap())
+                .for_each(|k| held[k as usize] = true);
+        }
+    }
+    assert_eq!(held, [true; 4], "{journal}");
+    r.remount();
+    r.check("after a remount");
+    let v = r.seal(false);
+    let hashed = v["bytes_hashed"].as_u64().unwrap();
+    assert!(hashed >= 4 * C - 777, "hashed {hashed}: {v}");
+}
+
+/// A hard link made on the mount to a partly copied file: a write through
+/// either name shows through both, across a `SIGKILL` and a remount; the
+/// seal is `pack` of two files; after a `--rebase` the two names are two
+/// files (as the packet holds them), each sealed as it is.
+#[test]
+fn a_hard_link_to_a_partly_copied_file() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    fs::hard_link(r.path("big"), r.path("alias")).unwrap();
+    let d = bytes(3, 60);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(r.path("alias"))
+        .unwrap();
+    f.write_all_at(&d, 2 * C - 1).unwrap();
+    drop(f);
+    r.model[2 * C as usize - 1..2 * C as usize + 2].copy_from_slice(&d);
+    r.apply(&Op::Append(5, 61));
+    r.others.insert("alias".into(), r.model.clone());
+    r.check("after writes through both names");
+    r.apply(&Op::Kill);
+    r.check("after a SIGKILL and a remount");
+    r.seal(false);
+    r.seal(true);
+    r.apply(&Op::WriteAt(3 * C, 2, 62));
+    r.check("after a write to one of the two files the rebase made");
+    r.seal(false);
 }
