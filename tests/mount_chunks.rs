@@ -15,7 +15,7 @@ mod common;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -841,5 +841,66 @@ fn a_hard_link_to_a_partly_copied_file() {
     r.seal(true);
     r.apply(&Op::WriteAt(3 * C, 2, 62));
     r.check("after a write to one of the two files the rebase made");
+    r.seal(false);
+}
+
+/// A rebase that keeps a partly copied file out of its packet
+/// (`--exclude`) keeps it on the mount, whole: its chunks still the old
+/// packet's are copied into its data file first ("a file kept on the mount
+/// across a `--rebase` ... every chunk still in the map", upper-format.md),
+/// so that it reads the same once the old packet is gone, after a remount
+/// too; sealed without the exclusion it is `pack` of it.
+#[test]
+fn a_rebase_keeps_an_excluded_partly_copied_file_whole() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    let old = PathBuf::from(&r.packet);
+    r.seal_with(true, &["--exclude", "big"]);
+    fs::remove_file(&old).unwrap();
+    forget_pages(&fs::File::open(r.path("big")).unwrap());
+    r.check("after the rebase, the old packet gone");
+    r.remount();
+    r.check("after a remount");
+    r.apply(&Op::WriteAt(2 * C + 7, 2, 70));
+    r.seal(false);
+}
+
+/// A rebase while a partly copied file is unlinked but open keeps it for
+/// its descriptor, whole: it reads the same through the descriptor once
+/// the old packet is gone (cached pages dropped), takes writes in chunks
+/// the old packet held, and no seal holds it.
+#[test]
+fn a_rebase_keeps_an_unlinked_open_partly_copied_file_whole() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(r.path("big"))
+        .unwrap();
+    fs::remove_file(r.path("big")).unwrap();
+    r.big = String::new();
+    let old = PathBuf::from(&r.packet);
+    r.seal(true);
+    fs::remove_file(&old).unwrap();
+    forget_pages(&f);
+    let mut got = vec![0; r.model.len()];
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == r.model, "the unlinked file reads other bytes");
+    let d = bytes(3, 71);
+    f.write_all_at(&d, 3 * C - 1).unwrap();
+    r.model[3 * C as usize - 1..3 * C as usize + 2].copy_from_slice(&d);
+    forget_pages(&f);
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == r.model, "the unlinked file misses its write");
+    r.seal(false);
+    drop(f);
+    r.check("after the descriptor closed");
+    r.remount();
+    assert!(!r.path("big").exists());
     r.seal(false);
 }
