@@ -904,3 +904,40 @@ fn a_rebase_keeps_an_unlinked_open_partly_copied_file_whole() {
     assert!(!r.path("big").exists());
     r.seal(false);
 }
+
+/// `seal --packet-version 1` of a partly copied file (through the
+/// daemon) is `pack --packet-version 1` of it, whose whole-file hash the
+/// seal computes from chunks it did not write; and after a `--rebase` onto
+/// that /1 packet, a /2 seal is `pack` /2.
+#[test]
+fn a_partly_copied_file_sealed_as_version_1_is_pack_version_1() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = partly_written();
+    r.apply(&Op::Append(3, 80));
+    let v1 = ["--packet-version", "1"];
+    r.seal_with(false, &v1);
+    r.seal_with(true, &v1);
+    r.apply(&Op::WriteAt(3 * C + 1, 5, 81));
+    r.seal(false);
+    r.seal_with(false, &v1);
+}
+
+/// A /1 packet mounted, a file in it partly written: the /2 seal (the
+/// default) is `pack` /2 of it, before and after a `SIGKILL`.
+#[test]
+fn a_version_1_packet_partly_written_seals_as_pack_version_2() {
+    if !fuse_available() {
+        return;
+    }
+    let mut r = Rig::with(4 * C - 777, false, &["--packet-version", "1"]);
+    r.apply(&Op::WriteAt(2 * C - 1, 2, 90));
+    r.apply(&Op::Truncate(3 * C + 1));
+    r.seal(false);
+    r.apply(&Op::Kill);
+    r.apply(&Op::WriteAt(C, 1, 91));
+    r.seal(true);
+    r.apply(&Op::Append(10, 92));
+    r.seal(false);
+}
