@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::chunk_ops::{C, Op, apply_to_file, apply_to_model, mount_op};
+use common::chunk_ops::{C, Op, apply_to_file, apply_to_model, mount_op, try_apply_to_file};
 use common::*;
 use proptest::prelude::*;
 
@@ -244,6 +244,8 @@ struct Rig {
     /// The other files of the tree, and their bytes.
     others: std::collections::BTreeMap<String, Vec<u8>>,
     seals: usize,
+    /// The test barrier directory the next mount's daemon is given.
+    barrier: Option<PathBuf>,
 }
 
 impl Rig {
@@ -278,6 +280,7 @@ impl Rig {
             model,
             others: [("small.txt".to_string(), b"small\n".to_vec())].into(),
             seals: 0,
+            barrier: None,
         };
         rig.mount();
         rig
@@ -300,7 +303,10 @@ impl Rig {
                 common::s3::env(moto.port)
             }
         };
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        if let Some(bar) = &self.barrier {
+            env.push(("SESSIONFS_TEST_BARRIER", bar.to_str().unwrap()));
+        }
         let m = Mounted::with_env(
             Path::new(&self.packet),
             &t.join("mnt"),
@@ -940,4 +946,56 @@ fn a_version_1_packet_partly_written_seals_as_pack_version_2() {
     r.seal(true);
     r.apply(&Op::Append(10, 92));
     r.seal(false);
+}
+
+/// The window between a change to a file copied up by chunk and its
+/// `hold` record (docs/upper-format.md, "Why every order of steps is
+/// safe"): "a change of size ... shows as soon as `set_len` (or a write
+/// past the end) returns, before its `hold` record ... So a remount after
+/// a kill between a truncation and its record shows the file truncated,
+/// as the data file is, and holds the cut chunks then"; a change that
+/// keeps the size shows as before it, its chunk still the packet's. The
+/// daemon is killed there (test barrier `chunk-hold`), the change never
+/// answered. After the remount the file is as the model says, and grown
+/// again it shows zeros where chunks were cut, never the packet's bytes;
+/// it seals as `pack` of that.
+#[test]
+fn a_kill_between_a_change_and_its_hold_record() {
+    if !fuse_available() {
+        return;
+    }
+    // (the change, whether the remount shows it)
+    let cases = [
+        // Cuts chunk 2 (the packet's), drops chunk 3.
+        (Op::Truncate(2 * C + 5), true),
+        // Drops chunks 2 and 3, at a boundary.
+        (Op::Truncate(2 * C), true),
+        // Grows: chunk 3's end moves.
+        (Op::WriteAt(4 * C + 10, 3, 100), true),
+        // Overwrites in chunk 2: the size stays.
+        (Op::WriteAt(2 * C + 100, 10, 101), false),
+    ];
+    for (op, shows) in cases {
+        let mut r = partly_written();
+        let bar = r.tmp.path().join("bar");
+        fs::create_dir(&bar).unwrap();
+        r.barrier = Some(bar.clone());
+        r.remount();
+        let change = {
+            let (path, op) = (r.path("big"), op.clone());
+            std::thread::spawn(move || try_apply_to_file(&path, &op))
+        };
+        wait_reached(&bar, "chunk-hold");
+        r.barrier = None;
+        r.apply(&Op::Kill);
+        let answer = change.join().unwrap();
+        assert!(answer.is_err(), "{op:?} was answered: {answer:?}");
+        if shows {
+            apply_to_model(&mut r.model, &op);
+        }
+        r.check(&format!("{op:?}, after the remount"));
+        r.apply(&Op::Truncate(5 * C));
+        r.check(&format!("{op:?}, grown after the remount"));
+        r.seal(false);
+    }
 }

@@ -87,28 +87,34 @@ pub fn apply_to_model(model: &mut Vec<u8>, op: &Op) -> bool {
 /// Applies a change of content to the file at `path` with the system
 /// calls an application makes (`pwrite`, `O_APPEND` write, `ftruncate`,
 /// `fallocate`); false for the other operations.
+#[track_caller]
 pub fn apply_to_file(path: &Path, op: &Op) -> bool {
-    let open = || fs::OpenOptions::new().write(true).open(path).unwrap();
+    try_apply_to_file(path, op).unwrap_or_else(|e| panic!("{op:?}: {e}"))
+}
+
+/// [`apply_to_file`], returning what fails.
+pub fn try_apply_to_file(path: &Path, op: &Op) -> std::io::Result<bool> {
+    let open = || fs::OpenOptions::new().write(true).open(path);
     match *op {
         Op::WriteAt(off, len, seed) => {
-            open()
-                .write_all_at(&super::noise(seed, len as usize), off)
-                .unwrap();
+            open()?.write_all_at(&super::noise(seed, len as usize), off)?
         }
         Op::Append(len, seed) => {
-            let mut f = fs::OpenOptions::new().append(true).open(path).unwrap();
-            f.write_all(&super::noise(seed, len as usize)).unwrap();
+            let mut f = fs::OpenOptions::new().append(true).open(path)?;
+            f.write_all(&super::noise(seed, len as usize))?;
         }
-        Op::Truncate(size) => open().set_len(size).unwrap(),
+        Op::Truncate(size) => open()?.set_len(size)?,
         Op::Punch(off, len) => {
             use std::os::fd::AsRawFd;
-            let f = open();
+            let f = open()?;
             let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
             // SAFETY: a valid descriptor; no memory is passed.
             let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off as i64, len as i64) };
-            assert_eq!(r, 0, "{op:?}: {}", std::io::Error::last_os_error());
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
-        Op::Remount | Op::Seal(_) | Op::Kill => return false,
+        Op::Remount | Op::Seal(_) | Op::Kill => return Ok(false),
     }
-    true
+    Ok(true)
 }
