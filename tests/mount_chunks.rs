@@ -441,7 +441,7 @@ impl Rig {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 10, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 8, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// tests/chunks.rs's model test through a real mount of a local
     /// packet ("seal == pack, still byte for byte", issue 33): writes,
