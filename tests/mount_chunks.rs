@@ -515,7 +515,8 @@ fn chunked_copy_up_on_a_remote_mount_seals_as_pack() {
             ],
         ),
     ];
-    for (size, ops) in sequences {
+    for (size, mut ops) in sequences {
+        ops.retain(common::chunk_ops::on_mounts);
         Rig::new(size, true)
             .run(&ops)
             .unwrap_or_else(|e| panic!("{ops:?}: {e}"));
@@ -533,50 +534,25 @@ fn partly_written() -> Rig {
 }
 
 /// `fallocate(fd, mode, offset, length)`.
+#[cfg(target_os = "linux")]
 fn fallocate(f: &fs::File, mode: i32, offset: u64, length: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid descriptor; no memory is passed.
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    let mode = nix::fcntl::FallocateFlags::from_bits_retain(mode);
+    nix::fcntl::fallocate(f, mode, offset as i64, length as i64)?;
+    Ok(())
 }
 
 /// `copy_file_range` of `len` bytes from `from` at `at` to `to` at `to_at`,
 /// to the last byte.
+#[cfg(target_os = "linux")]
 fn copy_range(from: &fs::File, at: u64, to: &fs::File, to_at: u64, len: u64) {
-    use std::os::fd::AsRawFd;
     let (mut off_in, mut off_out) = (at as i64, to_at as i64);
     let mut left = len as usize;
     while left > 0 {
-        // SAFETY: valid descriptors and offsets that outlive the call.
-        let n = unsafe {
-            libc::copy_file_range(
-                from.as_raw_fd(),
-                &mut off_in,
-                to.as_raw_fd(),
-                &mut off_out,
-                left,
-                0,
-            )
-        };
-        assert!(
-            n > 0,
-            "copy_file_range: {}",
-            std::io::Error::last_os_error()
-        );
-        left -= n as usize;
+        let n = nix::fcntl::copy_file_range(from, Some(&mut off_in), to, Some(&mut off_out), left)
+            .unwrap_or_else(|e| panic!("copy_file_range: {e}"));
+        assert!(n > 0, "copy_file_range: the source ended");
+        left -= n;
     }
-}
-
-/// Drops the kernel's cached pages of `f`, so that reads reach the daemon.
-fn forget_pages(f: &fs::File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid descriptor; the call only advises the kernel.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(r, 0);
 }
 
 /// Writes through a shared writable mapping of a partly copied file,
@@ -642,6 +618,7 @@ fn mmap_writes_to_a_partly_copied_file_survive_a_kill_and_seal_as_pack() {
 /// packet chunks alike) copies the bytes the mount shows; a remount shows
 /// the same and the seal is `pack` of them.
 #[test]
+#[cfg(target_os = "linux")] // copy_file_range
 fn copy_file_range_into_and_out_of_a_partly_copied_file() {
     if !fuse_available() {
         return;
@@ -712,6 +689,7 @@ fn a_partly_copied_file_renamed_then_remounted_seals_as_pack() {
 /// zeros. `FALLOC_FL_ZERO_RANGE` zeroes across a chunk boundary. A
 /// remount shows the same, and the seal is `pack` of it.
 #[test]
+#[cfg(target_os = "linux")] // macFUSE sends no fallocate
 fn fallocate_on_a_partly_copied_file() {
     if !fuse_available() {
         return;
@@ -758,14 +736,14 @@ fn a_descriptor_opened_before_the_first_write_sees_the_writes() {
     early.read_exact_at(&mut head, C).unwrap();
     r.apply(&Op::WriteAt(C + 1, 10, 41));
     r.apply(&Op::Append(7, 42));
-    forget_pages(&early);
+    drop_cached_pages(&early);
     let mut got = vec![0; r.model.len()];
     early.read_exact_at(&mut got, 0).unwrap();
     assert!(got == r.model, "the early descriptor reads other bytes");
     let d = bytes(3, 43);
     early_rw.write_all_at(&d, 2 * C - 1).unwrap();
     r.model[2 * C as usize - 1..2 * C as usize + 2].copy_from_slice(&d);
-    forget_pages(&early);
+    drop_cached_pages(&early);
     early.read_exact_at(&mut got, 0).unwrap();
     assert!(got == r.model, "the early descriptor misses its own write");
     drop((early, early_rw));
@@ -865,7 +843,7 @@ fn a_rebase_keeps_an_excluded_partly_copied_file_whole() {
     let old = PathBuf::from(&r.packet);
     r.seal_with(true, &["--exclude", "big"]);
     fs::remove_file(&old).unwrap();
-    forget_pages(&fs::File::open(r.path("big")).unwrap());
+    drop_cached_pages(&fs::File::open(r.path("big")).unwrap());
     r.check("after the rebase, the old packet gone");
     r.remount();
     r.check("after a remount");
@@ -893,14 +871,14 @@ fn a_rebase_keeps_an_unlinked_open_partly_copied_file_whole() {
     let old = PathBuf::from(&r.packet);
     r.seal(true);
     fs::remove_file(&old).unwrap();
-    forget_pages(&f);
+    drop_cached_pages(&f);
     let mut got = vec![0; r.model.len()];
     f.read_exact_at(&mut got, 0).unwrap();
     assert!(got == r.model, "the unlinked file reads other bytes");
     let d = bytes(3, 71);
     f.write_all_at(&d, 3 * C - 1).unwrap();
     r.model[3 * C as usize - 1..3 * C as usize + 2].copy_from_slice(&d);
-    forget_pages(&f);
+    drop_cached_pages(&f);
     f.read_exact_at(&mut got, 0).unwrap();
     assert!(got == r.model, "the unlinked file misses its write");
     r.seal(false);
