@@ -249,6 +249,8 @@ struct Rig {
 }
 
 impl Rig {
+    /// `big` of `size` bytes, in a packet on this machine or, when
+    /// `remote`, in a bucket of its own.
     fn new(size: u64, remote: bool) -> Rig {
         Rig::with(size, remote, &[])
     }
