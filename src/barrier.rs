@@ -1,7 +1,7 @@
-//! Test barriers: named points where `pack`, `unpack` and `seal` pause, so
-//! that tests can change the world at an exact moment (a file between two
-//! reads, a crash between two steps, a signal after the commit). The
-//! points are the [`Point`]s.
+//! Test barriers: named points where `pack`, `unpack`, `seal` and a
+//! mount's daemon pause, so that tests can change the world at an exact
+//! moment (a file between two reads, a crash between two steps, a signal
+//! after the commit). The points are the [`Point`]s.
 //!
 //! Compiled in only with the cargo feature `test-hooks`, which the tests
 //! enable (the package is its own dev-dependency with that feature, so
@@ -43,6 +43,10 @@ pub enum Point {
     RebaseCompacted,
     /// Pack: the result is printed.
     Reported,
+    /// Mount: a change to a file copied up by chunk is in its data file
+    /// (a change of size shows already), its `hold` record not yet
+    /// written (src/overlay/chunked.rs).
+    ChunkHold,
     /// The signal thread has put off a signal that came after the commit.
     InterruptDeferred,
 }
@@ -81,7 +85,7 @@ mod hooks {
     use super::Point;
     use std::path::{Path, PathBuf};
 
-    const ALL: [Point; 13] = [
+    const ALL: [Point; 14] = [
         Point::WalkedRoots,
         Point::Collecting,
         Point::Collected,
@@ -94,6 +98,7 @@ mod hooks {
         Point::RebaseRecorded,
         Point::RebaseCompacted,
         Point::Reported,
+        Point::ChunkHold,
         Point::InterruptDeferred,
     ];
     // Every point is in ALL: the last is the last variant.
@@ -115,6 +120,7 @@ mod hooks {
                 Point::RebaseRecorded => "rebase-recorded",
                 Point::RebaseCompacted => "rebase-compacted",
                 Point::Reported => "reported",
+                Point::ChunkHold => "chunk-hold",
                 Point::InterruptDeferred => "interrupt-deferred",
             }
         }

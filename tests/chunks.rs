@@ -12,11 +12,10 @@ mod common;
 use std::fs;
 use std::path::PathBuf;
 
+use common::chunk_ops::{C, Op, apply_to_model, op};
 use common::*;
 use proptest::prelude::*;
 use sessionfs::api::{FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE, Overlay, ROOT, SetAttr};
-
-const C: u64 = 4 * 1024 * 1024;
 
 /// `n` bytes that differ from chunk to chunk and from `seed` to `seed`.
 fn bytes(n: u64, seed: u64) -> Vec<u8> {
@@ -182,39 +181,6 @@ fn a_write_of_a_whole_chunk_copies_nothing() {
     s.seal(&o, "t", false);
 }
 
-/// One operation on `big` (offsets near chunk boundaries), or a remount,
-/// or a seal.
-#[derive(Clone, Debug)]
-enum Op {
-    WriteAt(u64, u64, u64),
-    Append(u64, u64),
-    Truncate(u64),
-    /// `fallocate` punching a hole (keeps the size).
-    Punch(u64, u64),
-    Remount,
-    Seal(bool),
-}
-
-/// An offset at a chunk boundary, one byte either side of one, or anywhere.
-fn offset() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        (0u64..4, -1i64..=1).prop_map(|(k, d)| (k * C).saturating_add_signed(d)),
-        0u64..4 * C,
-    ]
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let len = prop_oneof![Just(1u64), 1u64..5000, Just(C), Just(C + 1), Just(C - 1)];
-    prop_oneof![
-        4 => (offset(), len.clone(), any::<u64>()).prop_map(|(o, l, s)| Op::WriteAt(o, l, s)),
-        2 => (len.clone(), any::<u64>()).prop_map(|(l, s)| Op::Append(l, s)),
-        2 => offset().prop_map(Op::Truncate),
-        1 => (offset(), len).prop_map(|(o, l)| Op::Punch(o, l)),
-        1 => Just(Op::Remount),
-        1 => any::<bool>().prop_map(Op::Seal),
-    ]
-}
-
 /// Applies `ops` to `big` (2.5 chunks, and a hard link to it, `alias`,
 /// made on the mount) and to the model, comparing both names' bytes with
 /// the model after every step, and seal with pack at each seal and at the
@@ -227,42 +193,35 @@ fn check(ops: &[Op]) -> Result<(), TestCaseError> {
     let mut seals = 0;
     for (k, op) in ops.iter().enumerate() {
         let big = ino(&o, "big");
+        if apply_to_model(&mut s.model, op) {
+            match *op {
+                Op::WriteAt(off, len, seed) => {
+                    o.write(big, off, &bytes(len, seed)).unwrap();
+                }
+                Op::Append(len, seed) => {
+                    let at = o.getattr(big).unwrap().size;
+                    o.write(big, at, &bytes(len, seed)).unwrap();
+                }
+                Op::Truncate(size) => {
+                    let size = Some(size);
+                    o.setattr(
+                        big,
+                        SetAttr {
+                            size,
+                            ..SetAttr::default()
+                        },
+                    )
+                    .unwrap();
+                }
+                Op::Punch(off, len) => {
+                    let mode = FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE;
+                    o.fallocate(big, off, len, mode).unwrap();
+                }
+                _ => unreachable!(),
+            }
+        }
         match op {
-            Op::WriteAt(off, len, seed) => {
-                let data = bytes(*len, *seed);
-                o.write(big, *off, &data).unwrap();
-                let end = (*off + len) as usize;
-                if s.model.len() < end {
-                    s.model.resize(end, 0);
-                }
-                s.model[*off as usize..end].copy_from_slice(&data);
-            }
-            Op::Append(len, seed) => {
-                let data = bytes(*len, *seed);
-                let at = o.getattr(big).unwrap().size;
-                o.write(big, at, &data).unwrap();
-                s.model.extend(&data);
-            }
-            Op::Truncate(size) => {
-                o.setattr(
-                    big,
-                    SetAttr {
-                        size: Some(*size),
-                        ..SetAttr::default()
-                    },
-                )
-                .unwrap();
-                s.model.resize(*size as usize, 0);
-            }
-            Op::Punch(off, len) => {
-                let mode = FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE;
-                o.fallocate(big, *off, *len, mode).unwrap();
-                let end = ((off + len) as usize).min(s.model.len());
-                if (*off as usize) < end {
-                    s.model[*off as usize..end].fill(0);
-                }
-            }
-            Op::Remount => {
+            Op::Remount | Op::Kill => {
                 drop(o);
                 o = s.open();
             }
@@ -270,6 +229,7 @@ fn check(ops: &[Op]) -> Result<(), TestCaseError> {
                 seals += 1;
                 s.seal(&o, &format!("s{seals}"), *rebase);
             }
+            _ => {}
         }
         prop_assert!(
             read_all(&o, "big") == s.model,

@@ -150,6 +150,9 @@ impl Overlay {
             ino,
             chunks: runs(ks),
         };
+        // The window a kill may hit: the change made, its record not.
+        let bar = crate::barrier::from_env();
+        crate::barrier::wait(bar.as_deref(), crate::barrier::Point::ChunkHold);
         self.commit_unless_unnamed(&mut self.state.write(), ino, rec)?;
         self.stats
             .chunks_held

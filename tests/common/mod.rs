@@ -2,6 +2,7 @@
 //! one JSON object, and build trees on disk.
 #![allow(dead_code)]
 
+pub mod chunk_ops;
 pub mod ops;
 pub mod s3;
 pub mod trees;
@@ -606,11 +607,15 @@ pub const POINTS: [&str; 9] = [
     "rebase-compacted",
 ];
 
-/// Prepares barrier directory `bar` so that a seal pauses at `point` only:
-/// every other point finds its `.go` file already there.
+/// The points a mount's daemon passes outside a seal (src/barrier.rs).
+pub const MOUNT_POINTS: [&str; 1] = ["chunk-hold"];
+
+/// Prepares barrier directory `bar` so that a seal, or a mount's daemon,
+/// pauses at `point` only: every other point finds its `.go` file already
+/// there.
 pub fn arm_barrier(bar: &Path, point: &str) {
     fs::create_dir_all(bar).unwrap();
-    for p in POINTS.iter().filter(|p| **p != point) {
+    for p in POINTS.iter().chain(&MOUNT_POINTS).filter(|p| **p != point) {
         fs::write(bar.join(format!("{p}.go")), b"").unwrap();
     }
 }
