@@ -1936,7 +1936,7 @@ const PACK_POINTS: [&str; 5] = [
 /// Starts `pack --workspace ws -o out` with its test barrier in `bar`,
 /// its output captured.
 fn spawn_pack(ws: &Path, out: &Path, bar: &Path) -> std::process::Child {
-    Command::new(bin())
+    with_default_signals(&mut Command::new(bin()))
         .args(["pack", "--workspace", ws.to_str().unwrap(), "-o"])
         .arg(out)
         .env("SESSIONFS_TEST_BARRIER", bar)

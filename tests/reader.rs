@@ -942,7 +942,7 @@ fn unpack_paused(p: &Path, into: &Path, bar: &Path) -> std::process::Child {
 
 /// Starts `unpack p --into into` with its test barrier in `bar`.
 fn spawn_unpack(p: &Path, into: &Path, bar: &Path) -> std::process::Child {
-    std::process::Command::new(common::bin())
+    common::with_default_signals(&mut std::process::Command::new(common::bin()))
         .args([
             "unpack",
             p.to_str().unwrap(),
@@ -1202,7 +1202,7 @@ fn an_unpack_interrupted_at_any_moment_leaves_nothing_behind() {
     let (mut stopped, mut finished) = (0, 0);
     for delay_ms in [5u64, 15, 30, 60, 120, 250, 400] {
         let into = tmp.path().join(format!("r{delay_ms}"));
-        let child = std::process::Command::new(common::bin())
+        let child = common::with_default_signals(&mut std::process::Command::new(common::bin()))
             .args([
                 "unpack",
                 p.to_str().unwrap(),

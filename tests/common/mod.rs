@@ -19,6 +19,25 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sessionfs"))
 }
 
+/// `cmd`, started with SIGINT, SIGTERM and SIGHUP at their defaults. A
+/// test run started ignoring one (a background job of a non-interactive
+/// shell ignores SIGINT; `nohup`, SIGHUP) passes that on to what it
+/// starts, and sessionfs leaves a signal it was started ignoring alone, by
+/// design: tests that send those signals start their commands with this.
+pub fn with_default_signals(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only signal(2), which is async-signal-safe, between fork
+    // and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(s, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}
+
 /// What a run produced.
 #[derive(Debug)]
 pub struct Run {
