@@ -293,6 +293,7 @@ class StatusResult(_Result):
     read_bytes: int = 0
     writes: int = 0
     copy_ups: int = 0
+    chunks_held: int = 0
     verified_bytes: int = 0
     read_inodes: list[int] = field(default_factory=list)
     secrets: list[Secret] = field(default_factory=list)
