@@ -37,7 +37,7 @@ turn() { # FROM TO COMMAND
 }
 [ -f "$s3/S0.packet" ] || "$bin" pack --workspace "$S" -o "$s3/S0.packet" >/dev/null
 turn S0 S "git status --short >/dev/null"
-turn S S2 "change . $s_files"
+[ "$only" = grep ] || turn S S2 "change . $s_files"
 first=$(cd "$S" && find . -path ./.git -prune -o -type f -print | sort | sed -n 1p)
 pids=()
 trap 'unmount $m; unmount $mp; kill "${pids[@]}" 2>/dev/null || true' EXIT
