@@ -12,15 +12,10 @@ mod common;
 use std::fs;
 use std::path::PathBuf;
 
-use common::chunk_ops::{C, Op, apply_to_model, op};
+use common::chunk_ops::{C, Op, apply_to_model, bytes, op, packed_workspace};
 use common::*;
 use proptest::prelude::*;
 use sessionfs::api::{FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE, Overlay, ROOT, SetAttr};
-
-/// `n` bytes that differ from chunk to chunk and from `seed` to `seed`.
-fn bytes(n: u64, seed: u64) -> Vec<u8> {
-    noise(seed, n as usize)
-}
 
 fn ino(o: &Overlay, name: &str) -> u64 {
     o.lookup(ROOT, name.as_bytes()).unwrap().ino
@@ -58,11 +53,7 @@ struct Session {
 impl Session {
     fn new(size: u64) -> Session {
         let tmp = tempfile::tempdir().unwrap();
-        let ws = tmp.path().join("ws");
-        let model = bytes(size, 1);
-        write(&ws, "big", &model);
-        write(&ws, "small.txt", b"small\n");
-        let packet = packet_of(&ws, tmp.path(), "p", &["--zero-mtimes"]);
+        let (model, packet) = packed_workspace(tmp.path(), size, &[]);
         let upper = tmp.path().join("upper");
         Session {
             tmp,

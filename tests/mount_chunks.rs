@@ -19,14 +19,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::chunk_ops::{C, Op, apply_to_file, apply_to_model, mount_op, try_apply_to_file};
+use common::chunk_ops::{
+    C, Op, apply_to_file, apply_to_model, bytes, mount_op, packed_workspace, try_apply_to_file,
+};
 use common::*;
 use proptest::prelude::*;
-
-/// `n` bytes that differ from chunk to chunk and from `seed` to `seed`.
-fn bytes(n: u64, seed: u64) -> Vec<u8> {
-    noise(seed, n as usize)
-}
 
 /// A workspace of `big` (`size` bytes) and a small file, packed with
 /// mtimes zeroed, mounted.
@@ -258,13 +255,7 @@ impl Rig {
     /// [`Rig::new`], with `extra` arguments to the `pack` of the packet.
     fn with(size: u64, remote: bool, extra: &[&str]) -> Rig {
         let tmp = tempfile::tempdir().unwrap();
-        let ws = tmp.path().join("ws");
-        let model = bytes(size, 1);
-        write(&ws, "big", &model);
-        write(&ws, "small.txt", b"small\n");
-        let mut args = vec!["--zero-mtimes"];
-        args.extend(extra);
-        let p = packet_of(&ws, tmp.path(), "p", &args);
+        let (model, p) = packed_workspace(tmp.path(), size, extra);
         let (store, packet) = if remote {
             let (moto, b) = (common::s3::moto(), common::s3::bucket());
             moto.put(&b, "p.packet", &fs::read(&p).unwrap());
@@ -421,6 +412,27 @@ impl Rig {
                 "{what}: {name} differs from the model"
             );
         }
+    }
+
+    /// Writes `data` at `at` through `f` (a descriptor of `big`, or of a
+    /// name of the same file), and into the model.
+    fn write_through(&mut self, f: &fs::File, at: u64, data: &[u8]) {
+        f.write_all_at(data, at).unwrap();
+        let end = at as usize + data.len();
+        if self.model.len() < end {
+            self.model.resize(end, 0);
+        }
+        self.model[at as usize..end].copy_from_slice(data);
+    }
+
+    /// Checks that `f` reads the model from the daemon (its cached pages
+    /// dropped first).
+    #[track_caller]
+    fn check_through(&self, f: &fs::File, what: &str) {
+        drop_cached_pages(f);
+        let mut got = vec![0; self.model.len()];
+        f.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == self.model, "{what}");
     }
 
     /// Unmounts and mounts again.
@@ -738,16 +750,9 @@ fn a_descriptor_opened_before_the_first_write_sees_the_writes() {
     early.read_exact_at(&mut head, C).unwrap();
     r.apply(&Op::WriteAt(C + 1, 10, 41));
     r.apply(&Op::Append(7, 42));
-    drop_cached_pages(&early);
-    let mut got = vec![0; r.model.len()];
-    early.read_exact_at(&mut got, 0).unwrap();
-    assert!(got == r.model, "the early descriptor reads other bytes");
-    let d = bytes(3, 43);
-    early_rw.write_all_at(&d, 2 * C - 1).unwrap();
-    r.model[2 * C as usize - 1..2 * C as usize + 2].copy_from_slice(&d);
-    drop_cached_pages(&early);
-    early.read_exact_at(&mut got, 0).unwrap();
-    assert!(got == r.model, "the early descriptor misses its own write");
+    r.check_through(&early, "the early descriptor reads other bytes");
+    r.write_through(&early_rw, 2 * C - 1, &bytes(3, 43));
+    r.check_through(&early, "the early descriptor misses its own write");
     drop((early, early_rw));
     r.check("after the writes");
     r.apply(&Op::Kill);
@@ -810,14 +815,12 @@ fn a_hard_link_to_a_partly_copied_file() {
     }
     let mut r = partly_written();
     fs::hard_link(r.path("big"), r.path("alias")).unwrap();
-    let d = bytes(3, 60);
     let f = fs::OpenOptions::new()
         .write(true)
         .open(r.path("alias"))
         .unwrap();
-    f.write_all_at(&d, 2 * C - 1).unwrap();
+    r.write_through(&f, 2 * C - 1, &bytes(3, 60));
     drop(f);
-    r.model[2 * C as usize - 1..2 * C as usize + 2].copy_from_slice(&d);
     r.apply(&Op::Append(5, 61));
     r.others.insert("alias".into(), r.model.clone());
     r.check("after writes through both names");
@@ -873,16 +876,9 @@ fn a_rebase_keeps_an_unlinked_open_partly_copied_file_whole() {
     let old = PathBuf::from(&r.packet);
     r.seal(true);
     fs::remove_file(&old).unwrap();
-    drop_cached_pages(&f);
-    let mut got = vec![0; r.model.len()];
-    f.read_exact_at(&mut got, 0).unwrap();
-    assert!(got == r.model, "the unlinked file reads other bytes");
-    let d = bytes(3, 71);
-    f.write_all_at(&d, 3 * C - 1).unwrap();
-    r.model[3 * C as usize - 1..3 * C as usize + 2].copy_from_slice(&d);
-    drop_cached_pages(&f);
-    f.read_exact_at(&mut got, 0).unwrap();
-    assert!(got == r.model, "the unlinked file misses its write");
+    r.check_through(&f, "the unlinked file reads other bytes");
+    r.write_through(&f, 3 * C - 1, &bytes(3, 71));
+    r.check_through(&f, "the unlinked file misses its write");
     r.seal(false);
     drop(f);
     r.check("after the descriptor closed");

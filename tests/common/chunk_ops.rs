@@ -7,7 +7,7 @@
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 
@@ -31,6 +31,24 @@ pub enum Op {
     /// `SIGKILL` of the daemon, then a remount (in process: the overlay
     /// dropped, as a remount).
     Kill,
+}
+
+/// `n` bytes that differ from chunk to chunk and from `seed` to `seed`.
+pub fn bytes(n: u64, seed: u64) -> Vec<u8> {
+    super::noise(seed, n as usize)
+}
+
+/// The workspace both model tests start from, `dir/ws`: `big` (`size`
+/// bytes of `bytes(size, 1)`, returned as the model) and `small.txt`,
+/// packed with mtimes zeroed (and `extra`) to `dir/p.packet`.
+pub fn packed_workspace(dir: &Path, size: u64, extra: &[&str]) -> (Vec<u8>, PathBuf) {
+    let ws = dir.join("ws");
+    let model = bytes(size, 1);
+    super::write(&ws, "big", &model);
+    super::write(&ws, "small.txt", b"small\n");
+    let mut args = vec!["--zero-mtimes"];
+    args.extend(extra);
+    (model, super::packet_of(&ws, dir, "p", &args))
 }
 
 /// An offset at a chunk boundary, one byte either side of one, or anywhere.
