@@ -214,33 +214,13 @@ pub fn run(a: Args) -> std::result::Result<Output, CliError> {
 /// mount's changes while it writes, so writing into the mount would wait on
 /// itself for good.
 fn refuse_on_mount(path: &Path, mountpoint: &Path) -> std::result::Result<(), CliError> {
-    use crate::sys::MountAt;
     use std::os::unix::fs::MetadataExt;
-    // The mount's device from the mount table: the mount itself is not
-    // asked (one nobody serves would make this wait forever). Without a
-    // table (the forced fallbacks; macOS answers from statfs), the mount
-    // is asked, as `sys::is_sessionfs_mount` does: a seal writing into it
-    // would wait on itself for good.
-    let Some(real) = crate::sys::real_path(mountpoint) else {
+    // The mount's device: from the mount table where there is one, so
+    // that a mount nobody serves is not asked (sys::sessionfs_mount_device).
+    let Some(mount_dev) = crate::sys::real_path(mountpoint)
+        .and_then(|real| crate::sys::sessionfs_mount_device(&real))
+    else {
         return Ok(());
-    };
-    let mount_dev = match crate::sys::mount_at(&real) {
-        MountAt::Mount(m)
-            if crate::sys::fuse_fsname(&m.fstype, &m.source)
-                .is_some_and(|n| n.starts_with(b"sessionfs:")) =>
-        {
-            m.dev
-        }
-        MountAt::Mount(_) | MountAt::Nothing => return Ok(()),
-        MountAt::Unknown => {
-            if !(crate::sys::is_fuse_path(&real) && crate::sys::is_mount_point(&real)) {
-                return Ok(());
-            }
-            match std::fs::symlink_metadata(&real) {
-                Ok(m) => m.dev().to_string(),
-                Err(_) => return Ok(()),
-            }
-        }
     };
     let Some(dir) = path.parent() else {
         return Ok(());

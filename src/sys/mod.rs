@@ -15,7 +15,7 @@ pub mod platform;
 pub use memory::{fit_malloc_to_address_space, memory_limit};
 pub use mountinfo::{
     LOCAL_FILE_SYSTEMS, Mount, MountAt, is_sessionfs_mount, mount_at, mount_owner, mounts,
-    real_path, real_path_beside,
+    real_path, real_path_beside, sessionfs_mount_device,
 };
 pub use platform::{fallbacks_forced, fuse_fsname, is_fuse_path, mode};
 

@@ -98,10 +98,38 @@ pub fn is_sessionfs_mount(p: &Path) -> bool {
     match mount_at(&real) {
         // Without a mount table (macOS, the forced fallbacks), the mount
         // itself is asked.
-        MountAt::Unknown => super::is_fuse_path(&real) && super::is_mount_point(&real),
+        MountAt::Unknown => asked_is_fuse_mount(&real),
         MountAt::Nothing => false,
-        MountAt::Mount(m) => super::fuse_fsname(&m.fstype, &m.source)
-            .is_some_and(|name| name.starts_with(b"sessionfs:")),
+        MountAt::Mount(m) => is_sessionfs(&m),
+    }
+}
+
+/// Whether the mount table's entry `m` is a sessionfs mount (its type and
+/// source, see [`is_sessionfs_mount`]).
+fn is_sessionfs(m: &Mount) -> bool {
+    super::fuse_fsname(&m.fstype, &m.source).is_some_and(|name| name.starts_with(b"sessionfs:"))
+}
+
+/// Whether `real` is a FUSE mount point, asking the mount itself: for
+/// where no mount table says.
+fn asked_is_fuse_mount(real: &Path) -> bool {
+    super::is_fuse_path(real) && super::is_mount_point(real)
+}
+
+/// The device of the sessionfs mount at `real` (a real path), as the
+/// mount table writes it (`major:minor`, or the number itself where it
+/// comes from `stat`); `None` when no sessionfs mount is there. From the
+/// mount table, without asking the mount (one nobody serves would make
+/// that wait forever); where there is none (the forced fallbacks), the
+/// mount is asked, as [`is_sessionfs_mount`] does.
+pub fn sessionfs_mount_device(real: &Path) -> Option<String> {
+    match mount_at(real) {
+        MountAt::Mount(m) if is_sessionfs(&m) => Some(m.dev),
+        MountAt::Mount(_) | MountAt::Nothing => None,
+        MountAt::Unknown if asked_is_fuse_mount(real) => std::fs::symlink_metadata(real)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::dev(&m).to_string()),
+        MountAt::Unknown => None,
     }
 }
 
